@@ -1,0 +1,35 @@
+"""schedir: the scheduling IR. Problems, ops, schedules, the simulator, JSON I/O.
+
+Pure Python + numpy: never imports jax, flax or cvxpy, so any executor can consume
+the schedules.
+"""
+
+from schedir.chain import Chain
+from schedir.discretize import Discretized, discretize
+from schedir.errors import InvalidProblem, InvalidSchedule
+from schedir.io import from_dict, load, save
+from schedir.ops import B, F_all, F_ck, F_n, Loss, parse_op
+from schedir.schedule import Schedule
+from schedir.simulate import Trace, op_time, simulate, simulate_chain
+
+__all__ = [
+    "B",
+    "Chain",
+    "Discretized",
+    "F_all",
+    "F_ck",
+    "F_n",
+    "InvalidProblem",
+    "InvalidSchedule",
+    "Loss",
+    "Schedule",
+    "Trace",
+    "discretize",
+    "from_dict",
+    "load",
+    "op_time",
+    "parse_op",
+    "save",
+    "simulate",
+    "simulate_chain",
+]

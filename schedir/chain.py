@@ -1,0 +1,186 @@
+"""The chain problem: L stages in sequence followed by a loss (DESIGN section 3).
+
+All sizes are non-negative integers (bytes, or memory slots once discretized) and all
+times are non-negative finite floats (seconds). Every per-stage field has length
+L + 1; index L is the loss stage.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from schedir.errors import InvalidProblem
+
+TIME_FIELDS = ("fwd_time", "bwd_time")
+SIZE_FIELDS = ("in_size", "saved_size", "fwd_tmp", "bwd_tmp")
+FIELDS = TIME_FIELDS + SIZE_FIELDS
+
+
+def _as_size(name: str, index: int, value: object) -> int:
+    """Return ``value`` as an exact non-negative int; never round."""
+    if isinstance(value, bool):
+        raise InvalidProblem(f"{name}[{index}] = {value!r}: sizes must be integers, not bool")
+    if isinstance(value, numbers.Integral):
+        size = int(value)
+    elif isinstance(value, numbers.Real) and math.isfinite(float(value)) and float(value).is_integer():
+        size = int(value)
+    else:
+        raise InvalidProblem(
+            f"{name}[{index}] = {value!r}: sizes must be non-negative integers (bytes or slots)"
+        )
+    if size < 0:
+        raise InvalidProblem(f"{name}[{index}] = {value!r}: sizes must be non-negative")
+    return size
+
+
+def _as_time(name: str, index: int, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidProblem(f"{name}[{index}] = {value!r}: times must be real numbers (seconds)")
+    time = float(value)
+    if not math.isfinite(time) or time < 0:
+        raise InvalidProblem(f"{name}[{index}] = {value!r}: times must be finite and non-negative")
+    return time
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A heterogeneous chain of ``length`` = L stages and a loss (rotor's model).
+
+    Attributes (each a tuple of length L + 1, index L being the loss stage):
+        fwd_time: forward time of stage k, seconds (loss: 0 by convention).
+        bwd_time: backward time of stage k, seconds (loss: loss and its gradient).
+        in_size: bytes x_k of the input a_k of stage k, and of its gradient d_k.
+        saved_size: bytes s_k kept after a recording forward of stage k: a_{k+1} plus
+            every residual the backward needs (loss: 0).
+        fwd_tmp: extra bytes live only during stage k's forward (loss: 0).
+        bwd_tmp: extra bytes live only during stage k's backward (loss: of the loss).
+        names: optional stage names (length L + 1).
+    """
+
+    fwd_time: tuple[float, ...]
+    bwd_time: tuple[float, ...]
+    in_size: tuple[int, ...]
+    saved_size: tuple[int, ...]
+    fwd_tmp: tuple[int, ...]
+    bwd_tmp: tuple[int, ...]
+    names: tuple[str, ...] | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        lengths = {}
+        for name in FIELDS:
+            values = getattr(self, name)
+            if isinstance(values, (str, bytes)) or not isinstance(values, Sequence | np.ndarray):
+                raise InvalidProblem(f"{name} = {values!r}: expected a sequence of numbers")
+            lengths[name] = len(values)
+        expected = lengths["fwd_time"]
+        if expected < 1:
+            raise InvalidProblem("fwd_time has length 0: a chain needs at least the loss stage")
+        for name, n in lengths.items():
+            if n != expected:
+                raise InvalidProblem(
+                    f"{name} has length {n} but fwd_time has length {expected}: every field "
+                    f"needs L + 1 entries (index L is the loss)"
+                )
+        for name in TIME_FIELDS:
+            values = tuple(_as_time(name, k, v) for k, v in enumerate(getattr(self, name)))
+            object.__setattr__(self, name, values)
+        for name in SIZE_FIELDS:
+            values = tuple(_as_size(name, k, v) for k, v in enumerate(getattr(self, name)))
+            object.__setattr__(self, name, values)
+        if self.names is not None:
+            names = tuple(self.names)
+            if len(names) != expected:
+                raise InvalidProblem(f"names has length {len(names)}, expected {expected}")
+            for k, n in enumerate(names):
+                if not isinstance(n, str):
+                    raise InvalidProblem(f"names[{k}] = {n!r}: stage names must be strings")
+            object.__setattr__(self, "names", names)
+
+    @property
+    def length(self) -> int:
+        """L, the number of stages before the loss."""
+        return len(self.fwd_time) - 1
+
+    @classmethod
+    def from_rotor(
+        cls,
+        fw: Sequence[float],
+        bw: Sequence[float],
+        cw: Sequence[int],
+        cbw: Sequence[int],
+        ftmp: Sequence[int],
+        btmp: Sequence[int],
+        names: Sequence[str] | None = None,
+    ) -> Chain:
+        """Build a chain from rotor's six lists (lengths L, L+1, L+1, L+1, L, L+1).
+
+        >>> c = Chain.from_rotor([1, 2], [3, 4, 1], [10, 20, 30], [0, 25, 35], [0, 0], [0, 0, 0])
+        >>> c.saved_size, c.length
+        ((25, 35, 0), 2)
+        """
+        L = len(fw)
+        expect = {"fw": L, "bw": L + 1, "cw": L + 1, "cbw": L + 1, "ftmp": L, "btmp": L + 1}
+        given = {"fw": fw, "bw": bw, "cw": cw, "cbw": cbw, "ftmp": ftmp, "btmp": btmp}
+        for name, n in expect.items():
+            if len(given[name]) != n:
+                raise InvalidProblem(
+                    f"rotor list {name} has length {len(given[name])}, expected {n} (L = {L})"
+                )
+        return cls(
+            fwd_time=tuple(fw) + (0.0,),
+            bwd_time=tuple(bw),
+            in_size=tuple(cw),
+            saved_size=tuple(cbw[1:]) + (0,),
+            fwd_tmp=tuple(ftmp) + (0,),
+            bwd_tmp=tuple(btmp),
+            names=None if names is None else tuple(names),
+        )
+
+    def to_rotor(self) -> dict[str, list]:
+        """Rotor's six lists (``cbw[0]``, which rotor never reads, is set to ``in_size[0]``)."""
+        L = self.length
+        return {
+            "fw": list(self.fwd_time[:L]),
+            "bw": list(self.bwd_time),
+            "cw": list(self.in_size),
+            "cbw": [self.in_size[0]] + list(self.saved_size[:L]),
+            "ftmp": list(self.fwd_tmp[:L]),
+            "btmp": list(self.bwd_tmp),
+        }
+
+    # Arrays for the numeric code (in_size is padded with x_{L+1} = 0).
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Fields as numpy arrays; ``in_size`` gets the extra entry x_{L+1} = 0."""
+        out = {name: np.asarray(getattr(self, name), dtype=np.float64) for name in TIME_FIELDS}
+        for name in SIZE_FIELDS:
+            out[name] = np.asarray(getattr(self, name), dtype=np.int64)
+        out["in_size"] = np.append(out["in_size"], 0)
+        return out
+
+    def store_all_time(self) -> float:
+        """Makespan without recomputation: every forward and backward once."""
+        return math.fsum(self.fwd_time) + math.fsum(self.bwd_time)
+
+    def to_dict(self) -> dict:
+        d: dict = {"format": "schedir.chain", "version": 1}
+        for name in FIELDS:
+            d[name] = list(getattr(self, name))
+        if self.names is not None:
+            d["names"] = list(self.names)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Chain:
+        if d.get("format") != "schedir.chain":
+            raise InvalidProblem(f"format = {d.get('format')!r}: expected 'schedir.chain'")
+        if d.get("version") != 1:
+            raise InvalidProblem(f"version = {d.get('version')!r}: this library reads version 1")
+        missing = [name for name in FIELDS if name not in d]
+        if missing:
+            raise InvalidProblem(f"chain JSON lacks field(s) {', '.join(missing)}")
+        return cls(**{name: d[name] for name in FIELDS}, names=d.get("names"))

@@ -1,0 +1,55 @@
+"""Bytes to integer memory slots (DESIGN section 3.3).
+
+Every size is rounded *up* and the budget *down*, so a schedule that fits the slot
+budget fits the byte budget. The opposite rounding (sizes down, budget up) is a
+relaxation whose optimum bounds the byte optimum from below; solvers use both to
+report the discretization loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from schedir.chain import SIZE_FIELDS, Chain
+from schedir.errors import InvalidProblem
+
+
+@dataclass(frozen=True)
+class Discretized:
+    """A chain in slots.
+
+    Attributes:
+        chain: the chain with every size in slots.
+        slot_size: bytes per slot.
+        budget: the budget in slots.
+    """
+
+    chain: Chain
+    slot_size: int
+    budget: int
+
+
+def discretize(chain: Chain, budget: int, slots: int = 500, *, round_up: bool = True) -> Discretized:
+    """Map ``chain`` and a byte ``budget`` to about ``slots`` integer memory slots.
+
+    ``slot_size = ceil(budget / slots)``. With ``round_up`` (the default) sizes round up
+    and the budget down: feasible in slots implies feasible in bytes. With
+    ``round_up=False`` sizes round down and the budget up: a relaxation, for lower bounds.
+
+    >>> c = Chain.from_rotor([1.0], [1.0, 1.0], [1000, 999], [0, 1999], [0], [0, 10])
+    >>> d = discretize(c, budget=5000, slots=50)
+    >>> d.slot_size, d.budget, d.chain.in_size, d.chain.saved_size
+    (100, 50, (10, 10), (20, 0))
+    """
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
+        raise InvalidProblem(f"budget = {budget!r}: expected a positive integer number of bytes")
+    if isinstance(slots, bool) or not isinstance(slots, int) or slots <= 0:
+        raise InvalidProblem(f"slots = {slots!r}: expected a positive integer")
+    slot_size = -(-budget // slots)
+    if round_up:
+        fields = {f: tuple(-(-v // slot_size) for v in getattr(chain, f)) for f in SIZE_FIELDS}
+        slot_budget = budget // slot_size
+    else:
+        fields = {f: tuple(v // slot_size for v in getattr(chain, f)) for f in SIZE_FIELDS}
+        slot_budget = -(-budget // slot_size)
+    return Discretized(replace(chain, **fields), slot_size, slot_budget)

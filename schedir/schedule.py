@@ -1,0 +1,82 @@
+"""A schedule: an op sequence plus metadata, with a versioned JSON format.
+
+JSON format (version 1), readable without JAX::
+
+    {"format": "schedir.schedule", "version": 1,
+     "ops": ["F_ck(0)", "F_n(1)", ..., "Loss()", "B(1)", "B(0)"],
+     "meta": {"method": "rotor", "budget": 1024, "solve_time": 0.01, "options": {}}}
+
+Ops are written in their printed form and parsed by :func:`schedir.ops.parse_op`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from schedir.errors import InvalidSchedule
+from schedir.ops import OP_TYPES, parse_op
+
+FORMAT = "schedir.schedule"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """An op sequence (``ops``) and a JSON-compatible ``meta`` dict.
+
+    ``meta`` usually holds ``method``, ``budget`` (bytes), ``solve_time`` (seconds) and
+    ``options``; it is normalized through JSON on construction so that
+    ``Schedule.from_json(s.to_json()) == s`` always holds.
+    """
+
+    ops: tuple
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        ops = tuple(parse_op(op) if isinstance(op, str) else op for op in self.ops)
+        for i, op in enumerate(ops):
+            if type(op) not in OP_TYPES.values():
+                raise InvalidSchedule(f"op {i}: {op!r} is not a schedule op")
+        object.__setattr__(self, "ops", ops)
+        try:
+            meta = json.loads(json.dumps(dict(self.meta)))
+        except (TypeError, ValueError) as err:
+            raise InvalidSchedule(f"meta is not JSON-serializable: {err}") from None
+        object.__setattr__(self, "meta", meta)
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "ops": [str(op) for op in self.ops],
+            "meta": self.meta,
+        }
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Schedule:
+        if d.get("format") != FORMAT:
+            raise InvalidSchedule(f"format = {d.get('format')!r}: expected {FORMAT!r}")
+        if d.get("version") != VERSION:
+            raise InvalidSchedule(f"version = {d.get('version')!r}: this library reads {VERSION}")
+        if not isinstance(d.get("ops"), list):
+            raise InvalidSchedule("schedule JSON lacks the list 'ops'")
+        return cls(ops=tuple(d["ops"]), meta=d.get("meta", {}))
+
+    @classmethod
+    def from_json(cls, text: str) -> Schedule:
+        return cls.from_dict(json.loads(text))
+
+
+def as_ops(schedule_or_ops: Schedule | Iterable) -> tuple:
+    """The op tuple of a schedule, or of a plain sequence of ops / op strings."""
+    if isinstance(schedule_or_ops, Schedule):
+        return schedule_or_ops.ops
+    return Schedule(tuple(schedule_or_ops)).ops

@@ -1,0 +1,137 @@
+"""One registry for every solver: ``solve(problem, budget, method=...)`` and ``available()``.
+
+A solver is a function ``(problem, budget, **options) -> Schedule`` registered under a
+name with the problem kind it reads. :func:`solve` validates the budget, times the
+solver, checks the result with the simulator (the judge) and fills the metadata, so
+no solver special-cases any of that.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from schedir import InvalidProblem, Schedule, simulate
+
+
+class Infeasible(ValueError):
+    """No schedule of this method fits the budget.
+
+    Attributes:
+        budget: the budget asked for, bytes.
+        min_budget: the least budget for which the method returns a schedule, bytes
+            (computed, not guessed; ``None`` when the method cannot tell).
+    """
+
+    def __init__(self, method: str, budget: int, min_budget: int | None, detail: str = ""):
+        self.method, self.budget, self.min_budget = method, budget, min_budget
+        least = f"the minimum feasible budget is {min_budget}" if min_budget is not None else ""
+        extra = f" ({detail})" if detail else ""
+        super().__init__(f"{method}: no schedule fits budget {budget}; {least}{extra}")
+
+
+@dataclass(frozen=True)
+class Method:
+    """A registered solver.
+
+    Attributes:
+        name: the registry key, e.g. ``"rotor"``.
+        function: ``(problem, budget, **options) -> Schedule``.
+        problem: the problem class it reads (``schedir.Chain``, ...).
+        exact: whether it returns an optimum of its model.
+        description: one line.
+    """
+
+    name: str
+    function: Callable[..., Schedule]
+    problem: type
+    exact: bool
+    description: str
+
+
+_METHODS: dict[str, Method] = {}
+
+
+def register(name: str, *, problem: type, exact: bool, description: str):
+    """Decorator adding a solver function to the registry under ``name``."""
+
+    def wrap(function: Callable[..., Schedule]) -> Callable[..., Schedule]:
+        if name in _METHODS:
+            raise ValueError(f"solver {name!r} is registered twice")
+        _METHODS[name] = Method(name, function, problem, exact, description)
+        return function
+
+    return wrap
+
+
+def available(problem: object | type | None = None) -> list[Method]:
+    """Registered methods, optionally only those that read ``problem`` (an instance or class).
+
+    >>> import solvers
+    >>> [m.name for m in solvers.available() if m.exact][:1]
+    ['rotor']
+    """
+    methods = list(_METHODS.values())
+    if problem is None:
+        return methods
+    kind = problem if isinstance(problem, type) else type(problem)
+    return [m for m in methods if issubclass(kind, m.problem)]
+
+
+def get(method: str) -> Method:
+    """The registered method called ``method``; a clear error listing the known ones."""
+    if method not in _METHODS:
+        raise ValueError(f"unknown solver {method!r}; known: {', '.join(sorted(_METHODS))}")
+    return _METHODS[method]
+
+
+def check_budget(budget: object) -> int:
+    """A budget is a positive whole number of bytes (or slots)."""
+    if isinstance(budget, bool) or not isinstance(budget, numbers.Real):
+        raise InvalidProblem(f"budget = {budget!r}: expected a number of bytes")
+    if not math.isfinite(float(budget)) or float(budget) != int(budget) or budget <= 0:
+        raise InvalidProblem(f"budget = {budget!r}: expected a positive whole number of bytes")
+    return int(budget)
+
+
+def solve(problem, budget: int, method: str = "rotor", **options) -> Schedule:
+    """Solve ``problem`` under ``budget`` bytes with the registered ``method``.
+
+    The returned schedule is accepted by ``schedir.simulate`` with peak <= budget; its
+    ``meta`` holds ``method``, ``budget``, ``solve_time`` (seconds), ``options``, and the
+    simulated ``makespan`` and ``peak_memory``. Raises :class:`Infeasible` (with
+    ``min_budget``) when nothing fits.
+
+    >>> import schedir, solvers
+    >>> chain = schedir.load("examples/chain_small.json")
+    >>> s = solvers.solve(chain, 2000, method="rotor")
+    >>> s.meta["peak_memory"] <= 2000
+    True
+    """
+    entry = get(method)
+    if not isinstance(problem, entry.problem):
+        raise TypeError(
+            f"solver {method!r} reads a {entry.problem.__name__}, got {type(problem).__name__}"
+        )
+    budget = check_budget(budget)
+    start = time.perf_counter()
+    schedule = entry.function(problem, budget, **options)
+    solve_time = time.perf_counter() - start
+    trace = simulate(problem, schedule)
+    if trace.peak_memory > budget:  # a solver bug: never hand out an over-budget schedule
+        raise RuntimeError(
+            f"{method} returned a schedule of peak {trace.peak_memory} > budget {budget}"
+        )
+    meta = {
+        "method": method,
+        "budget": budget,
+        "solve_time": solve_time,
+        "options": options,
+        **schedule.meta,
+        "makespan": trace.makespan,
+        "peak_memory": trace.peak_memory,
+    }
+    return Schedule(schedule.ops, meta)

@@ -1,0 +1,25 @@
+"""``store_all``: record every stage, no recomputation (the fastest, most memory)."""
+
+from __future__ import annotations
+
+from schedir import B, Chain, F_all, Loss, Schedule, simulate_chain
+from solvers.registry import Infeasible, register
+
+
+def store_all_ops(chain: Chain) -> tuple:
+    L = chain.length
+    return (*(F_all(k) for k in range(L)), Loss(), *(B(k) for k in range(L - 1, -1, -1)))
+
+
+@register(
+    "store_all",
+    problem=Chain,
+    exact=False,
+    description="record every stage's residuals, no recomputation (fastest, most memory)",
+)
+def store_all(chain: Chain, budget: int) -> Schedule:
+    ops = store_all_ops(chain)
+    peak = simulate_chain(chain, ops).peak_memory
+    if peak > budget:
+        raise Infeasible("store_all", budget, peak)
+    return Schedule(ops)
