@@ -52,16 +52,17 @@ class Method:
     description: str
 
 
-_METHODS: dict[str, Method] = {}
+# One name may serve several problem kinds (e.g. "store_all" on chains and graphs).
+_METHODS: dict[tuple[str, type], Method] = {}
 
 
 def register(name: str, *, problem: type, exact: bool, description: str):
-    """Decorator adding a solver function to the registry under ``name``."""
+    """Decorator adding a solver function to the registry under ``name`` for ``problem``."""
 
     def wrap(function: Callable[..., Schedule]) -> Callable[..., Schedule]:
-        if name in _METHODS:
-            raise ValueError(f"solver {name!r} is registered twice")
-        _METHODS[name] = Method(name, function, problem, exact, description)
+        if (name, problem) in _METHODS:
+            raise ValueError(f"solver {name!r} is registered twice for {problem.__name__}")
+        _METHODS[name, problem] = Method(name, function, problem, exact, description)
         return function
 
     return wrap
@@ -81,11 +82,20 @@ def available(problem: object | type | None = None) -> list[Method]:
     return [m for m in methods if issubclass(kind, m.problem)]
 
 
-def get(method: str) -> Method:
-    """The registered method called ``method``; a clear error listing the known ones."""
-    if method not in _METHODS:
-        raise ValueError(f"unknown solver {method!r}; known: {', '.join(sorted(_METHODS))}")
-    return _METHODS[method]
+def get(method: str, problem: object | type) -> Method:
+    """The method called ``method`` that reads ``problem``; clear errors otherwise."""
+    kind = problem if isinstance(problem, type) else type(problem)
+    names = sorted({name for name, _ in _METHODS})
+    if method not in names:
+        raise ValueError(f"unknown solver {method!r}; known: {', '.join(names)}")
+    for entry in available(kind):
+        if entry.name == method:
+            return entry
+    readers = [m.problem.__name__ for m in _METHODS.values() if m.name == method]
+    raise TypeError(
+        f"solver {method!r} reads a {' or '.join(readers)}, got {kind.__name__}; "
+        f"methods for {kind.__name__}: {', '.join(m.name for m in available(kind))}"
+    )
 
 
 def check_budget(budget: object) -> int:
@@ -111,11 +121,7 @@ def solve(problem, budget: int, method: str = "rotor", **options) -> Schedule:
     >>> s.meta["peak_memory"] <= 2000
     True
     """
-    entry = get(method)
-    if not isinstance(problem, entry.problem):
-        raise TypeError(
-            f"solver {method!r} reads a {entry.problem.__name__}, got {type(problem).__name__}"
-        )
+    entry = get(method, problem)
     budget = check_budget(budget)
     start = time.perf_counter()
     schedule = entry.function(problem, budget, **options)
