@@ -6,11 +6,18 @@ Solvers are found by name through one registry::
     schedule = solvers.solve(chain, budget, method="rotor")
     [m.name for m in solvers.available(chain)]
 
+Every public module of this package is one solver (or family) that registers itself
+on import; they are all imported here, so adding a solver is adding a file.
 Imports schedir, numpy and cvxpy; never jax.
 """
 
-# Importing a solver module registers it.
-from solvers import store_all as _store_all  # noqa: F401
+import importlib as _importlib
+import pkgutil as _pkgutil
+
 from solvers.registry import Infeasible, Method, available, get, register, solve
+
+for _module in _pkgutil.iter_modules(__path__):
+    if not _module.name.startswith("_") and _module.name != "registry":
+        _importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["Infeasible", "Method", "available", "get", "register", "solve"]
