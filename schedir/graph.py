@@ -1,0 +1,428 @@
+"""The graph problem: a DAG of nodes with costs and output sizes (DESIGN section 4).
+
+Nodes are listed in a fixed topological order; each produces one output buffer.
+``kind`` is ``"input"`` (resident at the start, never computed, cannot be recomputed
+once freed), ``"forward"`` or ``"backward"`` (the backward nodes are part of the
+graph, as in Checkmate: Jain et al., "Checkmate: Breaking the memory wall with optimal
+tensor rematerialization", MLSys 2020). Exact semantics: ``docs/graphs.md``.
+
+:func:`chain_to_graph` converts a :class:`~schedir.chain.Chain` to a Graph with the
+chain's memory semantics (as far as one-output nodes allow, see its docstring), and
+:func:`chain_ops_to_graph` translates any chain schedule into a graph schedule that
+the graph simulator accepts with the same makespan and no larger peak.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from schedir.chain import Chain
+from schedir.errors import InvalidProblem, InvalidSchedule
+from schedir.graph_ops import Compute, Free
+
+NODE_KINDS = ("input", "forward", "backward")
+FORMAT = "schedir.graph"
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node of a :class:`Graph`.
+
+    Attributes:
+        name: unique name.
+        cost: compute time, seconds (finite, >= 0).
+        size: bytes of the node's output (integer >= 0).
+        inputs: indices of the nodes whose outputs it reads (all earlier in the order).
+        kind: ``"input"``, ``"forward"`` or ``"backward"``.
+        tmp: extra bytes live only while the node computes (integer >= 0).
+    """
+
+    name: str
+    cost: float
+    size: int
+    inputs: tuple[int, ...] = ()
+    kind: str = "forward"
+    tmp: int = 0
+
+
+def _size(where: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidProblem(f"{where} = {value!r}: sizes must be integers (bytes)")
+    if not math.isfinite(float(value)) or float(value) != int(value):
+        raise InvalidProblem(f"{where} = {value!r}: sizes must be integers (bytes)")
+    if value < 0:
+        raise InvalidProblem(f"{where} = {value!r}: sizes must be non-negative")
+    return int(value)
+
+
+def _cost(where: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidProblem(f"{where} = {value!r}: costs must be real numbers (seconds)")
+    if not math.isfinite(float(value)) or value < 0:
+        raise InvalidProblem(f"{where} = {value!r}: costs must be finite and non-negative")
+    return float(value)
+
+
+def _find_cycle(edges: list[list[int]]) -> list[int] | None:
+    """A cycle of the directed graph ``i -> edges[i]`` (as a node list), or None."""
+    color = [0] * len(edges)
+    for root in range(len(edges)):
+        if color[root]:
+            continue
+        stack, path = [(root, iter(edges[root]))], [root]
+        color[root] = 1
+        while stack:
+            node, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                color[node] = 2
+                stack.pop()
+                path.pop()
+            elif color[nxt] == 1:
+                return path[path.index(nxt) :] + [nxt]
+            elif color[nxt] == 0:
+                color[nxt] = 1
+                stack.append((nxt, iter(edges[nxt])))
+                path.append(nxt)
+    return None
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A computation graph (forward and backward nodes) in topological order.
+
+    Attributes:
+        nodes: the nodes; node i may only read nodes j < i.
+        users: ``users[i]`` are the nodes that read node i, ascending (derived).
+    """
+
+    nodes: tuple[Node, ...]
+    users: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.nodes, (str, bytes)) or not isinstance(self.nodes, Sequence):
+            raise InvalidProblem(f"nodes = {self.nodes!r}: expected a sequence of Node")
+        if not self.nodes:
+            raise InvalidProblem("a graph needs at least one node")
+        nodes = []
+        names: dict[str, int] = {}
+        n = len(self.nodes)
+        for i, node in enumerate(self.nodes):
+            if isinstance(node, Mapping):
+                node = Node(**node)
+            if not isinstance(node, Node):
+                raise InvalidProblem(f"nodes[{i}] = {node!r}: expected a Node")
+            if not isinstance(node.name, str) or not node.name:
+                raise InvalidProblem(f"nodes[{i}].name = {node.name!r}: expected a non-empty str")
+            if node.name in names:
+                raise InvalidProblem(
+                    f"nodes[{i}]: name {node.name!r} also names node {names[node.name]}"
+                )
+            names[node.name] = i
+            if node.kind not in NODE_KINDS:
+                raise InvalidProblem(
+                    f"nodes[{i}] ({node.name}).kind = {node.kind!r}: expected one of {NODE_KINDS}"
+                )
+            where = f"nodes[{i}] ({node.name})"
+            inputs = []
+            for j in node.inputs:
+                if isinstance(j, bool) or not isinstance(j, numbers.Integral):
+                    raise InvalidProblem(f"{where}.inputs: {j!r} is not a node index")
+                if not 0 <= j < n:
+                    raise InvalidProblem(f"{where}.inputs: dangling edge to node {j} (0..{n - 1})")
+                inputs.append(int(j))
+            if len(set(inputs)) != len(inputs):
+                raise InvalidProblem(f"{where}.inputs = {inputs}: an input is listed twice")
+            if node.kind == "input" and inputs:
+                raise InvalidProblem(f"{where}: an input node cannot have inputs")
+            nodes.append(
+                Node(
+                    name=node.name,
+                    cost=_cost(f"{where}.cost", node.cost),
+                    size=_size(f"{where}.size", node.size),
+                    inputs=tuple(inputs),
+                    kind=node.kind,
+                    tmp=_size(f"{where}.tmp", node.tmp),
+                )
+            )
+        cycle = _find_cycle([list(node.inputs) for node in nodes])
+        if cycle is not None:
+            path = " <- ".join(nodes[i].name for i in cycle)
+            raise InvalidProblem(f"the graph has a cycle: {path}")
+        for i, node in enumerate(nodes):
+            late = [j for j in node.inputs if j >= i]
+            if late:
+                raise InvalidProblem(
+                    f"nodes[{i}] ({node.name}) reads node {late[0]} ({nodes[late[0]].name}) "
+                    f"listed at or after it: nodes must be in topological order"
+                )
+        users: list[list[int]] = [[] for _ in nodes]
+        for i, node in enumerate(nodes):
+            for j in node.inputs:
+                users[j].append(i)
+        object.__setattr__(self, "nodes", tuple(nodes))
+        object.__setattr__(self, "users", tuple(tuple(u) for u in users))
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def index(self, name: str) -> int:
+        """The index of the node called ``name``."""
+        for i, node in enumerate(self.nodes):
+            if node.name == name:
+                return i
+        raise KeyError(f"no node named {name!r}")
+
+    @property
+    def inputs(self) -> tuple[int, ...]:
+        """Indices of the input nodes (resident at the start)."""
+        return tuple(i for i, n in enumerate(self.nodes) if n.kind == "input")
+
+    @property
+    def computed(self) -> tuple[int, ...]:
+        """Indices of the nodes a schedule must compute (every non-input node)."""
+        return tuple(i for i, n in enumerate(self.nodes) if n.kind != "input")
+
+    def store_all_time(self) -> float:
+        """Makespan without recomputation: every non-input node once, seconds."""
+        return math.fsum(self.nodes[i].cost for i in self.computed)
+
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT,
+            "version": 1,
+            "nodes": [
+                {
+                    "name": n.name,
+                    "kind": n.kind,
+                    "cost": n.cost,
+                    "size": n.size,
+                    "tmp": n.tmp,
+                    "inputs": [self.nodes[j].name for j in n.inputs],
+                }
+                for n in self.nodes
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Graph:
+        """Rebuild from :meth:`to_dict`'s form (inputs are given by node name)."""
+        if d.get("format") != FORMAT:
+            raise InvalidProblem(f"format = {d.get('format')!r}: expected {FORMAT!r}")
+        if d.get("version") != 1:
+            raise InvalidProblem(f"version = {d.get('version')!r}: this library reads version 1")
+        raw = d.get("nodes")
+        if not isinstance(raw, list):
+            raise InvalidProblem("graph JSON lacks the list 'nodes'")
+        index = {}
+        for i, nd in enumerate(raw):
+            if not isinstance(nd, dict) or "name" not in nd:
+                raise InvalidProblem(f"nodes[{i}] = {nd!r}: expected an object with a 'name'")
+            index.setdefault(nd["name"], i)
+        nodes = []
+        for i, nd in enumerate(raw):
+            missing = [k for k in ("cost", "size") if k not in nd]
+            if missing:
+                raise InvalidProblem(f"nodes[{i}] ({nd['name']}) lacks {', '.join(missing)}")
+            inputs = []
+            for name in nd.get("inputs", []):
+                if name not in index:
+                    raise InvalidProblem(f"nodes[{i}] ({nd['name']}): dangling edge to {name!r}")
+                inputs.append(index[name])
+            nodes.append(
+                Node(
+                    name=nd["name"],
+                    cost=nd["cost"],
+                    size=nd["size"],
+                    inputs=tuple(inputs),
+                    kind=nd.get("kind", "forward"),
+                    tmp=nd.get("tmp", 0),
+                )
+            )
+        return cls(tuple(nodes))
+
+
+def build_graph(spec: Iterable[Mapping]) -> Graph:
+    """A graph from dicts whose ``inputs`` are node *names* (handy in tests and examples).
+
+    >>> g = build_graph([{"name": "x", "kind": "input", "cost": 0, "size": 4},
+    ...                  {"name": "y", "cost": 1.0, "size": 8, "inputs": ["x"]}])
+    >>> g.nodes[1].inputs
+    (0,)
+    """
+    return Graph.from_dict({"format": FORMAT, "version": 1, "nodes": [dict(s) for s in spec]})
+
+
+# ----------------------------------------------------------------- chains as graphs
+
+
+@dataclass(frozen=True)
+class ChainNodes:
+    """Where each chain buffer lives in ``chain_to_graph(chain)``.
+
+    Attributes:
+        a: ``a[k]`` is the node producing a_k (k = 0: the input node).
+        fwd: ``fwd[k]`` computes a_{k+1} from a_k (stage k's forward), k < L.
+        res: ``res[k]`` holds stage k's residuals, or None when s_k <= x_{k+1}.
+        d: ``d[k]`` produces the gradient d_k (``d[L]`` is the loss node).
+    """
+
+    a: tuple[int, ...]
+    fwd: tuple[int, ...]
+    res: tuple[int | None, ...]
+    d: tuple[int, ...]
+
+
+def chain_nodes(chain: Chain) -> ChainNodes:
+    """Node indices of :func:`chain_to_graph` (see its docstring for the layout)."""
+    L = chain.length
+    fwd, res, i = [], [], 1
+    for k in range(L):
+        fwd.append(i)
+        i += 1
+        if chain.saved_size[k] > chain.in_size[k + 1]:
+            res.append(i)
+            i += 1
+        else:
+            res.append(None)
+    loss = i
+    d = [loss + (L - k) for k in range(L)] + [loss]
+    return ChainNodes(a=(0, *fwd), fwd=tuple(fwd), res=tuple(res), d=tuple(d))
+
+
+def chain_to_graph(chain: Chain) -> Graph:
+    """The graph of a chain, with the chain's memory semantics (DESIGN 3.1 vs 4).
+
+    Nodes, in this order: ``a0`` (input, x_0 bytes); for each stage k < L, ``F{k}``
+    (cost fwd_time[k], size x_{k+1}, tmp fwd_tmp[k], reads a_k) and, when
+    s_k > x_{k+1}, ``R{k}`` (stage k's residuals: cost 0, size s_k - x_{k+1}, tmp
+    fwd_tmp[k], reads a_k and a_{k+1}); ``loss`` (cost fwd_time[L] + bwd_time[L],
+    size x_L, tmp bwd_tmp[L], reads a_L); then ``B{k}`` for k = L-1 .. 0 (cost
+    bwd_time[k], size x_k, tmp bwd_tmp[k], reads d_{k+1}, a_{k+1}, R{k}, a_k).
+
+    The chain's ``abar[k+1]`` is the pair (F{k}, R{k}): a recording forward F_all(k)
+    is F{k} then R{k}, same time and same peak. One-output nodes cannot say "a_{k+1}
+    together with the residuals, for the time of one forward", so the residuals cost 0
+    given a_k and a_{k+1}: the graph model is a *relaxation* of the chain model (every
+    chain schedule maps to a graph schedule of equal makespan and no larger peak, see
+    :func:`chain_ops_to_graph`), and a graph schedule may regenerate R{k} for free
+    while a_k and a_{k+1} are resident, which a chain schedule pays fwd_time[k] for.
+    When every s_k <= x_{k+1} there are no R nodes and this gap disappears. When
+    s_k < x_{k+1} (not a real profile) the graph's abar is x_{k+1} > s_k bytes.
+    """
+    L = chain.length
+    x = chain.in_size
+    where = chain_nodes(chain)
+    nodes = [Node("a0", 0.0, x[0], (), "input", 0)]
+    for k in range(L):
+        nodes.append(
+            Node(f"F{k}", chain.fwd_time[k], x[k + 1], (where.a[k],), "forward", chain.fwd_tmp[k])
+        )
+        if where.res[k] is not None:
+            nodes.append(
+                Node(
+                    f"R{k}",
+                    0.0,
+                    chain.saved_size[k] - x[k + 1],
+                    (where.a[k], where.fwd[k]),
+                    "forward",
+                    chain.fwd_tmp[k],
+                )
+            )
+    nodes.append(
+        Node(
+            "loss",
+            chain.fwd_time[L] + chain.bwd_time[L],
+            x[L],
+            (where.a[L],),
+            "backward",
+            chain.bwd_tmp[L],
+        )
+    )
+    for k in range(L - 1, -1, -1):
+        reads = [where.d[k + 1], where.fwd[k]]
+        if where.res[k] is not None:
+            reads.append(where.res[k])
+        reads.append(where.a[k])
+        nodes.append(
+            Node(f"B{k}", chain.bwd_time[k], x[k], tuple(reads), "backward", chain.bwd_tmp[k])
+        )
+    return Graph(tuple(nodes))
+
+
+def chain_ops_to_graph(chain: Chain, ops: Iterable) -> tuple:
+    """Translate a chain op sequence into graph ops on :func:`chain_to_graph` (chain).
+
+    A chain buffer is a set of graph nodes (``a[k]``: {a_k}; ``abar[k]``: {F{k-1},
+    R{k-1}}; ``d[k]``: {d_k}); a graph node is resident while some resident chain
+    buffer contains it, computed when it becomes so and freed when it stops being so.
+    The result has the chain schedule's makespan (less when the chain recomputes a node
+    the graph still holds) and a peak no larger. Raises :class:`InvalidSchedule` on
+    ops the chain simulator would reject for missing inputs.
+    """
+    from schedir.ops import B, F_all, F_ck, F_n, Loss
+
+    L = chain.length
+    w = chain_nodes(chain)
+
+    def members(buf: tuple[str, int]) -> tuple[int, ...]:
+        kind, k = buf
+        if kind == "a":
+            return (w.a[k],)
+        if kind == "d":
+            return (w.d[k],)
+        return tuple(i for i in (w.fwd[k - 1], w.res[k - 1]) if i is not None)
+
+    count: dict[int, int] = {0: 1}
+    chain_res: set[tuple[str, int]] = {("a", 0)}
+    out: list = []
+
+    def add(buf: tuple[str, int]) -> None:
+        chain_res.add(buf)
+        for i in members(buf):
+            if count.get(i, 0) == 0:
+                out.append(Compute(i))
+            count[i] = count.get(i, 0) + 1
+
+    def remove(buf: tuple[str, int]) -> None:
+        chain_res.discard(buf)
+        for i in members(buf):
+            count[i] -= 1
+            if count[i] == 0:
+                out.append(Free(i))
+
+    def source(step: int, op, k: int) -> tuple[str, int]:
+        for buf in (("a", k), ("abar", k)):
+            if buf in chain_res:
+                return buf
+        raise InvalidSchedule(f"op {step}: {op}: needs a[{k}] or abar[{k}], neither is resident")
+
+    for step, op in enumerate(ops):
+        if isinstance(op, Loss):
+            src = source(step, op, L)
+            add(("d", L))
+            if src[0] == "a":
+                remove(src)
+        elif isinstance(op, B):
+            k = op.index
+            for buf in (("d", k + 1), ("abar", k + 1)):
+                if buf not in chain_res:
+                    raise InvalidSchedule(f"op {step}: {op}: needs {buf[0]}[{buf[1]}]")
+            src = source(step, op, k)
+            add(("d", k))
+            if src[0] == "a":
+                remove(src)
+            remove(("d", k + 1))
+            remove(("abar", k + 1))
+        elif isinstance(op, F_ck | F_n | F_all):
+            k = op.index
+            src = source(step, op, k)
+            add(("abar" if isinstance(op, F_all) else "a", k + 1))
+            if isinstance(op, F_n):
+                remove(src)
+        else:
+            raise InvalidSchedule(f"op {step}: {op!r} is not a chain op")
+    return tuple(out)
