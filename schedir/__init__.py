@@ -7,6 +7,9 @@ the schedules.
 from schedir.chain import Chain
 from schedir.discretize import Discretized, discretize
 from schedir.errors import InvalidProblem, InvalidSchedule
+from schedir.graph import Graph, Node, build_graph, chain_ops_to_graph, chain_to_graph
+from schedir.graph_ops import Compute, Free, parse_graph_op
+from schedir.graph_simulate import GraphSchedule, simulate_graph
 from schedir.io import from_dict, load, save
 from schedir.ops import B, F_all, F_ck, F_n, Loss, parse_op
 from schedir.schedule import Schedule
@@ -32,4 +35,14 @@ __all__ = [
     "save",
     "simulate",
     "simulate_chain",
+    "Compute",
+    "Free",
+    "Graph",
+    "GraphSchedule",
+    "Node",
+    "build_graph",
+    "chain_ops_to_graph",
+    "chain_to_graph",
+    "parse_graph_op",
+    "simulate_graph",
 ]
