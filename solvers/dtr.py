@@ -115,6 +115,9 @@ class OnDemandRunner:
         finally:
             for j in done:
                 self.locked[j] -= 1
+        for j in node.inputs:  # recomputed helpers that nothing still to run reads
+            if self.resident[j] and self.refs[j] == 0 and not self.locked[j]:
+                self._free(j)
 
     def run(self) -> tuple:
         """Execute the program; returns the ops (raises ``_NoRoomError`` when stuck)."""
