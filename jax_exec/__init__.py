@@ -1,0 +1,40 @@
+"""jax_exec: everything that touches JAX and Flax (DESIGN sections 7 and 8).
+
+- :func:`profile`: Flax layers + loss -> ``schedir.Chain`` (exact bytes, measured or
+  FLOP-based times).
+- :func:`plan`: profile and solve for a budget in one call.
+- :func:`run`: the op-by-op runtime, with measured memory after every op.
+- :func:`value_and_grad` / :func:`lower`: the compiled path, nested ``jax.checkpoint``.
+- :func:`saved_activations` / :func:`expected_activations`: check the compiled path by
+  the residuals JAX saves.
+"""
+
+from jax_exec.lowering import (
+    Lowered,
+    Residual,
+    expected_activations,
+    lower,
+    saved_activations,
+    value_and_grad,
+)
+from jax_exec.planning import plan
+from jax_exec.profile import profile
+from jax_exec.runtime import RunResult, run
+from jax_exec.stages import Stage, as_stages
+from jax_exec.tree import parse_tree
+
+__all__ = [
+    "Lowered",
+    "Residual",
+    "RunResult",
+    "Stage",
+    "as_stages",
+    "expected_activations",
+    "lower",
+    "parse_tree",
+    "plan",
+    "profile",
+    "run",
+    "saved_activations",
+    "value_and_grad",
+]

@@ -1,0 +1,267 @@
+"""Compiled per-stage kernels shared by the profiler and the op-by-op runtime.
+
+For stage k the kernels are:
+
+- ``fwd(params, rest, a_k) -> a_{k+1}``: the plain forward (ops ``F_ck``, ``F_n``);
+- ``rec(params, rest, a_k) -> (a_{k+1}, new)``: the recording forward (``F_all``). It
+  runs ``jax.vjp`` and returns only the residual arrays that are *new*: not the stage
+  input, not a parameter, not the output itself (those are held elsewhere already),
+  each once. ``abar[k+1]`` is exactly ``(a_{k+1}, *new)``;
+- ``bwd(params, rest, a_k, a_{k+1}, new, d_{k+1}) -> (d_params, d_k)``: rebuilds the
+  ``jax.vjp`` closure from those pieces (the :class:`Recipe`) and applies it, so the
+  backward never recomputes the forward.
+
+The loss kernel is ``loss(a_L, y) -> (loss, d_L)``. Every kernel is compiled ahead of
+time; its temporary bytes come from ``memory_analysis()`` and its FLOPs from
+``cost_analysis()``. Kernels are cached by the stage's graph definition and shapes, so
+profiling, running and re-running a model compiles each stage once.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+from jax.extend.core import Literal
+
+from jax_exec.stages import Stage, spec_bytes
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Where each leaf of a stage's ``jax.vjp`` closure comes from.
+
+    Attributes:
+        treedef: tree structure of the closure.
+        sources: per leaf, ``("param", j)`` (j-th parameter leaf), ``("rest", j)``
+            (j-th leaf of the other state), ``("in", 0)`` (the
+            stage input), ``("out", 0)`` (the stage output), ``("new", m)`` (m-th new
+            residual returned by ``rec``) or ``("const", m)`` (m-th constant).
+        new: shapes and dtypes of the new residuals.
+        consts: values of residuals that are trace-time constants (literals): they
+            are not buffers, so ``rec`` does not return them.
+    """
+
+    treedef: Any
+    sources: tuple[tuple[str, int], ...]
+    new: tuple[jax.ShapeDtypeStruct, ...]
+    consts: tuple = ()
+
+    @property
+    def new_bytes(self) -> int:
+        """Bytes of the new residuals (the part of ``abar`` beyond the output)."""
+        return sum(spec_bytes(s) for s in self.new)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One compiled function and what it costs.
+
+    Attributes:
+        call: the compiled executable.
+        temp_bytes: temporary bytes of the executable (``memory_analysis()``).
+        flops: floating-point operations (``cost_analysis()``), 0.0 if unknown.
+    """
+
+    call: Callable[..., Any]
+    temp_bytes: int
+    flops: float
+
+
+@dataclass(frozen=True)
+class StageFunctions:
+    """The traceable (not yet compiled) functions of one stage for one input shape.
+
+    Attributes:
+        fwd, rec, bwd: see the module docstring.
+        recipe: how ``bwd`` rebuilds the vjp closure from what ``rec`` returns.
+        out: shape and dtype of the stage output a_{k+1}.
+    """
+
+    fwd: Callable[..., Any]
+    rec: Callable[..., Any]
+    bwd: Callable[..., Any]
+    recipe: Recipe
+    out: jax.ShapeDtypeStruct
+
+    @property
+    def saved_bytes(self) -> int:
+        """Bytes of ``abar[k+1]``: the output plus the new residuals."""
+        return spec_bytes(self.out) + self.recipe.new_bytes
+
+
+@dataclass(frozen=True)
+class StageKernels:
+    """The compiled kernels of one stage for one input shape.
+
+    Attributes:
+        fwd, rec, bwd: compiled ``functions.fwd`` etc.
+        functions: what they were compiled from.
+    """
+
+    fwd: Kernel
+    rec: Kernel
+    bwd: Kernel
+    functions: StageFunctions
+
+    @property
+    def recipe(self) -> Recipe:
+        return self.functions.recipe
+
+    @property
+    def saved_bytes(self) -> int:
+        """Bytes of ``abar[k+1]``: the output plus the new residuals."""
+        return self.functions.saved_bytes
+
+
+def _compile(fn: Callable, *args: Any) -> Kernel:
+    compiled = jax.jit(fn).lower(*args).compile()
+    stats = compiled.memory_analysis()
+    temp = int(stats.temp_size_in_bytes) if stats is not None else 0
+    cost = compiled.cost_analysis()
+    if isinstance(cost, list | tuple):
+        cost = cost[0] if cost else {}
+    flops = float((cost or {}).get("flops", 0.0))
+    return Kernel(compiled, temp, max(flops, 0.0))
+
+
+def _tree_key(tree: Any) -> tuple:
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return (treedef, tuple((tuple(leaf.shape), str(leaf.dtype)) for leaf in leaves))
+
+
+_FUNCTIONS: dict[tuple, StageFunctions] = {}
+_KERNELS: dict[tuple, StageKernels] = {}
+_LOSS_CACHE: dict[tuple, Kernel] = {}
+
+
+def _stage_key(stage: Stage, a: jax.ShapeDtypeStruct) -> tuple:
+    return (stage.key, _tree_key(stage.params), _tree_key(stage.rest), a.shape, str(a.dtype))
+
+
+def stage_functions(stage: Stage, a: jax.ShapeDtypeStruct) -> StageFunctions:
+    """The traceable kernels of ``stage`` for input ``a`` (cached; traces once)."""
+    key = _stage_key(stage, a)
+    if key not in _FUNCTIONS:
+        _FUNCTIONS[key] = _build(stage, a)
+    return _FUNCTIONS[key]
+
+
+def stage_kernels(stage: Stage, a: jax.ShapeDtypeStruct) -> StageKernels:
+    """Compile (or fetch from the cache) the kernels of ``stage`` for input ``a``."""
+    key = _stage_key(stage, a)
+    if key not in _KERNELS:
+        fns = stage_functions(stage, a)
+        args = (stage.params, stage.rest, a)
+        _KERNELS[key] = StageKernels(
+            fwd=_compile(fns.fwd, *args),
+            rec=_compile(fns.rec, *args),
+            bwd=_compile(fns.bwd, *args, fns.out, fns.recipe.new, fns.out),
+            functions=fns,
+        )
+    return _KERNELS[key]
+
+
+def _build(stage: Stage, a_spec: jax.ShapeDtypeStruct) -> StageFunctions:
+    found: dict[str, Any] = {}
+    consts: dict[int, Any] = {}  # index among the new leaves -> constant value
+
+    def rec(params: Any, rest: Any, a: jax.Array) -> tuple[jax.Array, tuple]:
+        out, vjp_fn = jax.vjp(lambda p, x: stage.apply(p, rest, x), params, a)
+        leaves, treedef = jax.tree_util.tree_flatten(vjp_fn)
+        known = {
+            "param": jax.tree_util.tree_leaves(params),
+            "rest": jax.tree_util.tree_leaves(rest),
+            "in": [a],
+            "out": [out],
+        }
+        sources: list[tuple[str, int]] = []
+        new: list[Any] = []
+        for leaf in leaves:
+            for kind, items in known.items():
+                if (j := _index_of(leaf, items)) is not None:
+                    sources.append((kind, j))
+                    break
+            else:
+                if (m := _index_of(leaf, new)) is None:
+                    new.append(leaf)
+                    m = len(new) - 1
+                sources.append(("new", m))
+        # Constants (literals) are not buffers: keep them in the recipe, not in abar.
+        keep = [m for m in range(len(new)) if m not in consts]
+        renumber = {m: i for i, m in enumerate(keep)}
+        const_ids = {m: i for i, m in enumerate(sorted(consts))}
+        sources = [
+            (("new", renumber[m]) if m in renumber else ("const", const_ids[m]))
+            if kind == "new"
+            else (kind, m)
+            for kind, m in sources
+        ]
+        found["treedef"], found["sources"] = treedef, tuple(sources)
+        return out, tuple(new[m] for m in keep)
+
+    # Trace through fresh wrappers: a cached trace would not rerun ``rec``'s Python.
+    closed = jax.make_jaxpr(lambda *args: rec(*args))(stage.params, stage.rest, a_spec)
+    const_vals = dict(zip(closed.jaxpr.constvars, closed.consts, strict=True))
+    for m, var in enumerate(closed.jaxpr.outvars[1:]):
+        if isinstance(var, Literal):
+            consts[m] = var.val
+        elif var in const_vals:
+            consts[m] = const_vals[var]
+    out_spec, new_specs = jax.eval_shape(lambda *args: rec(*args), stage.params, stage.rest, a_spec)
+    const_values = tuple(consts[m] for m in sorted(consts))
+    recipe = Recipe(found["treedef"], found["sources"], tuple(new_specs), const_values)
+
+    def fwd(params: Any, rest: Any, a: jax.Array) -> jax.Array:
+        return stage.apply(params, rest, a)
+
+    def bwd(params: Any, rest: Any, a: jax.Array, out: jax.Array, new: tuple, d_out: jax.Array):
+        pick = {
+            "param": jax.tree_util.tree_leaves(params),
+            "rest": jax.tree_util.tree_leaves(rest),
+            "in": [a],
+            "out": [out],
+            "new": list(new),
+            "const": [jax.numpy.asarray(c) for c in recipe.consts],
+        }
+        leaves = [pick[kind][i] for kind, i in recipe.sources]
+        vjp_fn = jax.tree_util.tree_unflatten(recipe.treedef, leaves)
+        d_params, d_a = vjp_fn(d_out)
+        return d_params, d_a
+
+    return StageFunctions(fwd, rec, bwd, recipe, out_spec)
+
+
+def _index_of(leaf: Any, items: list) -> int | None:
+    for i, item in enumerate(items):
+        if item is leaf:
+            return i
+    return None
+
+
+def loss_kernel(loss_fn: Callable, out: jax.ShapeDtypeStruct, y: Any) -> Kernel:
+    """Compile ``(a_L, y) -> (loss, d_L)`` (cached by the loss function and shapes)."""
+    key = (loss_fn, out.shape, str(out.dtype), _tree_key(y))
+    if key not in _LOSS_CACHE:
+
+        def loss_and_grad(a: jax.Array, target: Any) -> tuple[jax.Array, jax.Array]:
+            return jax.value_and_grad(loss_fn)(a, target)
+
+        _LOSS_CACHE[key] = _compile(loss_and_grad, out, y)
+    return _LOSS_CACHE[key]
+
+
+def median_time(call: Callable[..., Any], *args: Any, warmup: int = 2, repeats: int = 7) -> float:
+    """Median wall time of ``call(*args)`` in seconds, after ``warmup`` runs."""
+    for _ in range(warmup):
+        jax.block_until_ready(call(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(call(*args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
