@@ -14,10 +14,20 @@ Imports schedir, numpy and cvxpy; never jax.
 import importlib as _importlib
 import pkgutil as _pkgutil
 
+from solvers._tradeoff import Tradeoff, tradeoff
 from solvers.registry import Infeasible, Method, available, get, register, solve
 
 for _module in _pkgutil.iter_modules(__path__):
     if not _module.name.startswith("_") and _module.name != "registry":
         _importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["Infeasible", "Method", "available", "get", "register", "solve"]
+__all__ = [
+    "Infeasible",
+    "Method",
+    "Tradeoff",
+    "available",
+    "get",
+    "register",
+    "solve",
+    "tradeoff",
+]

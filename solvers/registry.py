@@ -99,11 +99,11 @@ def get(method: str, problem: object | type) -> Method:
 
 
 def check_budget(budget: object) -> int:
-    """A budget is a positive whole number of bytes (or slots)."""
+    """A budget is a non-negative whole number of bytes (or slots)."""
     if isinstance(budget, bool) or not isinstance(budget, numbers.Real):
         raise InvalidProblem(f"budget = {budget!r}: expected a number of bytes")
-    if not math.isfinite(float(budget)) or float(budget) != int(budget) or budget <= 0:
-        raise InvalidProblem(f"budget = {budget!r}: expected a positive whole number of bytes")
+    if not math.isfinite(float(budget)) or float(budget) != int(budget) or budget < 0:
+        raise InvalidProblem(f"budget = {budget!r}: expected a non-negative whole number of bytes")
     return int(budget)
 
 
