@@ -1,0 +1,168 @@
+"""Graph solvers side by side (issue 5): exact MILP, LP rounding, DTR, baselines, rotor.
+
+On chains (as graphs, with rotor on the chain itself) and on graphs with skip
+connections of growing size, at several budgets (``fraction`` f: budget =
+least + f * (peak - least), between DTR's least budget and the store-all peak),
+record solve time and makespan overhead (makespan / store-all time - 1) of
+checkmate_milp, checkmate_lp, dtr, chen_sqrt, store_all and, on chains, rotor.
+Writes ``graph_solvers.csv`` and ``graph_solvers.png`` under ``--out``.
+
+    python paper_experiments/graph_solvers.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import solvers  # noqa: E402
+from schedir import Chain, Graph, chain_to_graph, simulate  # noqa: E402
+from schedir.graph import skip_graph  # noqa: E402
+from solvers.checkmate_lp import checkmate_lp  # noqa: E402
+from solvers.checkmate_milp import checkmate_milp  # noqa: E402
+from solvers.dtr import dtr, dtr_min_budget  # noqa: E402
+from solvers.graph_baselines import (  # noqa: E402
+    chen_sqrt_graph,
+    store_all_graph,
+    store_all_graph_ops,
+)
+
+FIELDS = ["family", "size", "nodes", "fraction", "budget", "method", "status", "makespan",
+          "overhead", "solve_time", "peak", "extra"]  # fmt: skip
+
+
+def make_chain(L: int, seed: int) -> Chain:
+    rng = np.random.default_rng(seed)
+    x = [int(v) for v in rng.integers(4, 20, L + 1)]
+    extra = rng.integers(1, 10, L)
+    return Chain.from_rotor(
+        [round(float(v), 3) for v in rng.uniform(1, 3, L)],
+        [round(float(v), 3) for v in rng.uniform(2, 6, L + 1)],
+        x,
+        [0, *(x[k + 1] + int(extra[k]) for k in range(L))],
+        [0] * L,
+        [0] * (L + 1),
+    )
+
+
+def run_graph(g: Graph, budget: int, time_limit: float, chain: Chain | None) -> list[dict]:
+    rows = []
+    methods = {
+        "checkmate_milp": lambda: checkmate_milp(g, budget, time_limit=time_limit),
+        "checkmate_lp": lambda: checkmate_lp(g, budget, time_limit=time_limit),
+        "dtr": lambda: dtr(g, budget),
+        "chen_sqrt": lambda: chen_sqrt_graph(g, budget),
+        "store_all": lambda: store_all_graph(g, budget),
+    }
+    if chain is not None:
+        methods["rotor"] = lambda: solvers.solve(chain, budget, method="rotor")
+    for name, fn in methods.items():
+        start = time.perf_counter()
+        try:
+            s = fn()
+        except solvers.Infeasible as err:
+            rows.append({"method": name, "status": "infeasible", "extra": err.min_budget,
+                         "solve_time": time.perf_counter() - start})  # fmt: skip
+            continue
+        elapsed = time.perf_counter() - start
+        trace = simulate(chain if name == "rotor" else g, s)
+        extra = {"checkmate_milp": "mip_gap", "checkmate_lp": "lp_bound"}.get(name)
+        rows.append(
+            {
+                "method": name,
+                "status": "ok",
+                "makespan": trace.makespan,
+                "peak": trace.peak_memory,
+                "solve_time": elapsed,
+                "extra": s.meta.get(extra) if extra else "",
+            }
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes (used by the tests)")
+    ap.add_argument("--out", default="results/graph_solvers", help="output directory")
+    ap.add_argument("--time-limit", type=float, default=None, help="MILP time limit, s")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.quick:
+        chains, graphs, fractions, limit = [3], [4], [1.0, 0.4, 0.0], 10.0
+    else:
+        chains, graphs, fractions, limit = [4, 6, 8], [6, 9, 12], [1.0, 0.6, 0.3, 0.1, 0.0], 120.0
+    limit = args.time_limit or limit
+    cases: list[tuple[str, int, Graph, Chain | None]] = []
+    for L in chains:
+        chain = make_chain(L, seed=L)
+        cases.append(("chain", L, chain_to_graph(chain), chain))
+    for n in graphs:
+        cases.append(("resnet", n, skip_graph(n, skip=2, seed=n), None))
+        cases.append(("unet", n, skip_graph(n, unet=True, seed=n), None))
+    rows = []
+    for family, size, g, chain in cases:
+        top = simulate(g, store_all_graph_ops(g)).peak_memory
+        if chain is not None:
+            top = max(top, solvers.solve(chain, 10**12, method="store_all").meta["peak_memory"])
+        base = g.store_all_time()
+        least = dtr_min_budget(g)  # >= the MILP's least budget
+        for fraction in fractions:
+            budget = int(least + fraction * (top - least))
+            for r in run_graph(g, budget, limit, chain):
+                mk = r.get("makespan")
+                r.update(family=family, size=size, nodes=len(g), fraction=fraction,
+                         budget=budget, overhead=None if mk is None else mk / base - 1)  # fmt: skip
+                rows.append(r)
+                print(
+                    f"{family:6s} {size:3d} {fraction:4.2f} {r['method']:15s} {r['status']:10s}"
+                    f" makespan={mk if mk is None else round(mk, 3)}"
+                    f" time={r['solve_time']:.3f}s",
+                    flush=True,
+                )
+    with open(out / "graph_solvers.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=FIELDS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k, "") for k in FIELDS})
+    plot(rows, out / "graph_solvers.png")
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    families = sorted({(r["family"], r["size"]) for r in rows})
+    methods = sorted({r["method"] for r in rows})
+    fig, axes = plt.subplots(2, len(families), figsize=(3.2 * len(families), 6), squeeze=False)
+    for c, (fam, size) in enumerate(families):
+        for m in methods:
+            pts = [r for r in rows if (r["family"], r["size"], r["method"]) == (fam, size, m)]
+            ok = [r for r in pts if r["status"] == "ok"]
+            if ok:
+                axes[0, c].plot([r["fraction"] for r in ok], [r["overhead"] for r in ok], "o-",
+                                label=m)  # fmt: skip
+            axes[1, c].semilogy([r["fraction"] for r in pts], [r["solve_time"] for r in pts],
+                                "o-", label=m)  # fmt: skip
+        axes[0, c].set_title(f"{fam} {size}")
+        axes[0, c].set_xlabel("f = (budget - least) / (peak - least)")
+        axes[1, c].set_xlabel("f = (budget - least) / (peak - least)")
+    axes[0, 0].set_ylabel("makespan overhead")
+    axes[1, 0].set_ylabel("solve time (s)")
+    axes[0, -1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
