@@ -17,6 +17,8 @@ float64 tables of (L + 1)(L + 2)/2 x (M + 1) entries: 160 MB for L = 200, M = 50
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,12 +103,15 @@ def _bare_base(chain: Chain, i: int, m: int) -> float:
     return chain.fwd_time[i] + chain.bwd_time[i] if m >= _backward_need(chain, i) else math.inf
 
 
-def build_table(chain: Chain, budget: int, *, tight: bool = False) -> RotorTable:
+def build_table(
+    chain: Chain, budget: int, *, tight: bool = False, threads: int | None = None
+) -> RotorTable:
     """The DP table for every budget up to ``budget`` (sizes in the chain's units).
 
     ``tight=False`` is rotor's published recursion (DESIGN 3.2). ``tight=True`` charges
     F_all(i) what it really holds when stages i..t are solved (d_{t+1}, not d_{i+1}):
-    exact for the simulator's semantics (see docs/semantics.md).
+    exact for the simulator's semantics (see docs/semantics.md). ``threads`` worker
+    threads share each row (default: the cores, at most 4, one per 256 memory units).
     """
     L = chain.length
     a = chain.arrays()
@@ -119,39 +124,60 @@ def build_table(chain: Chain, budget: int, *, tight: bool = False) -> RotorTable
     width = M + 1
     rows: list = [None] * (L + 1)
     cols = [np.full((t + 1, width), np.inf) for t in range(L + 1)]
-    scratch = np.empty((L + 1, width))
-    best_split = np.empty(width)
     pair = x[:-1] + x[1:] + ftmp  # pair[j] = x_j + x_{j+1} + fwd_tmp[j]
-    for i in range(L, -1, -1):
-        row = np.full((L + 1 - i, width), np.inf)
-        base_need = max(x[i + 1] + s[i] + ftmp[i], x[i] + x[i + 1] + s[i] + btmp[i])
-        if base_need <= M:
-            row[0, base_need:] = fwd[i] + bwd[i]
-        if tight:
-            bare = np.full(width, np.inf)
-            bare[min(_backward_need(chain, i), width) :] = fwd[i] + bwd[i]
+    # Entries of one row at different m are independent given the rows below, so each
+    # row is computed in memory ranges by worker threads (numpy releases the GIL).
+    workers = threads or min(os.cpu_count() or 1, 4, max(1, width // 256))
+    bounds = np.linspace(0, width, workers + 1).astype(int)
+    ranges = list(zip(bounds[:-1], bounds[1:], strict=True))
+    scratch = [np.empty((L + 1, hi - lo)) for lo, hi in ranges]
+
+    def fill_row(i: int, row: np.ndarray, bare: np.ndarray, part: int) -> None:
+        lo, hi = ranges[part]
+        block_buf, si = scratch[part], int(s[i])
         inner_pair = -1  # max of pair[j] over i < j < t; sizes are >= 0
         for t in range(i + 1, L + 1):
             if t - 1 > i:
                 inner_pair = max(inner_pair, int(pair[t - 1]))
-            out = row[t - i]
-            if s[i] <= M:  # record stage i: C(m, i, i) + C(m - s_i, i + 1, t)
+            out = row[t - i, lo:hi]
+            start = max(lo, si)  # record stage i: C(m, i, i) + C(m - s_i, i + 1, t)
+            if start < hi:
                 first = bare if tight else row[0]
-                np.add(first[s[i] :], rows[i + 1][t - i - 1, : width - s[i]], out=out[s[i] :])
+                child = rows[i + 1][t - i - 1]
+                np.add(first[start:hi], child[start - si : hi - si], out=row[t - i, start:hi])
                 if tight:
-                    out[: min(_forward_need(chain, i, t), width)] = np.inf
+                    row[t - i, start : max(start, min(_forward_need(chain, i, t), hi))] = np.inf
             n = t - i  # split at j = i+1..t: P_j + C(m - x_j, j, t) + C(m, i, j - 1) - P_i
-            block = scratch[:n]
-            np.add(cols[t][i + 1 : t + 1], row[0:n], out=block)
-            np.min(block, axis=0, out=best_split)
+            block = block_buf[:n]
+            np.add(cols[t][i + 1 : t + 1, lo:hi], row[0:n, lo:hi], out=block)
+            best_split = block.min(axis=0)
             best_split -= prefix[i]
             np.minimum(out, best_split, out=out)
             threshold = x[t + 1] + max(x[i + 1] + ftmp[i], inner_pair)
-            out[: min(threshold, width)] = np.inf
-        rows[i] = row
-        if i >= 1 and x[i] <= M:
-            for t in range(i, L + 1):
-                cols[t][i, x[i] :] = prefix[i] + row[t - i, : width - x[i]]
+            out[: max(0, min(threshold, hi) - lo)] = np.inf
+
+    pool = ThreadPoolExecutor(workers) if workers > 1 else None
+    try:
+        for i in range(L, -1, -1):
+            row = np.full((L + 1 - i, width), np.inf)
+            base_need = max(x[i + 1] + s[i] + ftmp[i], x[i] + x[i + 1] + s[i] + btmp[i])
+            row[0, min(base_need, width) :] = fwd[i] + bwd[i]
+            bare = np.full(width, np.inf)
+            if tight:
+                bare[min(_backward_need(chain, i), width) :] = fwd[i] + bwd[i]
+            if pool is None:
+                fill_row(i, row, bare, 0)
+            else:
+                jobs = [pool.submit(fill_row, i, row, bare, p) for p in range(workers)]
+                for job in jobs:
+                    job.result()
+            rows[i] = row
+            if i >= 1 and x[i] <= M:
+                for t in range(i, L + 1):
+                    cols[t][i, x[i] :] = prefix[i] + row[t - i, : width - x[i]]
+    finally:
+        if pool is not None:
+            pool.shutdown()
     return RotorTable(chain, M, tuple(rows), tuple(cols), prefix, tight)
 
 
