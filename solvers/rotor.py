@@ -181,8 +181,8 @@ def build_table(
     return RotorTable(chain, M, tuple(rows), tuple(cols), prefix, tight)
 
 
-def min_memory(chain: Chain, *, tight: bool = False) -> int:
-    """The least budget (including x_0) at which the DP (of that model) finds a schedule.
+def _least_memory(chain: Chain, tight: bool) -> tuple[list, list]:
+    """need[i][t - i]: least m with C(m, i, t) < inf; shifted[t][j] = x_j + need(j, t).
 
     The same recursion as the DP with (max, min) in place of (+, min): exact in
     integers, O(L^3) with numpy over the split point.
@@ -211,7 +211,45 @@ def min_memory(chain: Chain, *, tight: bool = False) -> int:
         need[i] = row
         for t in range(i, L + 1):
             shifted[t][i] = x[i] + row[t - i]
-    return int(x[0] + need[0][L])
+    return need, shifted
+
+
+def _first_need(chain: Chain, i: int, t: int, tight: bool) -> int:
+    """Memory besides a_i that recording stage i first needs (its own part)."""
+    if tight:
+        return max(_backward_need(chain, i), _forward_need(chain, i, t))
+    x = chain.in_size + (0,)
+    s, ftmp = chain.saved_size[i], chain.fwd_tmp[i]
+    return max(x[i + 1] + s + ftmp, _backward_need(chain, i))
+
+
+def min_memory(chain: Chain, *, tight: bool = False) -> int:
+    """The least budget (including x_0) at which the DP (of that model) finds a schedule."""
+    need, _ = _least_memory(chain, tight)
+    return int(chain.in_size[0] + need[0][chain.length])
+
+
+def min_memory_ops(chain: Chain, budget: int, *, tight: bool = False) -> tuple:
+    """A schedule that fits ``budget`` whenever ``budget >= min_memory(chain)``.
+
+    Exact in bytes at any size (no table over memory): records when it fits, else
+    splits at the farthest feasible point. Used when a discretized solve finds
+    nothing although the byte budget is feasible.
+    """
+    need, shifted = _least_memory(chain, tight)
+    s = chain.saved_size
+
+    def choose(i: int, t: int, m: int):
+        if m >= max(_first_need(chain, i, t, tight), s[i] + need[i + 1][t - i - 1]):
+            return Record(m - s[i])
+        feasible = np.maximum(shifted[t][i + 1 : t + 1], need[i][0 : t - i]) <= m
+        j = i + 1 + int(np.flatnonzero(feasible)[-1])
+        return Split(j, m - chain.in_size[j], m)
+
+    m = budget - chain.in_size[0]
+    if m < need[0][chain.length]:
+        raise ValueError(f"budget {budget} < min_memory {min_memory(chain, tight=tight)}")
+    return tree_ops(chain.length, choose, m)
 
 
 def no_recompute_budget(chain: Chain, *, tight: bool = False) -> int:
@@ -253,9 +291,9 @@ def _solve(chain, budget, tight, max_slots, slots, lower_bound) -> tuple[tuple, 
         slot = discretize(chain, capped, grid)
         if min_memory(slot.chain, tight=tight) <= slot.budget:
             break
-        if grid >= max_slots:
-            detail = f"none on a grid of {grid} slots; raise max_slots to solve exactly"
-            raise Infeasible("rotor", budget, least, detail)
+        if grid >= max_slots:  # rounding up lost too much: fall back to a least-memory tree
+            ops = min_memory_ops(chain, budget, tight=tight)
+            return ops, {"exact": False, "dp_value": None, "fallback": "min_memory", "slots": grid}
         grid = min(2 * grid, max_slots)
     table = build_table(slot.chain, slot.budget, tight=tight)
     info = {"slot_size": slot.slot_size, "slots": grid, "makespan": table.value(slot.budget)}
