@@ -26,6 +26,7 @@ import numpy as np
 from schedir import Chain, Schedule, discretize, simulate_chain
 from solvers._chain_tree import Record, Split, tree_ops
 from solvers.registry import Infeasible, register
+from solvers.store_all import store_all_ops
 
 
 @dataclass(frozen=True)
@@ -286,6 +287,9 @@ def _solve(chain, budget, tight, max_slots, slots, lower_bound) -> tuple[tuple, 
     if capped <= max_slots:
         table = build_table(chain, capped, tight=tight)
         return table.ops(capped), {"exact": True, "dp_value": table.value(capped)}
+    store_all = store_all_ops(chain)
+    if simulate_chain(chain, store_all).peak_memory <= budget:  # no recompute: optimal
+        return store_all, {"exact": True, "dp_value": chain.store_all_time()}
     grid = slots
     while True:
         slot = discretize(chain, capped, grid)
