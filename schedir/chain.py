@@ -27,7 +27,11 @@ def _as_size(name: str, index: int, value: object) -> int:
         raise InvalidProblem(f"{name}[{index}] = {value!r}: sizes must be integers, not bool")
     if isinstance(value, numbers.Integral):
         size = int(value)
-    elif isinstance(value, numbers.Real) and math.isfinite(float(value)) and float(value).is_integer():
+    elif (
+        isinstance(value, numbers.Real)
+        and math.isfinite(float(value))
+        and float(value).is_integer()
+    ):
         size = int(value)
     else:
         raise InvalidProblem(
@@ -41,7 +45,10 @@ def _as_size(name: str, index: int, value: object) -> int:
 def _as_time(name: str, index: int, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise InvalidProblem(f"{name}[{index}] = {value!r}: times must be real numbers (seconds)")
-    time = float(value)
+    try:
+        time = float(value)
+    except OverflowError:
+        raise InvalidProblem(f"{name}[{index}] = {value!r}: time too large for a float") from None
     if not math.isfinite(time) or time < 0:
         raise InvalidProblem(f"{name}[{index}] = {value!r}: times must be finite and non-negative")
     return time
@@ -93,6 +100,8 @@ class Chain:
             values = tuple(_as_size(name, k, v) for k, v in enumerate(getattr(self, name)))
             object.__setattr__(self, name, values)
         if self.names is not None:
+            if isinstance(self.names, str):
+                raise InvalidProblem(f"names = {self.names!r}: expected a sequence of strings")
             names = tuple(self.names)
             if len(names) != expected:
                 raise InvalidProblem(f"names has length {len(names)}, expected {expected}")
@@ -142,8 +151,19 @@ class Chain:
         )
 
     def to_rotor(self) -> dict[str, list]:
-        """Rotor's six lists (``cbw[0]``, which rotor never reads, is set to ``in_size[0]``)."""
+        """Rotor's six lists (``cbw[0]``, which rotor never reads, is set to ``in_size[0]``).
+
+        Raises InvalidProblem if the loss stage has a non-zero ``fwd_time``,
+        ``saved_size`` or ``fwd_tmp``, which rotor's lists cannot hold.
+        """
         L = self.length
+        for name in ("fwd_time", "saved_size", "fwd_tmp"):
+            value = getattr(self, name)[L]
+            if value != 0:
+                raise InvalidProblem(
+                    f"{name}[{L}] = {value!r}: rotor's lists have no entry for the loss "
+                    f"stage's {name}; fold it into bwd_time[{L}] / bwd_tmp[{L}] first"
+                )
         return {
             "fw": list(self.fwd_time[:L]),
             "bw": list(self.bwd_time),
@@ -176,6 +196,8 @@ class Chain:
 
     @classmethod
     def from_dict(cls, d: dict) -> Chain:
+        if not isinstance(d, dict):
+            raise InvalidProblem(f"expected a JSON object for a chain, got {type(d).__name__}")
         if d.get("format") != "schedir.chain":
             raise InvalidProblem(f"format = {d.get('format')!r}: expected 'schedir.chain'")
         if d.get("version") != 1:

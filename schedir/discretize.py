@@ -8,6 +8,7 @@ report the discretization loss.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, replace
 
 from schedir.chain import SIZE_FIELDS, Chain
@@ -29,7 +30,9 @@ class Discretized:
     budget: int
 
 
-def discretize(chain: Chain, budget: int, slots: int = 500, *, round_up: bool = True) -> Discretized:
+def discretize(
+    chain: Chain, budget: int, slots: int = 500, *, round_up: bool = True
+) -> Discretized:
     """Map ``chain`` and a byte ``budget`` to about ``slots`` integer memory slots.
 
     ``slot_size = ceil(budget / slots)``. With ``round_up`` (the default) sizes round up
@@ -41,10 +44,11 @@ def discretize(chain: Chain, budget: int, slots: int = 500, *, round_up: bool = 
     >>> d.slot_size, d.budget, d.chain.in_size, d.chain.saved_size
     (100, 50, (10, 10), (20, 0))
     """
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
+    if isinstance(budget, bool) or not isinstance(budget, numbers.Integral) or budget <= 0:
         raise InvalidProblem(f"budget = {budget!r}: expected a positive integer number of bytes")
-    if isinstance(slots, bool) or not isinstance(slots, int) or slots <= 0:
+    if isinstance(slots, bool) or not isinstance(slots, numbers.Integral) or slots <= 0:
         raise InvalidProblem(f"slots = {slots!r}: expected a positive integer")
+    budget, slots = int(budget), int(slots)
     slot_size = -(-budget // slots)
     if round_up:
         fields = {f: tuple(-(-v // slot_size) for v in getattr(chain, f)) for f in SIZE_FIELDS}

@@ -6,6 +6,7 @@ with :func:`parse_op`. Memory semantics live in :mod:`schedir.simulate`.
 
 from __future__ import annotations
 
+import numbers
 import re
 from dataclasses import dataclass
 
@@ -17,8 +18,10 @@ class _StageOp:
     index: int
 
     def __post_init__(self) -> None:
-        if isinstance(self.index, bool) or not isinstance(self.index, int) or self.index < 0:
-            raise InvalidSchedule(f"{type(self).__name__}: index = {self.index!r}, expected int >= 0")
+        index = self.index
+        if isinstance(index, bool) or not isinstance(index, numbers.Integral) or index < 0:
+            raise InvalidSchedule(f"{type(self).__name__}: index = {index!r}, expected int >= 0")
+        object.__setattr__(self, "index", int(index))
 
     def __str__(self) -> str:
         return f"{type(self).__name__}({self.index})"
@@ -31,7 +34,7 @@ class F_ck(_StageOp):
 
 
 class F_n(_StageOp):
-    """Forward of stage k dropping its input: adds ``a[k+1]``, then removes ``a[k]`` (else ``abar[k]``)."""
+    """Forward of stage k dropping its input: adds ``a[k+1]``, frees ``a[k]`` else ``abar[k]``."""
 
 
 class F_all(_StageOp):

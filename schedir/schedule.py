@@ -62,6 +62,8 @@ class Schedule:
 
     @classmethod
     def from_dict(cls, d: dict) -> Schedule:
+        if not isinstance(d, dict):
+            raise InvalidSchedule(f"expected a JSON object for a schedule, got {type(d).__name__}")
         if d.get("format") != FORMAT:
             raise InvalidSchedule(f"format = {d.get('format')!r}: expected {FORMAT!r}")
         if d.get("version") != VERSION:
