@@ -182,6 +182,12 @@ class Chain:
         out["in_size"] = np.append(out["in_size"], 0)
         return out
 
+    def to_graph(self):
+        """The same problem as a ``schedir.Graph`` (see ``schedir.graph.chain_to_graph``)."""
+        from schedir.graph import chain_to_graph  # graph imports chain
+
+        return chain_to_graph(self)
+
     def store_all_time(self) -> float:
         """Makespan without recomputation: every forward and backward once."""
         return math.fsum(self.fwd_time) + math.fsum(self.bwd_time)

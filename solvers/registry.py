@@ -71,8 +71,8 @@ def register(name: str, *, problem: type, exact: bool, description: str):
 def available(problem: object | type | None = None) -> list[Method]:
     """Registered methods, optionally only those that read ``problem`` (an instance or class).
 
-    >>> import solvers
-    >>> [m.name for m in solvers.available() if m.exact][:1]
+    >>> import schedir, solvers
+    >>> [m.name for m in solvers.available(schedir.Chain) if m.exact]
     ['rotor']
     """
     methods = list(_METHODS.values())
@@ -140,4 +140,4 @@ def solve(problem, budget: int, method: str = "rotor", **options) -> Schedule:
         "makespan": trace.makespan,
         "peak_memory": trace.peak_memory,
     }
-    return Schedule(schedule.ops, meta)
+    return type(schedule)(schedule.ops, meta)
