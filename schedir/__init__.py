@@ -12,10 +12,16 @@ from schedir.graph_ops import Compute, Free, parse_graph_op
 from schedir.graph_simulate import GraphSchedule, simulate_graph
 from schedir.io import from_dict, load, save
 from schedir.ops import B, F_all, F_ck, F_n, Loss, parse_op
+from schedir.platform import PRESETS, CopyEngine, Device, Link, Platform
 from schedir.schedule import Schedule
 from schedir.simulate import Trace, op_time, simulate, simulate_chain
 
 __all__ = [
+    "PRESETS",
+    "CopyEngine",
+    "Device",
+    "Link",
+    "Platform",
     "B",
     "Chain",
     "Discretized",

@@ -7,10 +7,15 @@ from pathlib import Path
 
 from schedir.chain import Chain
 from schedir.errors import InvalidProblem
+from schedir.platform import Platform
 from schedir.schedule import Schedule
 
 # JSON "format" tag -> class with from_dict. Other problem kinds register here.
-FORMATS: dict[str, type] = {"schedir.chain": Chain, "schedir.schedule": Schedule}
+FORMATS: dict[str, type] = {
+    "schedir.chain": Chain,
+    "schedir.platform": Platform,
+    "schedir.schedule": Schedule,
+}
 
 
 def from_dict(d: dict):

@@ -1,0 +1,251 @@
+"""Platforms: memory spaces, copy engines, devices and links (DESIGN sections 5 and 6).
+
+A :class:`Platform` describes where a schedule runs. Its offloading part is the
+device's and the host's memory capacities and one copy engine per direction; its
+multi-device part is a list of devices (speed factor, memory) and the links between
+them. Problems pair a Platform with a Chain or Graph; the Platform never holds work.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field, replace
+
+from schedir.errors import InvalidProblem
+
+
+def _rate(name: str, value: object, *, allow_inf: bool = True) -> float:
+    """A non-negative float (bytes/s or s); inf allowed for bandwidths."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidProblem(f"{name} = {value!r}: expected a non-negative number")
+    v = float(value)
+    if math.isnan(v) or v < 0 or (math.isinf(v) and not allow_inf):
+        raise InvalidProblem(f"{name} = {value!r}: expected a non-negative number")
+    return v
+
+
+def _capacity(name: str, value: object) -> int | None:
+    """Bytes, or None for unlimited; never rounded."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise InvalidProblem(f"{name} = {value!r}: expected a non-negative integer (bytes)")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class CopyEngine:
+    """One copy direction: a transfer of n bytes takes ``latency + n / bandwidth`` seconds.
+
+    Attributes:
+        bandwidth: bytes/s (0: no copy possible; inf: free transfers).
+        latency: seconds per transfer.
+    """
+
+    bandwidth: float
+    latency: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bandwidth", _rate("bandwidth", self.bandwidth))
+        object.__setattr__(self, "latency", _rate("latency", self.latency, allow_inf=False))
+
+    def time(self, nbytes: int) -> float:
+        """Seconds to move ``nbytes`` (inf when the bandwidth is 0 and nbytes > 0)."""
+        if nbytes == 0:
+            return self.latency
+        if self.bandwidth == 0:
+            return math.inf
+        return self.latency + nbytes / self.bandwidth
+
+
+@dataclass(frozen=True)
+class Device:
+    """A compute device.
+
+    Attributes:
+        name: unique name.
+        speed: relative speed; a task of time t (profiled) takes t / speed seconds.
+        memory: capacity, bytes (None: unlimited).
+    """
+
+    name: str
+    speed: float = 1.0
+    memory: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise InvalidProblem(f"device name = {self.name!r}: expected a non-empty string")
+        speed = _rate(f"device {self.name!r} speed", self.speed, allow_inf=False)
+        if speed == 0:
+            raise InvalidProblem(f"device {self.name!r} speed = 0: expected a positive factor")
+        object.__setattr__(self, "speed", speed)
+        object.__setattr__(self, "memory", _capacity(f"device {self.name!r} memory", self.memory))
+
+
+@dataclass(frozen=True)
+class Link:
+    """A directed link between two devices (one port each way).
+
+    Attributes:
+        src, dst: device names.
+        bandwidth: bytes/s.
+        latency: seconds per message.
+    """
+
+    src: str
+    dst: str
+    bandwidth: float
+    latency: float = 0.0
+
+    def __post_init__(self) -> None:
+        label = f"link {self.src}->{self.dst}"
+        object.__setattr__(self, "bandwidth", _rate(f"{label} bandwidth", self.bandwidth))
+        latency = _rate(f"{label} latency", self.latency, allow_inf=False)
+        object.__setattr__(self, "latency", latency)
+
+    def time(self, nbytes: int) -> float:
+        return CopyEngine(self.bandwidth, self.latency).time(nbytes)
+
+
+# Copy bandwidths per direction, bytes/s, of common host links (order of magnitude).
+PRESETS: dict[str, float] = {
+    "pcie3": 12e9,
+    "pcie4": 25e9,
+    "pcie5": 50e9,
+    "nvlink-c2c": 450e9,
+}
+
+
+@dataclass(frozen=True)
+class Platform:
+    """Where a schedule runs.
+
+    Attributes:
+        device_memory: bytes of the (single) device for offloading problems; None: unlimited.
+        host_memory: bytes of host memory; None: unlimited.
+        offload: device -> host copy engine.
+        prefetch: host -> device copy engine.
+        devices: compute devices for multi-device problems.
+        links: directed links between devices (absent pairs cannot communicate).
+    """
+
+    device_memory: int | None = None
+    host_memory: int | None = None
+    offload: CopyEngine = field(default_factory=lambda: CopyEngine(0.0))
+    prefetch: CopyEngine = field(default_factory=lambda: CopyEngine(0.0))
+    devices: tuple[Device, ...] = ()
+    links: tuple[Link, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "device_memory", _capacity("device_memory", self.device_memory))
+        object.__setattr__(self, "host_memory", _capacity("host_memory", self.host_memory))
+        for name in ("offload", "prefetch"):
+            if not isinstance(getattr(self, name), CopyEngine):
+                raise InvalidProblem(f"{name} = {getattr(self, name)!r}: expected a CopyEngine")
+        devices, links = tuple(self.devices), tuple(self.links)
+        names = [d.name for d in devices]
+        if len(set(names)) != len(names):
+            raise InvalidProblem(f"devices: duplicate names in {names}")
+        seen = set()
+        for link in links:
+            for end in (link.src, link.dst):
+                if end not in names:
+                    raise InvalidProblem(f"link {link.src}->{link.dst}: unknown device {end!r}")
+            if (link.src, link.dst) in seen:
+                raise InvalidProblem(f"link {link.src}->{link.dst} is given twice")
+            seen.add((link.src, link.dst))
+        object.__setattr__(self, "devices", devices)
+        object.__setattr__(self, "links", links)
+
+    # Constructors.
+    @classmethod
+    def host_offload(
+        cls,
+        bandwidth: float | str,
+        *,
+        device_memory: int | None = None,
+        host_memory: int | None = None,
+        latency: float = 0.0,
+    ) -> Platform:
+        """One device and a host link of ``bandwidth`` bytes/s (or a PRESETS name) each way.
+
+        >>> Platform.host_offload("pcie4").offload.bandwidth
+        25000000000.0
+        """
+        if isinstance(bandwidth, str):
+            if bandwidth not in PRESETS:
+                known = ", ".join(PRESETS)
+                raise InvalidProblem(f"bandwidth preset {bandwidth!r} unknown; known: {known}")
+            bandwidth = PRESETS[bandwidth]
+        engine = CopyEngine(bandwidth, latency)
+        return cls(device_memory, host_memory, engine, engine)
+
+    @classmethod
+    def fully_connected(
+        cls, devices: list[Device], bandwidth: float, latency: float = 0.0
+    ) -> Platform:
+        """Devices with a link of the same bandwidth between every ordered pair."""
+        links = tuple(
+            Link(a.name, b.name, bandwidth, latency) for a in devices for b in devices if a != b
+        )
+        return cls(devices=tuple(devices), links=links)
+
+    @classmethod
+    def star(cls, master: Device, workers: list[Device], bandwidths: list[float]) -> Platform:
+        """A master linked both ways to each worker (one bandwidth per worker)."""
+        if len(bandwidths) != len(workers):
+            raise InvalidProblem(f"star: {len(bandwidths)} bandwidths for {len(workers)} workers")
+        links = []
+        for w, bw in zip(workers, bandwidths, strict=True):
+            links += [Link(master.name, w.name, bw), Link(w.name, master.name, bw)]
+        return cls(devices=(master, *workers), links=tuple(links))
+
+    def device(self, name: str) -> Device:
+        for d in self.devices:
+            if d.name == name:
+                return d
+        raise InvalidProblem(f"unknown device {name!r}; known: {[d.name for d in self.devices]}")
+
+    def link(self, src: str, dst: str) -> Link:
+        """The link src -> dst; InvalidProblem if there is none."""
+        for link in self.links:
+            if link.src == src and link.dst == dst:
+                return link
+        raise InvalidProblem(f"no link {src}->{dst} on this platform")
+
+    def with_bandwidth(self, bandwidth: float) -> Platform:
+        """The same platform with both copy engines at ``bandwidth`` bytes/s."""
+        return replace(
+            self,
+            offload=CopyEngine(bandwidth, self.offload.latency),
+            prefetch=CopyEngine(bandwidth, self.prefetch.latency),
+        )
+
+    # JSON.
+    def to_dict(self) -> dict:
+        return {
+            "format": "schedir.platform",
+            "version": 1,
+            "device_memory": self.device_memory,
+            "host_memory": self.host_memory,
+            "offload": vars(self.offload),
+            "prefetch": vars(self.prefetch),
+            "devices": [vars(d) for d in self.devices],
+            "links": [vars(link) for link in self.links],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Platform:
+        if not isinstance(d, dict) or d.get("format") != "schedir.platform":
+            raise InvalidProblem("expected a JSON object with format 'schedir.platform'")
+        if d.get("version") != 1:
+            raise InvalidProblem(f"version = {d.get('version')!r}: this library reads version 1")
+        return cls(
+            device_memory=d.get("device_memory"),
+            host_memory=d.get("host_memory"),
+            offload=CopyEngine(**d.get("offload", {"bandwidth": 0.0})),
+            prefetch=CopyEngine(**d.get("prefetch", {"bandwidth": 0.0})),
+            devices=tuple(Device(**x) for x in d.get("devices", [])),
+            links=tuple(Link(**x) for x in d.get("links", [])),
+        )
