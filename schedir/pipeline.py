@@ -1,0 +1,377 @@
+"""Several devices: pipeline problems, interval mappings and their period model (DESIGN 6).
+
+A :class:`PipelineProblem` is a Chain cut into consecutive intervals, each placed on
+one device or replicated on several (round-robin, which keeps outputs in order). The
+analytical model, reproduced exactly by the discrete-event simulator
+(:mod:`schedir.pipeline_sim`) at zero noise, is documented in ``docs/pipelines.md``:
+
+- interval [i, j) on replicas R (a_i in, a_j out) with work W = sum fwd_time[i:j]:
+  period max_{u in R} (W / speed_u) / |R|;
+- boundary j between intervals on R and R': each directed link (u, v) is a serial
+  resource; item n goes from R[n mod |R|] to R'[n mod |R'|], so every used pair carries
+  one item out of lcm(|R|, |R'|), each taking latency + x_j / bandwidth. Its period is
+  max over used pairs of that time / lcm(|R|, |R'|);
+- period of the mapping = the max of these; latency = sum along the path of the
+  slowest replica's time and the slowest used link's time.
+
+References: Subhlok and Vondran (SPAA 1996) and Benoit and Robert (JPDC 2008) for
+interval mappings with replication; Banino, Beaumont, Carter, Dongarra, Legrand,
+Robert (IEEE TPDS 2004) for master-worker steady state (:class:`MasterWorker`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from schedir.chain import Chain
+from schedir.errors import InvalidProblem
+from schedir.platform import Platform
+
+
+@dataclass(frozen=True)
+class PipelineProblem:
+    """A chain to pipeline over the devices of a platform.
+
+    Attributes:
+        chain: the stages; for inference only ``fwd_time`` and ``in_size`` matter
+            (plus ``fwd_tmp`` for memory); for training also the backward fields.
+        weights: bytes of the parameters of each stage (length L). Count gradients and
+            optimizer state here too if they live on the device.
+        platform: devices (speed, memory) and links.
+        microbatches: micro-batches per training step (training), or items simulated
+            by default (inference).
+        training: False: a stream of inference inputs; True: 1F1B / GPipe training.
+    """
+
+    chain: Chain
+    weights: tuple[int, ...]
+    platform: Platform
+    microbatches: int = 8
+    training: bool = False
+
+    def __post_init__(self) -> None:
+        weights = tuple(int(w) for w in self.weights)
+        if len(weights) != self.chain.length or min(weights, default=0) < 0:
+            raise InvalidProblem(
+                f"weights: expected {self.chain.length} non-negative byte counts, got {weights}"
+            )
+        object.__setattr__(self, "weights", weights)
+        if not self.platform.devices:
+            raise InvalidProblem("pipeline problem: the platform lists no devices")
+        if int(self.microbatches) < 1:
+            raise InvalidProblem(f"microbatches = {self.microbatches}: expected >= 1")
+
+    @property
+    def length(self) -> int:
+        return self.chain.length
+
+    def work(self, i: int, j: int) -> float:
+        """Seconds (at speed 1) of the forward of stages i..j-1 (inference) or of
+        forward + backward (training; the loss counts in the last interval)."""
+        c = self.chain
+        w = sum(c.fwd_time[i:j])
+        if self.training:
+            w += sum(c.bwd_time[i:j])
+            if j == c.length:
+                w += c.fwd_time[-1] + c.bwd_time[-1]
+        return w
+
+    def to_dict(self) -> dict:
+        return {
+            "format": "schedir.pipeline",
+            "version": 1,
+            "chain": self.chain.to_dict(),
+            "weights": list(self.weights),
+            "platform": self.platform.to_dict(),
+            "microbatches": self.microbatches,
+            "training": self.training,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PipelineProblem:
+        if not isinstance(d, dict) or d.get("format") != "schedir.pipeline":
+            raise InvalidProblem("expected a JSON object with format 'schedir.pipeline'")
+        return cls(
+            Chain.from_dict(d["chain"]),
+            tuple(d["weights"]),
+            Platform.from_dict(d["platform"]),
+            d.get("microbatches", 8),
+            d.get("training", False),
+        )
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Stages [first, last) placed on ``devices`` (round-robin in this order)."""
+
+    first: int
+    last: int
+    devices: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "devices", tuple(self.devices))
+        if not 0 <= self.first < self.last or not self.devices:
+            raise InvalidProblem(f"interval {self}: expected first < last and >= 1 device")
+
+    def __str__(self) -> str:
+        return f"[{self.first}:{self.last})@{'+'.join(self.devices)}"
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """Consecutive intervals covering stages 0..L-1, on disjoint device sets."""
+
+    intervals: tuple[Interval, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "intervals", tuple(self.intervals))
+
+    def check(self, problem: PipelineProblem) -> None:
+        """InvalidProblem unless this is an interval mapping of ``problem``."""
+        pos, used = 0, set()
+        for iv in self.intervals:
+            if iv.first != pos:
+                raise InvalidProblem(f"mapping: interval {iv} does not start at stage {pos}")
+            pos = iv.last
+            for name in iv.devices:
+                problem.platform.device(name)
+                if name in used:
+                    raise InvalidProblem(f"mapping: device {name!r} is used twice")
+                used.add(name)
+        if pos != problem.length:
+            raise InvalidProblem(f"mapping covers stages 0..{pos - 1}, not 0..{problem.length - 1}")
+
+    def to_dict(self) -> list:
+        return [[iv.first, iv.last, list(iv.devices)] for iv in self.intervals]
+
+    @classmethod
+    def from_dict(cls, d: Sequence) -> Mapping:
+        return cls(tuple(Interval(a, b, tuple(devs)) for a, b, devs in d))
+
+    def __str__(self) -> str:
+        return " ".join(str(iv) for iv in self.intervals)
+
+
+def used_pairs(left: Sequence[str], right: Sequence[str]) -> list[tuple[str, str]]:
+    """Pairs (sender, receiver) used by round-robin on both sides: one item each per lcm."""
+    a, b = len(left), len(right)
+    return sorted({(left[n % a], right[n % b]) for n in range(math.lcm(a, b))})
+
+
+def link_time(problem: PipelineProblem, src: str, dst: str, nbytes: int) -> float:
+    """Seconds a message of ``nbytes`` occupies link src -> dst (inf if there is none)."""
+    for link in problem.platform.links:
+        if link.src == src and link.dst == dst:
+            return link.time(nbytes)
+    return math.inf
+
+
+@dataclass(frozen=True)
+class PeriodReport:
+    """The analytical model of one mapping.
+
+    Attributes:
+        period: seconds per item in steady state (max of all resource periods).
+        latency: seconds one item takes through an empty pipeline (slowest path).
+        compute: period of each interval, seconds.
+        links: period of each boundary between consecutive intervals, seconds.
+        memory: bytes needed on each device (see :func:`interval_memory`).
+        fits: whether every device's memory holds what it needs.
+    """
+
+    period: float
+    latency: float
+    compute: tuple[float, ...]
+    links: tuple[float, ...]
+    memory: dict
+    fits: bool
+
+
+def interval_memory(problem: PipelineProblem, i: int, j: int) -> int:
+    """Bytes one replica of inference interval [i, j) needs, by this library's model:
+    its weights, one receive buffer for the next input (x_i, if i > 0), one send
+    buffer for the previous output (x_j, if j < L), and the largest forward working
+    set max_k (x_k + x_{k+1} + fwd_tmp[k]) over its stages."""
+    c, L = problem.chain, problem.length
+    x = c.in_size
+    work = max(x[k] + x[k + 1] + c.fwd_tmp[k] for k in range(i, j))
+    return sum(problem.weights[i:j]) + work + (x[i] if i > 0 else 0) + (x[j] if j < L else 0)
+
+
+def boundary_period(
+    problem: PipelineProblem, k: int, left: Sequence[str], right: Sequence[str], pairs: str = "used"
+) -> tuple[float, float]:
+    """(period, one-item time) of the links carrying a_k from replicas ``left`` to ``right``.
+
+    ``pairs="used"`` takes the pairs round-robin really uses (exact for this order);
+    ``pairs="all"`` takes every pair of left x right (an order-free upper bound, equal
+    to "used" when gcd(|left|, |right|) = 1 or links are identical).
+    """
+    nbytes = problem.chain.in_size[k]
+    chosen = used_pairs(left, right) if pairs == "used" else list(itertools.product(left, right))
+    worst = max(link_time(problem, u, v, nbytes) for u, v in chosen)
+    return worst / math.lcm(len(left), len(right)), worst
+
+
+def evaluate(problem: PipelineProblem, mapping: Mapping, pairs: str = "used") -> PeriodReport:
+    """Period, latency and memory of ``mapping`` by the model of DESIGN 6."""
+    mapping.check(problem)
+    ivs = mapping.intervals
+    compute, slowest = [], []
+    memory, fits = {}, True
+    for iv in ivs:
+        w = problem.work(iv.first, iv.last)
+        t = max(w / problem.platform.device(u).speed for u in iv.devices)
+        compute.append(t / len(iv.devices))
+        slowest.append(t)
+        need = interval_memory(problem, iv.first, iv.last)
+        for u in iv.devices:
+            memory[u] = need
+            cap = problem.platform.device(u).memory
+            fits = fits and (cap is None or need <= cap)
+    links, hops = [], []
+    for a, b in itertools.pairwise(ivs):
+        period, one = boundary_period(problem, a.last, a.devices, b.devices, pairs)
+        links.append(period)
+        hops.append(one)
+    period = max(compute + links)
+    return PeriodReport(
+        period, sum(slowest) + sum(hops), tuple(compute), tuple(links), memory, fits
+    )
+
+
+def compositions(length: int, parts: int | None = None) -> Iterator[tuple[int, ...]]:
+    """Cut points (0, c1, ..., L) of every split of 0..L into consecutive intervals."""
+    for n in range(1, length + 1) if parts is None else (parts,):
+        for cuts in itertools.combinations(range(1, length), n - 1):
+            yield (0, *cuts, length)
+
+
+def all_mappings(problem: PipelineProblem, replicate: bool = True) -> Iterator[Mapping]:
+    """Every interval mapping (device sets as sorted tuples); exponential, for tests."""
+    names = [d.name for d in problem.platform.devices]
+    P = len(names)
+    for cuts in compositions(problem.length):
+        n = len(cuts) - 1
+        if n > P:
+            continue
+        # assign each device to one of the n intervals or to none (label n)
+        for labels in itertools.product(range(n + 1), repeat=P):
+            groups = [tuple(names[u] for u in range(P) if labels[u] == g) for g in range(n)]
+            if any(not g for g in groups) or (not replicate and any(len(g) > 1 for g in groups)):
+                continue
+            yield Mapping(tuple(Interval(cuts[g], cuts[g + 1], groups[g]) for g in range(n)))
+
+
+def exhaustive(
+    problem: PipelineProblem, replicate: bool = True, pairs: str = "all"
+) -> tuple[float, Mapping | None]:
+    """Least period over every interval mapping that fits memory (brute force)."""
+    best, arg = math.inf, None
+    for m in all_mappings(problem, replicate):
+        rep = evaluate(problem, m, pairs)
+        if rep.fits and rep.period < best - 1e-15:
+            best, arg = rep.period, m
+    return best, arg
+
+
+@dataclass(frozen=True)
+class MasterWorker:
+    """Independent equal tasks served from a master over a star or tree (one-port).
+
+    Banino et al., "Scheduling strategies for master-slave tasking on heterogeneous
+    processor platforms", IEEE TPDS 15(4), 2004. Every node (the master included) may
+    compute, receive from its parent, and send to one child at a time, all overlapped.
+
+    Attributes:
+        platform: devices and the (directed) links of a tree rooted at ``master``.
+        master: name of the root, which holds the tasks.
+        work: seconds per task at speed 1 (node u takes work / speed_u).
+        task_bytes: bytes of one task's input, sent from the parent to the child.
+        master_computes: whether the master computes tasks too.
+    """
+
+    platform: Platform
+    master: str
+    work: float
+    task_bytes: int
+    master_computes: bool = True
+
+    def children(self) -> dict[str, list[str]]:
+        """The tree: children of every node, following links away from the master."""
+        kids: dict[str, list[str]] = {d.name: [] for d in self.platform.devices}
+        seen, frontier = {self.master}, [self.master]
+        while frontier:
+            u = frontier.pop()
+            for link in self.platform.links:
+                if link.src == u and link.dst not in seen:
+                    seen.add(link.dst)
+                    kids[u].append(link.dst)
+                    frontier.append(link.dst)
+        return kids
+
+    def comm_time(self, parent: str, child: str) -> float:
+        """Seconds to send one task from parent to child."""
+        return self.platform.link(parent, child).time(self.task_bytes)
+
+    def compute_time(self, name: str) -> float:
+        """Seconds one task takes on ``name`` (inf for a master that does not compute)."""
+        if name == self.master and not self.master_computes:
+            return math.inf
+        return self.work / self.platform.device(name).speed
+
+
+@dataclass(frozen=True)
+class SteadyState:
+    """A steady-state solution: tasks per second computed on and sent to each node.
+
+    Attributes:
+        throughput: tasks per second, in total.
+        compute: tasks per second computed by each node.
+        send: tasks per second sent over each link (parent, child).
+        meta: method, solve time, ...
+    """
+
+    throughput: float
+    compute: dict
+    send: dict
+    meta: dict = field(default_factory=dict)
+
+
+def training_period(
+    problem: PipelineProblem, mapping: Mapping, recompute: Sequence[float] | None = None
+) -> float:
+    """Steady-state seconds per micro-batch of 1F1B on a mapping without replication.
+
+    Stage p (device u_p) takes c_p = (work + recompute_p) / speed per micro-batch;
+    the forward link p -> p+1 carries a_j and the backward link carries d_j, each
+    taking f_p and b_p. Stage p keeps P - p micro-batches in flight, so the forward of
+    micro-batch n + P - p waits for the backward of n, which waits for the round trip
+    below it. Every run of stages p..q forms a cycle (forward down, backward up) over
+    q - p + 1 micro-batches, so the period is the largest cycle mean:
+
+        max( max_p f_p, max_p b_p,
+             max_{p <= q} [sum_{p <= r <= q} c_r + sum_{p <= r < q} (f_r + b_r)] / (q - p + 1) )
+
+    (p == q gives c_p). Without communication this is max_p c_p (DESIGN 6).
+    """
+    ivs = mapping.intervals
+    P = len(ivs)
+    rec = list(recompute or [0.0] * P)
+    devs = [iv.devices[0] for iv in ivs]
+    c = [
+        (problem.work(iv.first, iv.last) + rec[p]) / problem.platform.device(devs[p]).speed
+        for p, iv in enumerate(ivs)
+    ]
+    x = problem.chain.in_size
+    f = [link_time(problem, devs[p], devs[p + 1], x[ivs[p].last]) for p in range(P - 1)]
+    b = [link_time(problem, devs[p + 1], devs[p], x[ivs[p].last]) for p in range(P - 1)]
+    cycles = [
+        (sum(c[p : q + 1]) + sum(f[p:q]) + sum(b[p:q])) / (q - p + 1)
+        for p in range(P)
+        for q in range(p, P)
+    ]
+    return max(f + b + cycles)

@@ -1,0 +1,327 @@
+"""Discrete-event simulation of multi-resource schedules, with a seeded noise model.
+
+Resources: each device's compute stream and each directed link (src, dst). A
+:class:`~schedir.pipeline_ops.PipelineSchedule` fixes the order of the ops on every
+resource: compute ops run in their device's list order, a ``Send`` runs on link
+(device, peer) in list order among that link's sends. An op starts when its resource
+is free and its data is there: ``Fwd(i, j, n)`` needs a_i of item n (released at
+``n * release_interval`` when i == 0, else delivered by a Send or produced locally),
+``Bwd(i, j, n)`` needs its own Fwd and d_j (none when j == L: the loss is in it), a
+Send needs the local op that produced what it sends. Since every resource's order is
+fixed, start times are a longest path over (data + resource order) edges; a cycle
+there is a deadlock and is reported.
+
+Durations: compute = work / speed x noise; a send of x bytes = latency + x / bandwidth.
+Noise (:class:`Noise`): each compute op's time is multiplied by an independent
+log-normal factor exp(sigma Z - sigma^2 / 2) (mean 1) and by a per-device factor drawn
+once (same law, ``device_sigma``), seeded, so runs are reproducible.
+
+Memory per device (bytes): the weights of every stage it runs, plus live buffers:
+an input a_i from the start of its transfer (or of the Fwd when i == 0) to the end
+of the Fwd (inference) or of the Bwd (training); an output from the start of the op
+that makes it to the end of its last Send (or of the op when nothing sends it); in
+training the stash (sum of saved_size over the interval, or ``meta["stash"]``) from
+the Fwd's start to the Bwd's end, d_j from its transfer start to the Bwd's end; and
+the op's temporary bytes (max fwd_tmp / bwd_tmp of its stages) while it runs. At equal
+times frees come before allocations.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import defaultdict, deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from schedir.errors import InvalidSchedule
+from schedir.io import FORMATS
+from schedir.pipeline import PipelineProblem, link_time
+from schedir.pipeline_ops import Bwd, Fwd, PipelineSchedule, Recv, Send, expand
+from schedir.simulate import SIMULATORS
+
+
+@dataclass(frozen=True)
+class Noise:
+    """Multiplicative log-normal noise on compute times (mean factor 1).
+
+    Attributes:
+        sigma: per-task standard deviation of log(factor) (0: deterministic).
+        seed: seed of the generator.
+        device_sigma: per-device persistent factor (a device slower or faster than its
+            model all along), drawn once per device name in platform order.
+    """
+
+    sigma: float = 0.0
+    seed: int = 0
+    device_sigma: float = 0.0
+
+    def generator(self) -> np.random.Generator:
+        return np.random.default_rng(self.seed)
+
+    def device_factors(self, names: list[str]) -> dict[str, float]:
+        rng = np.random.default_rng([self.seed, 1])
+        s = self.device_sigma
+        return {u: float(np.exp(s * rng.standard_normal() - s * s / 2)) for u in names}
+
+    def factor(self, rng: np.random.Generator) -> float:
+        s = self.sigma
+        return float(np.exp(s * rng.standard_normal() - s * s / 2)) if s > 0 else 1.0
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """One executed op: its resource ("compute", device) or ("link", src, dst)."""
+
+    resource: tuple
+    op: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class PipelineTrace:
+    """What a multi-resource schedule does.
+
+    Attributes:
+        makespan: end of the last op, seconds.
+        period: steady-state seconds per item (see :func:`steady_period`); in training
+            the last P micro-batches (the drain, P = devices) are left out.
+        latency: max over items of completion - release, seconds.
+        completion: in-order delivery time of every item (max of its own end and the
+            previous item's delivery), seconds.
+        peak_memory: max over devices of ``device_peak``, bytes.
+        device_peak: peak bytes of every device.
+        memory: per device, (times, bytes) of its memory curve (bytes after each event).
+        records: every executed op.
+        busy: busy seconds of every resource.
+    """
+
+    makespan: float
+    period: float
+    latency: float
+    peak_memory: int
+    device_peak: dict
+    memory: dict
+    completion: tuple[float, ...]
+    records: tuple[OpRecord, ...]
+    busy: dict
+
+
+def steady_period(completion: list[float], hyper: int = 1) -> float:
+    """Seconds per item over the second half of the run, on a whole number of
+    hyperperiods (``hyper`` items) so that a periodic regime is measured exactly."""
+    c = sorted(completion)
+    N = len(c)
+    if N < 2:
+        return c[0] if c else math.nan
+    hyper = max(1, min(hyper, (N - 1) // 1))
+    n1 = (N // 2 // hyper) * hyper
+    n2 = n1 + ((N - 1 - n1) // hyper) * hyper
+    if n2 == n1:
+        n1, n2 = 0, N - 1
+    return (c[n2] - c[n1]) / (n2 - n1)
+
+
+def simulate_pipeline(
+    problem: PipelineProblem,
+    schedule: PipelineSchedule,
+    *,
+    items: int | None = None,
+    noise: Noise | None = None,
+    release_interval: float = 0.0,
+) -> PipelineTrace:
+    """Run ``schedule`` on ``problem`` (see the module docstring).
+
+    ``items``: items to simulate for a periodic pattern (default: 50 hyperperiods, at
+    least ``problem.microbatches``). Raises InvalidSchedule on a missing producer, an
+    unmatched Send / Recv, an unknown device or link, or a deadlock.
+    """
+    hyper = int(schedule.meta.get("periodic") or 1)
+    if schedule.meta.get("periodic"):
+        schedule = expand(schedule, items or max(problem.microbatches, 50 * hyper))
+    chain, L, plat = problem.chain, problem.length, problem.platform
+    x = chain.in_size
+    noise = noise or Noise()
+    rng = noise.generator()
+    dev_factor = noise.device_factors([d.name for d in plat.devices])
+    stash_override = schedule.meta.get("stash", {})
+    # Tasks: resource, duration, data deps, release, memory effects.
+    res, dur, deps, rel, label, owner = [], [], [], [], [], []
+    produced: dict[tuple, int] = {}  # (device, kind, k, mb) -> task
+    fwd_task: dict[tuple, int] = {}
+    delivered: dict[tuple, int] = {}  # (dst, kind, k, mb) -> send task
+    recvs: list[tuple] = []
+    weights_on: dict[str, set] = defaultdict(set)
+    pending: list[tuple[int, tuple]] = []  # (task, key to resolve)
+    items_seen: set[int] = set()
+    for dev, ops in schedule.ops:
+        speed = plat.device(dev).speed
+        for op in ops:
+            t = len(res)
+            if isinstance(op, Recv):
+                recvs.append((dev, op))
+                continue
+            label.append(op)
+            owner.append(dev)
+            deps.append([])
+            rel.append(0.0)
+            if isinstance(op, Fwd | Bwd):
+                if not 0 <= op.first < op.last <= L:
+                    raise InvalidSchedule(f"device {dev}: {op}: stages out of range 0..{L}")
+                weights_on[dev].update(range(op.first, op.last))
+                res.append(("compute", dev))
+                items_seen.add(op.mb)
+                f = noise.factor(rng) * dev_factor[dev]
+                if isinstance(op, Fwd):
+                    dur.append(sum(chain.fwd_time[op.first : op.last]) / speed * f)
+                    produced[dev, "a", op.last, op.mb] = t
+                    fwd_task[dev, op.first, op.last, op.mb] = t
+                    if op.first == 0:
+                        rel[t] = op.mb * release_interval
+                    else:
+                        pending.append((t, (dev, "a", op.first, op.mb)))
+                else:
+                    w = sum(chain.bwd_time[op.first : op.last]) + op.recompute
+                    if op.last == L:
+                        w += chain.fwd_time[L] + chain.bwd_time[L]
+                    dur.append(w / speed * f)
+                    produced[dev, "d", op.first, op.mb] = t
+                    key = (dev, op.first, op.last, op.mb)
+                    if key not in fwd_task:
+                        raise InvalidSchedule(f"device {dev}: {op} before its forward")
+                    deps[t].append(fwd_task[key])
+                    if op.last < L:
+                        pending.append((t, (dev, "d", op.last, op.mb)))
+            elif isinstance(op, Send):
+                lt = link_time(problem, dev, op.peer, x[op.index])
+                if math.isinf(lt):
+                    raise InvalidSchedule(f"device {dev}: {op}: no link {dev}->{op.peer}")
+                res.append(("link", dev, op.peer))
+                dur.append(lt)
+                pending.append((t, (dev, op.kind, op.index, op.mb)))
+                delivered[op.peer, op.kind, op.index, op.mb] = t
+            else:
+                raise InvalidSchedule(f"device {dev}: {op!r} is not a pipeline op")
+    for t, key in pending:
+        src = produced.get(key)
+        if src is None or (isinstance(label[t], Fwd | Bwd) and key in delivered):
+            src = delivered.get(key, src)
+        if src is None:
+            raise InvalidSchedule(f"device {owner[t]}: {label[t]}: nothing produces {key[1:]}")
+        deps[t].append(src)
+    for dev, op in recvs:
+        if (dev, op.kind, op.index, op.mb) not in delivered:
+            raise InvalidSchedule(f"device {dev}: {op}: no matching Send from {op.peer}")
+    start, end = _longest_path(res, dur, deps, rel, label, owner)
+    return _trace(problem, schedule, hyper, res, start, end, deps, label, owner, weights_on,
+                  stash_override, release_interval)  # fmt: skip
+
+
+def _longest_path(res, dur, deps, rel, label, owner):
+    n = len(res)
+    succ = [[] for _ in range(n)]
+    indeg = [0] * n
+    last_on: dict[tuple, int] = {}
+    preds = [list(d) for d in deps]
+    for t in range(n):
+        if res[t] in last_on:
+            preds[t].append(last_on[res[t]])
+        last_on[res[t]] = t
+        for p in preds[t]:
+            succ[p].append(t)
+            indeg[t] += 1
+    start, end = [0.0] * n, [0.0] * n
+    ready = deque(t for t in range(n) if indeg[t] == 0)
+    done = 0
+    while ready:
+        t = ready.popleft()
+        start[t] = max([rel[t]] + [end[p] for p in preds[t]])
+        end[t] = start[t] + dur[t]
+        done += 1
+        for s in succ[t]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                ready.append(s)
+    if done < n:
+        stuck = [f"{owner[t]}:{label[t]}" for t in range(n) if indeg[t] > 0][:5]
+        raise InvalidSchedule(f"deadlock: these ops wait on each other: {', '.join(stuck)}")
+    return start, end
+
+
+def _trace(problem, schedule, hyper, res, start, end, deps, label, owner, weights_on,
+           stash_override, release_interval) -> PipelineTrace:  # fmt: skip
+    chain, L = problem.chain, problem.length
+    x = chain.in_size
+    training = problem.training or any(isinstance(op, Bwd) for op in label)
+    events: dict[str, list] = defaultdict(list)
+    consumers: dict[int, list[int]] = defaultdict(list)
+    for t, ds in enumerate(deps):
+        for d in ds:
+            consumers[d].append(t)
+    completion: dict[int, float] = {}
+    bwd_of = {(owner[t], op.first, op.last, op.mb): t
+              for t, op in enumerate(label) if isinstance(op, Bwd)}  # fmt: skip
+    for t, op in enumerate(label):
+        dev = owner[t]
+        if isinstance(op, Send):
+            # receive buffer on the peer: from transfer start to the end of its last use
+            last_use = max((end[c] for c in consumers[t]), default=end[t])
+            events[op.peer] += [(start[t], x[op.index]), (last_use, -x[op.index])]
+            continue
+        i, j = op.first, op.last
+        fwd = isinstance(op, Fwd)
+        tmp = max((chain.fwd_tmp if fwd else chain.bwd_tmp)[i:j])
+        events[dev] += [(start[t], tmp), (end[t], -tmp)]
+        out = (x[j] if j < L else 0) if fwd else x[i]
+        sends = [end[c] for c in consumers[t] if res[c][0] == "link"]
+        events[dev] += [(start[t], out), (max([end[t], *sends]), -out)]
+        b = bwd_of.get((dev, i, j, op.mb))
+        if fwd:
+            if i == 0:
+                until = end[b] if (training and b is not None) else end[t]
+                events[dev] += [(start[t], x[0]), (until, -x[0])]
+            if training:
+                stash = int(stash_override.get(f"{i}:{j}", sum(chain.saved_size[i:j])))
+                events[dev] += [(start[t], stash), (end[b] if b is not None else end[t], -stash)]
+            elif j == L:
+                completion[op.mb] = end[t]
+        elif i == 0:
+            completion[op.mb] = end[t]
+    for dev, stages in weights_on.items():
+        events[dev].append((0.0, sum(problem.weights[k] for k in stages if k < L)))
+    memory, device_peak = {}, {}
+    for dev, evs in events.items():
+        evs.sort(key=lambda e: (e[0], e[1] > 0))
+        level, peak, ts, bs = 0, 0, [], []
+        for tm, delta in evs:
+            level += delta
+            peak = max(peak, level)
+            ts.append(tm)
+            bs.append(level)
+        memory[dev] = (tuple(ts), tuple(bs))
+        device_peak[dev] = peak
+    # outputs are delivered in item order: item n is out once items 0..n are done
+    comp = list(itertools.accumulate((completion[n] for n in sorted(completion)), max))
+    lat = max((c - n * release_interval for n, c in enumerate(comp)), default=0.0)
+    busy: dict = defaultdict(float)
+    for t in range(len(res)):
+        busy[res[t]] += end[t] - start[t]
+    records = tuple(OpRecord(res[t], str(label[t]), start[t], end[t]) for t in range(len(res)))
+    return PipelineTrace(
+        makespan=max(end, default=0.0),
+        period=steady_period(comp[: len(comp) - len(events)] if training else comp, hyper),
+        latency=lat,
+        peak_memory=max(device_peak.values(), default=0),
+        device_peak=device_peak,
+        memory=memory,
+        completion=tuple(comp),
+        records=records,
+        busy=dict(busy),
+    )
+
+
+SIMULATORS[PipelineProblem] = simulate_pipeline
+FORMATS["schedir.pipeline"] = PipelineProblem
+FORMATS["schedir.pipeline_schedule"] = PipelineSchedule
