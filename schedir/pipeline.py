@@ -190,15 +190,26 @@ class PeriodReport:
     fits: bool
 
 
+def working_set(problem: PipelineProblem, i: int, j: int, backward: bool = False) -> int:
+    """Bytes live inside one op on stages [i, j) besides its input and output: the
+    largest temporary (fwd_tmp or bwd_tmp) plus the activations between stages."""
+    c = problem.chain
+    x, tmp = c.in_size, (c.bwd_tmp if backward else c.fwd_tmp)
+    return max(
+        tmp[k] + (x[k] if k > i else 0) + (x[k + 1] if k + 1 < j else 0) for k in range(i, j)
+    )
+
+
 def interval_memory(problem: PipelineProblem, i: int, j: int) -> int:
     """Bytes one replica of inference interval [i, j) needs, by this library's model:
-    its weights, one receive buffer for the next input (x_i, if i > 0), one send
-    buffer for the previous output (x_j, if j < L), and the largest forward working
-    set max_k (x_k + x_{k+1} + fwd_tmp[k]) over its stages."""
-    c, L = problem.chain, problem.length
-    x = c.in_size
-    work = max(x[k] + x[k + 1] + c.fwd_tmp[k] for k in range(i, j))
-    return sum(problem.weights[i:j]) + work + (x[i] if i > 0 else 0) + (x[j] if j < L else 0)
+    its weights, the op's working set, the input a_i being used and the next one being
+    received (2 x_i; x_0 once, it comes from the source), and the output a_j being
+    made and the previous one being sent (2 x_j if j < L; the last output leaves at
+    once). The simulator meets this bound when items arrive at the period."""
+    L, x = problem.length, problem.chain.in_size
+    inputs = (2 if i > 0 else 1) * x[i]
+    outputs = 2 * x[j] if j < L else 0
+    return sum(problem.weights[i:j]) + working_set(problem, i, j) + inputs + outputs
 
 
 def boundary_period(

@@ -22,7 +22,7 @@ of the Fwd (inference) or of the Bwd (training); an output from the start of the
 that makes it to the end of its last Send (or of the op when nothing sends it); in
 training the stash (sum of saved_size over the interval, or ``meta["stash"]``) from
 the Fwd's start to the Bwd's end, d_j from its transfer start to the Bwd's end; and
-the op's temporary bytes (max fwd_tmp / bwd_tmp of its stages) while it runs. At equal
+the working set of the op (``schedir.pipeline.working_set``) while it runs. At equal
 times frees come before allocations.
 """
 
@@ -37,7 +37,7 @@ import numpy as np
 
 from schedir.errors import InvalidSchedule
 from schedir.io import FORMATS
-from schedir.pipeline import PipelineProblem, link_time
+from schedir.pipeline import PipelineProblem, link_time, working_set
 from schedir.pipeline_ops import Bwd, Fwd, PipelineSchedule, Recv, Send, expand
 from schedir.simulate import SIMULATORS
 
@@ -130,15 +130,21 @@ def simulate_pipeline(
     *,
     items: int | None = None,
     noise: Noise | None = None,
-    release_interval: float = 0.0,
+    release_interval: float | None = None,
 ) -> PipelineTrace:
     """Run ``schedule`` on ``problem`` (see the module docstring).
 
     ``items``: items to simulate for a periodic pattern (default: 50 hyperperiods, at
-    least ``problem.microbatches``). Raises InvalidSchedule on a missing producer, an
-    unmatched Send / Recv, an unknown device or link, or a deadlock.
+    least ``problem.microbatches``). ``release_interval``: item n enters at n times
+    that many seconds (default: ``meta["period"]`` for inference, else 0: all at once,
+    which measures the throughput but lets queues, and memory, grow). Raises
+    InvalidSchedule on a missing producer, an unmatched Send / Recv, an unknown device
+    or link, or a deadlock.
     """
     hyper = int(schedule.meta.get("periodic") or 1)
+    if release_interval is None:
+        inference = schedule.meta.get("kind") == "inference"
+        release_interval = float(schedule.meta.get("period", 0.0)) if inference else 0.0
     if schedule.meta.get("periodic"):
         schedule = expand(schedule, items or max(problem.microbatches, 50 * hyper))
     chain, L, plat = problem.chain, problem.length, problem.platform
@@ -272,7 +278,7 @@ def _trace(problem, schedule, hyper, res, start, end, deps, label, owner, weight
             continue
         i, j = op.first, op.last
         fwd = isinstance(op, Fwd)
-        tmp = max((chain.fwd_tmp if fwd else chain.bwd_tmp)[i:j])
+        tmp = working_set(problem, i, j, backward=not fwd)
         events[dev] += [(start[t], tmp), (end[t], -tmp)]
         out = (x[j] if j < L else 0) if fwd else x[i]
         sends = [end[c] for c in consumers[t] if res[c][0] == "link"]
