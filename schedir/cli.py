@@ -64,6 +64,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
 
     problem = load_problem(args.problem)
     options = parse_options(args.option)
+    parse_budget(args.budget, lambda: 0)  # bad budgets fail before solvers are imported
     ref = store_all_reference(problem)
     base = ref.meta["makespan"] if ref is not None else None
     budget = parse_budget(args.budget, (lambda: ref.meta["peak_memory"]) if ref else None)
@@ -71,6 +72,14 @@ def cmd_solve(args: argparse.Namespace) -> int:
     compare = args.method == "all"
     if compare and (args.out or args.plot or args.show):
         raise CLIError("--out, --plot and --show need one method, not --method all")
+    head = {
+        "problem": str(args.problem),
+        "kind": type(problem).__name__,
+        "budget": budget,
+        "store_all": None
+        if ref is None
+        else {"makespan": base, "peak_memory": ref.meta["peak_memory"]},
+    }
     results, schedule = [], None
     for name in methods:
         row = {
@@ -83,7 +92,11 @@ def cmd_solve(args: argparse.Namespace) -> int:
             if not compare:
                 least = f"; the least is {bytes_text(err.min_budget)}"
                 hint = least if err.min_budget is not None else ""
-                raise CLIError(f"{name}: no schedule fits {bytes_text(budget)}{hint}", 1) from None
+                fail = CLIError(f"{name}: no schedule fits {bytes_text(budget)}{hint}", 1)
+                if args.json:  # the JSON answer first, then the one-line error
+                    print_json({**head, **row, "status": "infeasible",
+                                "min_budget": err.min_budget})  # fmt: skip
+                raise fail from None
             row.update(status="infeasible", min_budget=err.min_budget)
         except CLIError as err:
             if not compare:
@@ -112,14 +125,6 @@ def cmd_solve(args: argparse.Namespace) -> int:
             schedir.save(schedule, out)
         if args.plot:
             _plot(problem, schedule, args.plot)
-    head = {
-        "problem": str(args.problem),
-        "kind": type(problem).__name__,
-        "budget": budget,
-        "store_all": None
-        if ref is None
-        else {"makespan": base, "peak_memory": ref.meta["peak_memory"]},
-    }
     if args.json:
         print_json({**head, "results": results} if compare else {**head, **results[0]})
     elif compare:
