@@ -28,7 +28,7 @@ from typing import Any
 import jax
 from jax.extend.core import Literal
 
-from jax_exec.stages import Stage, spec_bytes
+from jax_exec.stages import Stage, as_spec, check_loss, spec_bytes
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,8 @@ class StageFunctions:
     """The traceable (not yet compiled) functions of one stage for one input shape.
 
     Attributes:
-        fwd, rec, bwd: see the module docstring.
+        fwd, rec, bwd: see the module docstring; ``jax.jit`` wrapped, so that they
+            trace alike wherever they are called (eagerly, under jit, in autodiff).
         recipe: how ``bwd`` rebuilds the vjp closure from what ``rec`` returns.
         out: shape and dtype of the stage output a_{k+1}.
     """
@@ -166,7 +167,22 @@ def stage_kernels(stage: Stage, a: jax.ShapeDtypeStruct) -> StageKernels:
     return _KERNELS[key]
 
 
+def chain_kernels(
+    stages: list[Stage], x: Any
+) -> tuple[list[StageKernels], list[jax.ShapeDtypeStruct]]:
+    """Kernels of every stage and the shapes of a_0 .. a_L (cached after the first call)."""
+    spec = as_spec("the input x", x)
+    specs, kernels = [spec], []
+    for stage in stages:
+        kernels.append(stage_kernels(stage, spec))
+        spec = kernels[-1].functions.out
+        specs.append(spec)
+    return kernels, specs
+
+
 def _build(stage: Stage, a_spec: jax.ShapeDtypeStruct) -> StageFunctions:
+    out = jax.eval_shape(stage.apply, stage.params, stage.rest, a_spec)
+    as_spec(f"layer {stage.name}'s output", out)  # one array, or a clear error
     found: dict[str, Any] = {}
     consts: dict[int, Any] = {}  # index among the new leaves -> constant value
 
@@ -233,7 +249,9 @@ def _build(stage: Stage, a_spec: jax.ShapeDtypeStruct) -> StageFunctions:
         d_params, d_a = vjp_fn(d_out)
         return d_params, d_a
 
-    return StageFunctions(fwd, rec, bwd, recipe, out_spec)
+    # Fresh jit wrappers (their trace caches start after the analysis above): every use
+    # traces ``rec`` with jit tracers, as the analysis did, so the recipe always fits.
+    return StageFunctions(jax.jit(fwd), jax.jit(rec), jax.jit(bwd), recipe, out_spec)
 
 
 def _index_of(leaf: Any, items: list) -> int | None:
@@ -247,6 +265,7 @@ def loss_kernel(loss_fn: Callable, out: jax.ShapeDtypeStruct, y: Any) -> Kernel:
     """Compile ``(a_L, y) -> (loss, d_L)`` (cached by the loss function and shapes)."""
     key = (loss_fn, out.shape, str(out.dtype), _tree_key(y))
     if key not in _LOSS_CACHE:
+        check_loss(loss_fn, out, y)
 
         def loss_and_grad(a: jax.Array, target: Any) -> tuple[jax.Array, jax.Array]:
             return jax.value_and_grad(loss_fn)(a, target)

@@ -22,8 +22,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jax_exec.kernels import loss_kernel, median_time, stage_kernels
-from jax_exec.stages import activation_specs, as_stages, check_loss, spec_bytes
+from jax_exec.kernels import chain_kernels, loss_kernel, median_time
+from jax_exec.stages import as_stages, spec_bytes
 from schedir import Chain
 
 TIMINGS = ("measure", "flops")
@@ -58,9 +58,7 @@ def profile(
     if not flops_per_second > 0:
         raise ValueError(f"flops_per_second = {flops_per_second!r}: expected a positive rate")
     stages = as_stages(layers)
-    specs = activation_specs(stages, x)
-    check_loss(loss_fn, specs[-1], y)
-    kernels = [stage_kernels(stage, spec) for stage, spec in zip(stages, specs, strict=False)]
+    kernels, specs = chain_kernels(stages, x)
     loss_k = loss_kernel(loss_fn, specs[-1], y)
 
     fwd_time, bwd_time = [], []

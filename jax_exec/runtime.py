@@ -19,8 +19,8 @@ from typing import Any
 
 import jax
 
-from jax_exec.kernels import loss_kernel, stage_kernels
-from jax_exec.stages import activation_specs, as_stages, check_loss
+from jax_exec.kernels import chain_kernels, loss_kernel
+from jax_exec.stages import as_stages
 from jax_exec.tree import check_schedule
 from schedir import B, F_all, F_ck, F_n, Loss, Schedule
 
@@ -69,8 +69,15 @@ class _Buffers:
     """The named buffers and their live bytes (distinct arrays only)."""
 
     def __init__(self, x: jax.Array) -> None:
-        self.table: dict[tuple[str, int], tuple[jax.Array, ...]] = {("a", 0): (x,)}
+        self.table: dict[tuple[str, int], tuple[jax.Array, ...]] = {}
+        self.nbytes: dict[int, int] = {}  # id -> bytes, read from each array once
         self.keep = {id(x)}  # arrays the runtime does not own (never deleted)
+        self.put(("a", 0), (x,))
+
+    def put(self, name: tuple[str, int], arrays: tuple[jax.Array, ...]) -> None:
+        self.table[name] = arrays
+        for arr in arrays:
+            self.nbytes.setdefault(id(arr), int(arr.nbytes))
 
     def get_input(self, k: int) -> tuple[str, int]:
         for name in (("a", k), ("abar", k)):
@@ -79,18 +86,17 @@ class _Buffers:
         raise RuntimeError(f"a[{k}] or abar[{k}] should be resident")  # pragma: no cover
 
     def bytes(self) -> int:
-        seen: dict[int, int] = {}
-        for arrays in self.table.values():
-            for arr in arrays:
-                seen[id(arr)] = int(arr.nbytes)
-        return sum(seen.values())
+        live = {id(arr) for arrays in self.table.values() for arr in arrays}
+        return sum(self.nbytes[i] for i in live)
 
     def drop(self, name: tuple[str, int]) -> None:
         arrays = self.table.pop(name)
         alive = {id(arr) for group in self.table.values() for arr in group}
         for arr in arrays:
-            if id(arr) not in self.keep and id(arr) not in alive:
-                arr.delete()
+            if id(arr) not in alive:
+                self.nbytes.pop(id(arr), None)
+                if id(arr) not in self.keep:
+                    arr.delete()
 
 
 def run(
@@ -110,9 +116,7 @@ def run(
     L = len(stages)
     ops = check_schedule(schedule, L)
     x = jax.numpy.asarray(x)
-    specs = activation_specs(stages, x)
-    check_loss(loss_fn, specs[-1], y)
-    kernels = [stage_kernels(s, spec) for s, spec in zip(stages, specs, strict=False)]
+    kernels, specs = chain_kernels(stages, x)
     loss_k = loss_kernel(loss_fn, specs[-1], y)
 
     buf = _Buffers(x)
@@ -127,7 +131,7 @@ def run(
             src = buf.get_input(L)
             loss, d = loss_k.call(buf.table[src][0], y)
             jax.block_until_ready(d)
-            buf.table["d", L] = (d,)
+            buf.put(("d", L), (d,))
             temp = loss_k.temp_bytes
             need = buf.bytes() + temp
             if src[0] == "a":
@@ -141,7 +145,7 @@ def run(
             args = (stage.params, stage.rest, buf.table[src][0], saved[0], saved[1:], d_out)
             grads[k], d = kern.bwd.call(*args)
             jax.block_until_ready(d)
-            buf.table["d", k] = (d,)
+            buf.put(("d", k), (d,))
             temp = kern.bwd.temp_bytes
             need = buf.bytes() + temp
             if src[0] == "a":
@@ -156,12 +160,12 @@ def run(
             if isinstance(op, F_all):
                 out, new = kern.rec.call(stage.params, stage.rest, a)
                 jax.block_until_ready(out)
-                buf.table["abar", k + 1] = (out, *new)
+                buf.put(("abar", k + 1), (out, *new))
                 temp = kern.rec.temp_bytes
             else:
                 out = kern.fwd.call(stage.params, stage.rest, a)
                 jax.block_until_ready(out)
-                buf.table["a", k + 1] = (out,)
+                buf.put(("a", k + 1), (out,))
                 temp = kern.fwd.temp_bytes
             need = buf.bytes() + temp
             if isinstance(op, F_n):

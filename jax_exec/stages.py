@@ -97,16 +97,17 @@ def as_stages(layers: Sequence[Any]) -> list[Stage]:
 
 def activation_specs(stages: Sequence[Stage], x: Any) -> list[jax.ShapeDtypeStruct]:
     """Shapes of a_0 .. a_L, checking that every stage maps one array to one array."""
-    a = _as_spec("the input x", x)
+    a = as_spec("the input x", x)
     specs = [a]
     for stage in stages:
         out = jax.eval_shape(stage.apply, stage.params, stage.rest, a)
-        a = _as_spec(f"layer {stage.name}'s output", out)
+        a = as_spec(f"layer {stage.name}'s output", out)
         specs.append(a)
     return specs
 
 
-def _as_spec(what: str, value: Any) -> jax.ShapeDtypeStruct:
+def as_spec(what: str, value: Any) -> jax.ShapeDtypeStruct:
+    """``value`` as a ShapeDtypeStruct; a clear TypeError when it is not an array."""
     if isinstance(value, jax.ShapeDtypeStruct):
         return value
     if hasattr(value, "shape") and hasattr(value, "dtype") and not isinstance(value, dict):

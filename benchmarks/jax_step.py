@@ -1,0 +1,90 @@
+"""Overhead of jax_exec's two executors on the demo model, store-all schedule.
+
+Measures, in the same process and interleaved (so machine load hits all alike):
+
+- plain: ``jax.jit(jax.value_and_grad(loss))(params, x, y)``;
+- compiled: ``jax.jit(lower(layers, loss, schedule).value_and_grad)(params, x, y)``;
+- runtime: ``jax_exec.run(layers, loss, schedule, x, y)`` (the whole call, Python
+  included; ``ops only`` is the sum of its per-op times).
+
+Prints the median and the minimum of each, and their ratios to plain. Targets:
+compiled within 1.05x, runtime within 1.3x.
+Run: ``.venv/bin/python benchmarks/jax_step.py [--repeats N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+
+import jax_exec
+import solvers
+from jax_exec.models import mse_loss, transformer_stack
+
+
+def timed(call) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(call())
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--depth", type=int, default=12)
+    parser.add_argument("--batch", type=int, default=32)
+    args = parser.parse_args()
+
+    tokens, dim, in_dim, out_dim = 64, 64, 16, 8
+    layers = transformer_stack(args.depth, dim, 4, 4 * dim, in_dim, out_dim, seed=0)
+    kx, ky = jax.random.split(jax.random.key(0))
+    x = jax.random.normal(kx, (args.batch, tokens, in_dim))
+    y = jax.random.normal(ky, (args.batch, out_dim))
+    chain = jax_exec.profile(layers, mse_loss, x, y, timing="flops")
+    schedule = solvers.solve(chain, 10**15, "store_all")
+
+    stages = jax_exec.as_stages(layers)
+    params = [s.params for s in stages]
+
+    def plain_loss(params, x, y):
+        a = x
+        for stage, p in zip(stages, params, strict=True):
+            a = stage.apply(p, stage.rest, a)
+        return mse_loss(a, y)
+
+    plain = jax.jit(jax.value_and_grad(plain_loss))
+    compiled = jax.jit(jax_exec.lower(layers, mse_loss, schedule).value_and_grad)
+    runs = {
+        "plain": lambda: plain(params, x, y),
+        "compiled": lambda: compiled(params, x, y),
+        "runtime": lambda: jax_exec.run(layers, mse_loss, schedule, x, y).loss,
+    }
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    op_times = []
+    for call in runs.values():  # compile and warm up
+        for _ in range(2):
+            timed(call)
+    for _ in range(args.repeats):
+        for name, call in runs.items():
+            times[name].append(timed(call))
+        op_times.append(jax_exec.run(layers, mse_loss, schedule, x, y).total_time)
+
+    times["runtime (ops only)"] = op_times
+    base, base_min = statistics.median(times["plain"]), min(times["plain"])
+    print(f"model: {chain.length} stages, batch {args.batch}, {args.repeats} interleaved repeats")
+    print(f"{'step':<20} {'median ms':>10} {'ratio':>7} {'min ms':>8} {'ratio':>7} {'target':>7}")
+    targets = {"compiled": "1.05", "runtime": "1.30"}
+    for name, values in times.items():
+        median, least = statistics.median(values), min(values)
+        print(
+            f"{name:<20} {median * 1e3:>10.1f} {median / base:>7.3f} {least * 1e3:>8.1f} "
+            f"{least / base_min:>7.3f} {targets.get(name, ''):>7}"
+        )
+    print("(on a shared machine the min is the steadier estimate)")
+
+
+if __name__ == "__main__":
+    main()
