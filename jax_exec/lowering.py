@@ -1,15 +1,24 @@
 """The compiled path (DESIGN 7): a chain schedule as nested ``jax.checkpoint`` regions.
 
 The schedule's tree (:mod:`jax_exec.tree`) becomes one differentiable function of
-``(params, x, y)``: a :class:`~jax_exec.tree.Record` stage runs plainly (autodiff saves
-its residuals), a :class:`~jax_exec.tree.Segment` runs under ``jax.checkpoint`` (only
-its input is saved; its backward recomputes it with the inner structure), and the loss
-runs under ``jax.checkpoint`` too, so that the residuals saved at the top level are
-exactly the buffers the schedule holds when it reaches the loss. ``prevent_cse`` stays
-on so that XLA cannot merge the recomputation with the first forward.
+``(params, x, y)``:
 
-On CPU, judge the result by :func:`saved_activations` (the residuals JAX saves) and by
-gradients, not by ``memory_analysis()``: XLA's CPU backend drops the barriers.
+- a :class:`~jax_exec.tree.Segment` (``F_ck(i) F_n(i+1..j-1)``) runs stages i..j-1
+  under ``jax.checkpoint`` (only its input is saved; its backward recomputes the
+  stages with the inner structure of the subtree);
+- a :class:`~jax_exec.tree.Record` (``F_all(i) .. B(i)``) runs stage i as a
+  ``jax.custom_vjp`` whose residuals are exactly the profiler's ``abar[i+1]``: the
+  stage input, its output and the new residuals of its ``jax.vjp``. Plain autodiff
+  would sometimes drop the output (when nothing needs it), so the saved set would no
+  longer be the chain model's; the backward applies the stage's own vjp closure, so
+  gradients are those of plain autodiff;
+- the loss runs under ``jax.checkpoint``, so that its own residuals do not show up.
+
+Hence the residuals saved at the top level are exactly the buffers the schedule
+holds right before its ``Loss`` op. ``prevent_cse`` stays on so that XLA cannot merge
+a recomputation with the first forward. On CPU, judge the result by
+:func:`saved_activations` and by gradients, not by ``memory_analysis()``: XLA's CPU
+backend drops the barriers and its scheduler does not minimize memory.
 """
 
 from __future__ import annotations
@@ -24,9 +33,17 @@ from jax._src.ad_checkpoint import saved_residuals
 
 from jax_exec.kernels import stage_functions
 from jax_exec.stages import Stage, activation_specs, as_stages, check_loss, spec_bytes
-from jax_exec.tree import Empty, LossNode, Node, Record, Segment, parse_tree
+from jax_exec.tree import (
+    Empty,
+    LossNode,
+    Node,
+    Record,
+    Segment,
+    check_schedule,
+    parse_tree,
+    unit_chain,
+)
 from schedir import Loss, Schedule, simulate_chain
-from schedir.schedule import as_ops
 
 Params = Sequence[Any]
 
@@ -206,13 +223,9 @@ def expected_activations(
     stages = as_stages(layers)
     specs = activation_specs(stages, x)
     check_loss(loss_fn, specs[-1], y)
-    ops = as_ops(schedule)
+    ops = check_schedule(schedule, len(stages))
     # Buffer names only matter here, so a unit chain of the right length is enough.
-    from jax_exec.tree import check_schedule
-
-    check_schedule(ops, len(stages))
-    unit = _unit_chain(len(stages))
-    trace = simulate_chain(unit, ops, record_buffers=True)
+    trace = simulate_chain(unit_chain(len(stages)), ops, record_buffers=True)
     at = next(i for i, op in enumerate(ops) if isinstance(op, Loss))
     before = trace.buffers[at - 1] if at > 0 else frozenset({"a[0]"})
 
@@ -229,11 +242,3 @@ def expected_activations(
             for spec in recipe.new:
                 found[key(spec)] += 1
     return found
-
-
-def _unit_chain(length: int):
-    from schedir import Chain
-
-    ones = (1,) * (length + 1)
-    zeros = (0,) * (length + 1)
-    return Chain((0.0,) * (length + 1), (0.0,) * (length + 1), ones, ones, zeros, zeros)

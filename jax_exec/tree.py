@@ -75,7 +75,13 @@ def check_schedule(schedule: Schedule | Iterable, length: int) -> tuple:
         raise InvalidSchedule(
             f"the schedule is for a chain of {made_for} stages, but the model has {length} layers"
         )
-    unit = Chain(
+    simulate_chain(unit_chain(length), ops)
+    return ops
+
+
+def unit_chain(length: int) -> Chain:
+    """A chain of ``length`` stages with unit sizes: enough to check ops and name buffers."""
+    return Chain(
         fwd_time=(0.0,) * (length + 1),
         bwd_time=(0.0,) * (length + 1),
         in_size=(1,) * (length + 1),
@@ -83,8 +89,6 @@ def check_schedule(schedule: Schedule | Iterable, length: int) -> tuple:
         fwd_tmp=(0,) * (length + 1),
         bwd_tmp=(0,) * (length + 1),
     )
-    simulate_chain(unit, ops)
-    return ops
 
 
 def parse_tree(schedule: Schedule | Iterable, length: int) -> Node:
