@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from schedir.errors import InvalidSchedule
-from schedir.pipeline import Mapping, PipelineProblem
+from schedir.pipeline import Mapping, PipelineProblem, evaluate
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,9 @@ def inference_pattern(problem: PipelineProblem, mapping: Mapping) -> PipelineSch
             if g + 1 < len(ivs):
                 nxt = ivs[g + 1].devices
                 lists[u].append(Send("a", iv.last, n, nxt[n % len(nxt)]))
-    meta = {"mapping": mapping.to_dict(), "periodic": K, "kind": "inference"}
+    rep = evaluate(problem, mapping)
+    meta = {"mapping": mapping.to_dict(), "periodic": K, "kind": "inference",
+            "period": rep.period, "latency": rep.latency}  # fmt: skip
     return PipelineSchedule(tuple((u, tuple(v)) for u, v in lists.items()), meta)
 
 

@@ -1,0 +1,165 @@
+"""The period model of DESIGN 6 against the discrete-event simulator (zero noise)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+import pytest
+from test_pipeline_instances import random_problem
+
+import schedir
+from schedir.pipeline import (
+    Interval,
+    Mapping,
+    all_mappings,
+    evaluate,
+    interval_memory,
+    training_period,
+)
+from schedir.pipeline_ops import (
+    Fwd,
+    PipelineSchedule,
+    Recv,
+    Send,
+    gpipe_ops,
+    inference_pattern,
+    one_f_one_b_ops,
+    parse_pipeline_op,
+)
+from schedir.pipeline_sim import Noise, simulate_pipeline
+
+
+def test_simulated_period_equals_formula_on_every_kind_of_mapping():
+    rng = random.Random(0)
+    checked = replicated = 0
+    for _ in range(150):
+        pb = random_problem(rng, L=rng.randint(1, 5), P=rng.randint(1, 4))
+        mapping = rng.choice(list(all_mappings(pb)))
+        rep = evaluate(pb, mapping)
+        pattern = inference_pattern(pb, mapping)
+        K = pattern.meta["periodic"]
+        trace = simulate_pipeline(pb, pattern, items=60 * K, release_interval=0.0)
+        assert trace.period == pytest.approx(rep.period, rel=1e-9, abs=0)
+        checked += 1
+        replicated += K > 1
+    assert replicated > 20 and checked == 150
+
+
+def test_simulated_latency_equals_path_sum_without_replication():
+    rng = random.Random(1)
+    for _ in range(100):
+        pb = random_problem(rng, L=rng.randint(1, 5), P=rng.randint(1, 4))
+        mapping = rng.choice(list(all_mappings(pb, replicate=False)))
+        rep = evaluate(pb, mapping)
+        trace = simulate_pipeline(pb, inference_pattern(pb, mapping), items=30)
+        assert trace.latency == pytest.approx(rep.latency, rel=1e-9)  # released at the period
+
+
+def test_replicated_interval_period_by_hand():
+    # 2 stages of 1 s; interval [0:2) on a fast (speed 2) and a slow (speed 1) device:
+    # the slow replica takes 2 s for every other item -> period max(1, 2) / 2 = 1 s.
+    chain = schedir.Chain.from_rotor([1.0, 1.0], [0, 0, 0], [8, 8, 8], [0, 8, 8], [0, 0], [0] * 3)
+    devs = [schedir.Device("fast", 2.0), schedir.Device("slow", 1.0), schedir.Device("c", 1.0)]
+    pl = schedir.Platform.fully_connected(devs, 8.0, 0.5)  # a transfer: 0.5 + 1 s
+    pb = schedir.PipelineProblem(chain, [0, 0], pl)
+    m = Mapping((Interval(0, 1, ("fast", "slow")), Interval(1, 2, ("c",))))
+    rep = evaluate(pb, m)
+    assert rep.compute == (0.5, 1.0) and rep.links == (0.75,) and rep.period == 1.0
+    assert rep.latency == 1.0 + 1.5 + 1.0
+    trace = simulate_pipeline(pb, inference_pattern(pb, m), items=100, release_interval=0.0)
+    assert trace.period == pytest.approx(1.0)
+
+
+def test_training_period_formula_matches_1f1b_simulation():
+    rng = random.Random(2)
+    for _ in range(25):
+        pb = random_problem(rng, L=rng.randint(1, 5), P=rng.randint(1, 3), training=True)
+        pb = dataclasses.replace(pb, microbatches=300)
+        mapping = rng.choice(list(all_mappings(pb, replicate=False)))
+        rec = [rng.choice([0.0, 1.0]) for _ in mapping.intervals]
+        trace = simulate_pipeline(pb, one_f_one_b_ops(pb, mapping, rec))
+        # slow transients (near-critical cycles) need thousands of micro-batches to
+        # settle exactly; 300 are within 1e-2 (exact for 1000, see docs/pipelines.md)
+        assert trace.period == pytest.approx(training_period(pb, mapping, rec), rel=1e-2)
+
+
+def test_1f1b_without_communication_has_period_max_stage_time():
+    chain = schedir.Chain.from_rotor(
+        [1, 2, 3], [1, 2, 3, 1], [4] * 4, [0, 4, 4, 4], [0] * 3, [0] * 4
+    )
+    devs = [schedir.Device(f"g{u}") for u in range(3)]
+    pb = schedir.PipelineProblem(
+        chain, [0, 0, 0], schedir.Platform.fully_connected(devs, math.inf), 40, True
+    )
+    m = Mapping(tuple(Interval(k, k + 1, (f"g{k}",)) for k in range(3)))
+    assert training_period(pb, m) == 3 + 3 + 1  # last stage: F + B + loss
+    trace = simulate_pipeline(pb, one_f_one_b_ops(pb, m))
+    assert trace.period == pytest.approx(7.0)
+    gp = simulate_pipeline(pb, gpipe_ops(pb, m))
+    assert gp.makespan >= trace.makespan - 1e-9
+    # 1F1B keeps at most P - p micro-batches of activations on stage p
+    stash = [max(trace.memory[f"g{p}"][1]) for p in range(3)]
+    assert stash[0] < max(gp.memory["g0"][1])
+
+
+def test_inference_memory_bound_holds_when_items_arrive_at_the_period():
+    rng = random.Random(3)
+    for _ in range(40):
+        pb = random_problem(rng, L=rng.randint(1, 5), P=rng.randint(1, 4))
+        mapping = rng.choice(list(all_mappings(pb, replicate=False)))
+        rep = evaluate(pb, mapping)
+        trace = simulate_pipeline(pb, inference_pattern(pb, mapping), items=40)
+        for iv in mapping.intervals:
+            u = iv.devices[0]
+            assert trace.device_peak[u] <= interval_memory(pb, iv.first, iv.last)
+            assert rep.memory[u] == interval_memory(pb, iv.first, iv.last)
+
+
+def test_noise_is_seeded_and_mean_one():
+    rng = random.Random(4)
+    pb = random_problem(rng, L=4, P=3)
+    m = Mapping((Interval(0, 2, ("d0",)), Interval(2, 4, ("d1", "d2"))))
+    s = inference_pattern(pb, m)
+    a = simulate_pipeline(pb, s, items=50, noise=Noise(0.3, seed=7), release_interval=0)
+    b = simulate_pipeline(pb, s, items=50, noise=Noise(0.3, seed=7), release_interval=0)
+    c = simulate_pipeline(pb, s, items=50, noise=Noise(0.3, seed=8), release_interval=0)
+    assert a.completion == b.completion != c.completion
+    gen = Noise(0.3, 0).generator()
+    mean = sum(Noise(0.3).factor(gen) for _ in range(20000)) / 20000
+    assert mean == pytest.approx(1.0, abs=0.02)
+
+
+def test_ops_print_parse_and_json_round_trip():
+    for text in ["F(0:3,5)", "B(2:4,1)", "B(0:1,7,+0.25)", "Send(a3,5,gpu1)", "Recv(d2,0,x)"]:
+        assert str(parse_pipeline_op(text)) == text
+    rng = random.Random(5)
+    pb = random_problem(rng, L=3, P=3)
+    s = inference_pattern(pb, Mapping((Interval(0, 3, ("d0", "d1")),)))
+    assert PipelineSchedule.from_dict(s.to_dict()) == s
+    assert schedir.from_dict(pb.to_dict()) == pb
+    assert schedir.from_dict(s.to_dict()) == s
+
+
+def test_errors_are_clear():
+    rng = random.Random(6)
+    pb = random_problem(rng, L=2, P=2)
+    with pytest.raises(schedir.InvalidSchedule, match="nothing produces"):
+        simulate_pipeline(pb, PipelineSchedule((("d0", (Fwd(1, 2, 0),)),)))
+    with pytest.raises(schedir.InvalidSchedule, match="deadlock"):
+        simulate_pipeline(pb, PipelineSchedule(_cycle()))
+    with pytest.raises(schedir.InvalidSchedule, match="no matching Send"):
+        simulate_pipeline(pb, PipelineSchedule((("d1", (Recv("a", 1, 0, "d0"),)),)))
+    with pytest.raises(schedir.InvalidProblem, match="used twice"):
+        evaluate(pb, Mapping((Interval(0, 1, ("d0",)), Interval(1, 2, ("d0",)))))
+    with pytest.raises(schedir.InvalidProblem, match="covers"):
+        evaluate(pb, Mapping((Interval(0, 1, ("d0",)),)))
+
+
+def _cycle():
+    # d0 waits for a_1 of item 0 from d1, d1 waits for a_1 of item 0 from d0's second op.
+    return (
+        ("d0", (Fwd(1, 2, 0), Fwd(0, 1, 1), Send("a", 1, 1, "d1"))),
+        ("d1", (Fwd(1, 2, 1), Fwd(0, 1, 0), Send("a", 1, 0, "d0"))),
+    )
