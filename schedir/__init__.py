@@ -12,6 +12,17 @@ from schedir.graph_ops import Compute, Free, parse_graph_op
 from schedir.graph_simulate import GraphSchedule, simulate_graph
 from schedir.io import from_dict, load, save
 from schedir.ops import B, F_all, F_ck, F_n, Loss, parse_op
+from schedir.offload import (
+    Evict,
+    Offload,
+    OffloadProblem,
+    OffloadSchedule,
+    OffloadTrace,
+    Prefetch,
+    Wait,
+    parse_offload_op,
+    simulate_offload,
+)
 from schedir.platform import PRESETS, CopyEngine, Device, Link, Platform
 from schedir.schedule import Schedule
 from schedir.simulate import Trace, op_time, simulate, simulate_chain
@@ -51,4 +62,63 @@ __all__ = [
     "chain_to_graph",
     "parse_graph_op",
     "simulate_graph",
+    "Evict",
+    "Offload",
+    "OffloadProblem",
+    "OffloadSchedule",
+    "OffloadTrace",
+    "Prefetch",
+    "Wait",
+    "parse_offload_op",
+    "simulate_offload",
+]
+
+# Several devices: pipelines, steady state, dynamic runs (DESIGN 6; docs/pipelines.md).
+from schedir.pipeline import (  # noqa: E402
+    Interval,
+    Mapping,
+    MasterWorker,
+    PeriodReport,
+    PipelineProblem,
+    SteadyState,
+    evaluate,
+    training_period,
+)
+from schedir.pipeline_dag import Task, TaskGraph, pipeline_graph, simulate_dynamic  # noqa: E402
+from schedir.pipeline_ops import (  # noqa: E402
+    Bwd,
+    Fwd,
+    PipelineSchedule,
+    Recv,
+    Send,
+    gpipe_ops,
+    inference_pattern,
+    one_f_one_b_ops,
+)
+from schedir.pipeline_sim import Noise, PipelineTrace, simulate_pipeline  # noqa: E402
+
+__all__ += [
+    "Bwd",
+    "Fwd",
+    "Interval",
+    "Mapping",
+    "MasterWorker",
+    "Noise",
+    "PeriodReport",
+    "PipelineProblem",
+    "PipelineSchedule",
+    "PipelineTrace",
+    "Recv",
+    "Send",
+    "SteadyState",
+    "Task",
+    "TaskGraph",
+    "evaluate",
+    "gpipe_ops",
+    "inference_pattern",
+    "one_f_one_b_ops",
+    "pipeline_graph",
+    "simulate_dynamic",
+    "simulate_pipeline",
+    "training_period",
 ]
