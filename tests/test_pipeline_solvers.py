@@ -1,0 +1,153 @@
+"""Pipeline solvers: MILP = exhaustive, DP = MILP = exhaustive on identical devices,
+greedy within a reported gap, 1F1B, and the master-worker LP = its closed form."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from test_pipeline_instances import random_problem
+
+import schedir
+import solvers
+from schedir.pipeline import MasterWorker, evaluate, exhaustive
+from schedir.pipeline_sim import simulate_pipeline
+from solvers.master_worker_lp import bandwidth_centric, steady_state_lp
+from solvers.pipeline_1f1b import best_1f1b, sub_chain
+from solvers.pipeline_dp import dp_mapping
+from solvers.pipeline_greedy import greedy_mapping
+from solvers.pipeline_milp import milp_mapping
+
+
+def test_milp_equals_exhaustive_search_on_small_heterogeneous_instances():
+    rng = random.Random(10)
+    for _ in range(12):
+        pb = random_problem(rng, L=rng.randint(1, 4), P=rng.randint(1, 4), memory=True)
+        best, _ = exhaustive(pb, pairs="all")
+        if math.isinf(best):
+            with pytest.raises(solvers.Infeasible):
+                milp_mapping(pb)
+            continue
+        obj, mapping, _ = milp_mapping(pb)
+        assert obj == pytest.approx(best, rel=1e-6)
+        rep = evaluate(pb, mapping, pairs="all")
+        assert rep.fits and rep.period == pytest.approx(best, rel=1e-6)
+        assert evaluate(pb, mapping).period <= rep.period + 1e-12  # exact order: never worse
+
+
+def test_dp_equals_milp_and_exhaustive_on_identical_devices():
+    rng = random.Random(11)
+    for _ in range(10):
+        pb = random_problem(rng, L=rng.randint(1, 5), P=rng.randint(1, 4), identical=True,
+                            memory=True)  # fmt: skip
+        best, _ = exhaustive(pb)
+        if math.isinf(best):
+            continue
+        period, mapping = dp_mapping(pb)
+        assert period == pytest.approx(best, rel=1e-9)
+        assert evaluate(pb, mapping).period == pytest.approx(period, rel=1e-9)
+        if pb.length <= 4:
+            assert milp_mapping(pb)[0] == pytest.approx(period, rel=1e-6)
+
+
+def test_dp_refuses_heterogeneous_devices():
+    pb = random_problem(random.Random(0), L=3, P=3)
+    if len({d.speed for d in pb.platform.devices}) > 1:
+        with pytest.raises(schedir.InvalidProblem, match="identical"):
+            dp_mapping(pb)
+
+
+def test_greedy_gap_to_the_optimum_is_small():
+    """Reported gap on 60 random instances (L <= 5, P <= 4): mean and worst."""
+    rng = random.Random(12)
+    gaps = []
+    for _ in range(60):
+        pb = random_problem(rng, L=rng.randint(1, 5), P=rng.randint(1, 4), memory=True)
+        best, _ = exhaustive(pb, pairs="used")
+        if math.isinf(best):
+            continue
+        period, mapping = greedy_mapping(pb)
+        assert evaluate(pb, mapping).fits
+        gaps.append(period / best - 1)
+    assert min(gaps) >= -1e-9
+    mean, worst = sum(gaps) / len(gaps), max(gaps)
+    print(f"greedy gap: mean {mean:.3f}, worst {worst:.3f}, optimal {sum(g < 1e-9 for g in gaps)}"
+          f"/{len(gaps)}")  # fmt: skip
+    assert mean < 0.08 and worst < 0.6
+
+
+def test_registry_runs_the_mapping_solvers_and_the_schedule_simulates_to_its_period():
+    pb = random_problem(random.Random(13), L=4, P=3)
+    for method in ("pipeline_milp", "pipeline_greedy"):
+        s = solvers.solve(pb, 10**12, method)
+        assert s.meta["method"] == method and s.meta["period"] > 0
+        trace = simulate_pipeline(pb, s, items=120, release_interval=0.0)
+        assert trace.period == pytest.approx(s.meta["period"], rel=1e-9)
+
+
+def test_1f1b_is_exact_for_its_model_and_uses_rotor_when_memory_is_short():
+    chain = schedir.load("examples/chain_small.json")
+    L = chain.length
+    devs = [schedir.Device("fast", 2.0), schedir.Device("s1"), schedir.Device("s2")]
+    plat = schedir.Platform.fully_connected(devs, 1e4, 0.0)
+    pb = schedir.PipelineProblem(chain, [10] * L, plat, 8, True)
+    period, mapping, rec, _ = best_1f1b(pb)
+    assert rec == [0.0] * len(mapping.intervals)  # unlimited memory: no recompute
+    s = solvers.get("pipeline_1f1b", pb).function(pb)
+    assert s.meta["period"] == pytest.approx(period)
+    # short memory: every device gets 60% of what store-all needs on the whole chain
+    need = sum(chain.saved_size) + sum(chain.in_size) + 10 * L
+    tight = [schedir.Device(d.name, d.speed, int(0.6 * need)) for d in devs]
+    pb2 = schedir.PipelineProblem(chain, [10] * L, schedir.Platform.fully_connected(tight, 1e4),
+                                  8, True)  # fmt: skip
+    period2, mapping2, rec2, per_mb = best_1f1b(pb2)
+    assert period2 >= period - 1e-12
+    for iv, b in zip(mapping2.intervals, per_mb, strict=True):
+        dev = pb2.platform.device(iv.devices[0])
+        assert b <= dev.memory - sum(pb2.weights[iv.first : iv.last])
+
+
+def test_sub_chain_keeps_the_real_loss_only_at_the_end():
+    chain = schedir.load("examples/chain_small.json")
+    L = chain.length
+    whole = sub_chain(chain, 0, L)
+    assert whole == schedir.Chain(chain.fwd_time, chain.bwd_time, chain.in_size,
+                                  chain.saved_size, chain.fwd_tmp, chain.bwd_tmp)  # fmt: skip
+    mid = sub_chain(chain, 1, 3)
+    assert mid.length == 2 and mid.bwd_time[-1] == 0 and mid.in_size[-1] == chain.in_size[3]
+
+
+def _random_star(rng: random.Random) -> MasterWorker:
+    n = rng.randint(1, 8)
+    master = schedir.Device("m", rng.uniform(0.5, 2))
+    workers = [schedir.Device(f"w{i}", rng.uniform(0.2, 3)) for i in range(n)]
+    plat = schedir.Platform.star(master, workers, [rng.uniform(1, 100) for _ in workers])
+    return MasterWorker(plat, "m", rng.uniform(0.5, 5), rng.randint(1, 200), rng.random() < 0.7)
+
+
+def test_master_worker_lp_equals_bandwidth_centric_on_random_stars():
+    rng = random.Random(14)
+    worst = 0.0
+    for _ in range(200):
+        mw = _random_star(rng)
+        lp, closed = steady_state_lp(mw), bandwidth_centric(mw)
+        worst = max(worst, abs(lp.throughput - closed.throughput) / closed.throughput)
+    assert worst < 1e-9
+
+
+def test_master_worker_lp_on_a_tree_respects_ports_and_beats_its_star_part():
+    devs = [schedir.Device(n, s) for n, s in [("m", 1.0), ("a", 1.0), ("b", 2.0), ("c", 4.0)]]
+    links = [
+        schedir.Link("m", "a", 10.0),
+        schedir.Link("a", "b", 10.0),
+        schedir.Link("a", "c", 5.0),
+    ]
+    mw = MasterWorker(schedir.Platform(devices=tuple(devs), links=tuple(links)), "m", 2.0, 10)
+    ss = solvers.get("master_worker_lp", mw).function(mw)
+    for u, rate in ss.compute.items():
+        assert rate * mw.compute_time(u) <= 1 + 1e-9
+    assert ss.send["m", "a"] * 1.0 <= 1 + 1e-9  # c = 10 bytes / 10 bytes/s
+    assert ss.send["a", "b"] * 1.0 + ss.send["a", "c"] * 2.0 <= 1 + 1e-9
+    # m's port is the bottleneck: at most 1 task/s reaches the subtree, m computes 0.5
+    assert ss.throughput == pytest.approx(1.5)
