@@ -170,7 +170,9 @@ def run(problem, ops: tuple, record_buffers: bool):
             if isinstance(op, Offload):
                 if device.get(buf) != "dev":
                     state = {"off": "already being offloaded", "pre": "still being prefetched"}
-                    raise fail(i, op, f"{_name(buf)} is {state.get(device.get(buf), 'not resident')}")
+                    raise fail(
+                        i, op, f"{_name(buf)} is {state.get(device.get(buf), 'not resident')}"
+                    )
                 if buf in host:
                     raise fail(i, op, f"{_name(buf)} is already on the host (use Evict)")
                 start = max(tc, engine["offload"])

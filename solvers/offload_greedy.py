@@ -36,7 +36,9 @@ def greedy_ops(problem: OffloadProblem, budget: int, slot: int = 1) -> tuple:
 
     def choose(i: int, t: int, kind: int, m: int):
         best, move = INF, None
-        for label, values in model.candidates(table.tables, table.colA, i, t, kind, np.array([m])):
+        for label, values in model.candidates(
+            table.tables, table.right_cols, i, t, kind, np.array([m])
+        ):
             flat = values.reshape(-1)
             k = int(np.argmin(flat))
             if flat[k] < best:

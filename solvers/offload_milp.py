@@ -57,9 +57,13 @@ def tree_moves(model: Model) -> dict:
                     continue
                 out = []
                 fn = x[t + 1] + s[i] + ft[i]
-                out.append(("record", None, fwd[i] + bwd[i], max(fn, bn(i)), [((i + 1, t, 1), -s[i])]))
+                out.append(
+                    ("record", None, fwd[i] + bwd[i], max(fn, bn(i)), [((i + 1, t, 1), -s[i])])
+                )
                 for j in range(i + 1, t + 1):
-                    seg = x[t + 1] + max([x[i + 1] + ft[i]] + [x[k] + x[k + 1] + ft[k] for k in range(i + 1, j)])
+                    seg = x[t + 1] + max(
+                        [x[i + 1] + ft[i]] + [x[k] + x[k + 1] + ft[k] for k in range(i + 1, j)]
+                    )
                     cost = sum(fwd[i:j])
                     kids = [((j, t, 0), -x[j]), ((i, j - 1, kind), 0)]
                     out.append(("split", j, cost, seg, kids))
@@ -132,12 +136,19 @@ def offload_milp(
         raise ValueError(f"offload_milp: {L} stages > max_stages = {max_stages}; use rotor_offload")
     model = Model.of(problem)
     memory = budget - problem.chain.in_size[0]
-    value, chosen = (math.inf, {}) if memory < 0 else solve_milp(model, memory, time_limit=time_limit)
+    value, chosen = (
+        (math.inf, {}) if memory < 0 else solve_milp(model, memory, time_limit=time_limit)
+    )
     if not math.isfinite(value):
         raise Infeasible("offload_milp", budget, None, "the MILP has no feasible tree")
 
     def choose(i: int, t: int, kind: int, m: int):
         return chosen[i, t, kind]
 
-    ops = emit(model, choose, memory, memory + sum(problem.chain.in_size) + sum(problem.chain.saved_size) + 2)
+    ops = emit(
+        model,
+        choose,
+        memory,
+        memory + sum(problem.chain.in_size) + sum(problem.chain.saved_size) + 2,
+    )
     return OffloadSchedule(ops, {"milp_value": value, "exact": True})

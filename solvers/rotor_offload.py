@@ -60,7 +60,9 @@ INF = math.inf
 
 
 def _round_up(chain: Chain, slot: int) -> Chain:
-    return replace(chain, **{f: tuple(-(-v // slot) for v in getattr(chain, f)) for f in SIZE_FIELDS})
+    return replace(
+        chain, **{f: tuple(-(-v // slot) for v in getattr(chain, f)) for f in SIZE_FIELDS}
+    )
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,7 @@ class Model:
                 best = max(best, need)
         return best
 
-    def candidates(self, C, colA, i: int, t: int, kind: int, ms: np.ndarray) -> list:
+    def candidates(self, C, right_cols, i: int, t: int, kind: int, ms: np.ndarray) -> list:
         """[(move, values)] for stages i..t (i < t) at memories ``ms``; move order fixed."""
         L, x, s, bn = self.L, self.x, self.s, self.bn
         W = C[0][L].shape[1]
@@ -133,9 +135,11 @@ class Model:
         rec[ms < max(fn, bn[i])] = INF
         out.append((("record",), rec))
         js = np.arange(i + 1, t + 1)
-        inner = np.maximum.accumulate(np.concatenate([[x[i + 1] + self.ftmp[i]], self.pair[i + 1 : t]]))
+        inner = np.maximum.accumulate(
+            np.concatenate([[x[i + 1] + self.ftmp[i]], self.pair[i + 1 : t]])
+        )
         seg = x[t + 1] + inner  # seg[j - i - 1]: forward segment F_ck(i) .. F_n(j - 1)
-        right = colA[t][i + 1 : t + 1]
+        right = right_cols[t][i + 1 : t + 1]
         left = C[kind][i][0 : t - i][:, ms]
         fwd = self.prefix[js] - self.prefix[i]
         split = fwd[:, None] + at(right, ms[None] - x[js][:, None]) + left
@@ -169,13 +173,13 @@ class OffloadTable:
         model: the sizes, costs and needs of the moves.
         slot: bytes per memory unit (1: exact in bytes).
         tables: ``tables[kind][i][t - i, m]``, seconds (inf: infeasible).
-        colA: ``colA[t][j, m]`` = C(m, j, t, a), the right children of splits.
+        right_cols: ``right_cols[t][j, m]`` = C(m, j, t, a), the right children of splits.
     """
 
     model: Model
     slot: int
     tables: tuple
-    colA: tuple
+    right_cols: tuple
 
     @property
     def width(self) -> int:
@@ -199,7 +203,7 @@ class OffloadTable:
     def choose(self, i: int, t: int, kind: int, m: int):
         ms = np.array([m])
         best, move = INF, None
-        for label, values in self.model.candidates(self.tables, self.colA, i, t, kind, ms):
+        for label, values in self.model.candidates(self.tables, self.right_cols, i, t, kind, ms):
             flat = values.reshape(-1)
             k = int(np.argmin(flat))
             if flat[k] < best:
@@ -265,7 +269,7 @@ def build_table(problem: OffloadProblem, slot: int = 1, *, greedy: bool = False)
     W = model.store_all_need() + 1
     ms = np.arange(W)
     tables = ([None] * (L + 1), [None] * (L + 1))
-    colA = [np.full((t + 1, W), INF) for t in range(L + 1)]
+    right_cols = [np.full((t + 1, W), INF) for t in range(L + 1)]
     for i in range(L, -1, -1):
         for kind in (0, 1):
             row = np.full((L + 1 - i, W), INF)
@@ -274,13 +278,13 @@ def build_table(problem: OffloadProblem, slot: int = 1, *, greedy: bool = False)
             if kind == 1 and i == 0:
                 continue
             for t in range(i + 1, L + 1):
-                moves = model.candidates(tables, colA, i, t, kind, ms)
+                moves = model.candidates(tables, right_cols, i, t, kind, ms)
                 best = row[t - i]
                 for _, values in moves:
                     np.minimum(best, values if values.ndim == 1 else values.min(axis=0), out=best)
         for t in range(i, L + 1):
-            colA[t][i] = tables[0][i][t - i]
-    return OffloadTable(model, slot, (tuple(tables[0]), tuple(tables[1])), tuple(colA))
+            right_cols[t][i] = tables[0][i][t - i]
+    return OffloadTable(model, slot, (tuple(tables[0]), tuple(tables[1])), tuple(right_cols))
 
 
 def slot_for(problem: OffloadProblem, max_units: int, slots: int) -> int:
@@ -351,6 +355,6 @@ def working_set(problem: OffloadProblem) -> int:
     """Least budget (bytes) of the schedule that records every stage and offloads every
     sub-chain input (prefetched one op ahead): with infinite bandwidth, rotor_offload
     reaches the store-all makespan at any budget >= this."""
-    model = Model.of(problem)
-    ops = emit(model, lambda i, t, kind, m: ("record_off", None), 0, 1)
-    return simulate_offload(problem, ops).program_peak
+    fast = replace(problem, platform=problem.platform.with_bandwidth(math.inf))
+    ops = emit(Model.of(fast), lambda i, t, kind, m: ("record_off", None), 0, 1)
+    return simulate_offload(fast, ops).program_peak
