@@ -7,7 +7,8 @@ term with the previous interval <= T), and then as many stages as fit. T is feas
 if the chain is covered. The best mapping found is then improved by giving leftover
 devices, one at a time, to the bottleneck interval while that lowers the period, and
 by a first-improvement local search (shift a cut; move, swap, add or drop a device;
-merge neighbours; split an interval onto an unused device).
+merge neighbours; split an interval onto an unused device), which also starts from
+the whole chain replicated on every device and from the fastest device alone.
 Two device orders are tried (fastest first, and the platform's order, which follows
 the links of a chain-like topology); the better mapping is returned. O(iterations
 x L x P) evaluations; in the spirit of the heuristics of Benoit and Robert (JPDC 2008).
@@ -175,6 +176,14 @@ def greedy_mapping(problem: PipelineProblem, iterations: int = 50) -> tuple[floa
             else:
                 hi, found = mid, m
         found = local_search(problem, _improve(problem, found))
+        rep = evaluate(problem, found)
+        if rep.fits and rep.period < best[0]:
+            best = (rep.period, found)
+    # two more starting points for the local search: the whole chain replicated on
+    # every device (data parallel), and on the fastest device alone
+    fastest = max(devs, key=lambda d: d.speed).name
+    for start in (tuple(d.name for d in devs), (fastest,)):
+        found = local_search(problem, Mapping((Interval(0, problem.length, start),)))
         rep = evaluate(problem, found)
         if rep.fits and rep.period < best[0]:
             best = (rep.period, found)
