@@ -174,6 +174,12 @@ def bytes_text(n: int) -> str:
 
 
 def describe(problem) -> str:
+    """``'chain, 6 stages'``, ``'graph, 20 nodes'``, else the problem's class name."""
+    kind = type(problem).__name__.lower()
     n = getattr(problem, "length", None)
-    size = f"{n} stages" if n is not None else f"{len(problem)} nodes"
-    return f"{type(problem).__name__.lower()}, {size}"
+    if n is not None:
+        return f"{kind}, {n} stages"
+    try:
+        return f"{kind}, {len(problem)} nodes"
+    except TypeError:
+        return kind

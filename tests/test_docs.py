@@ -1,0 +1,83 @@
+"""Every code block of ``README.md`` and ``docs/*.md`` runs.
+
+- ```` ```python ```` blocks: the blocks of one file run in order in one fresh
+  namespace, with the repository root as working directory (a page is one script).
+- ```` ```bash ```` blocks: each line that is a ``schedir`` command (``schedir ...`` or
+  ``.venv/bin/schedir ...``) runs through ``schedir.cli.main`` and must exit 0; other
+  lines (``make demo``, ``python ...``) are not run here, and neither is a command
+  whose line ends with ``# slow`` (profiling, the full experiment run). Outputs go
+  under ``results/``, which git ignores.
+
+Pages listed in :data:`PENDING` belong to work in progress elsewhere; they are marked
+xfail with the reason (not strict, so they pass once their code lands).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.S | re.M)
+# page name -> why its blocks may not run yet (owned by another issue).
+PENDING: dict[str, str] = {
+    "jax_exec.md": "its first block is a sketch: x, y and budget are not defined (jax_exec docs)",
+}
+
+
+def blocks(page: Path, language: str) -> list[str]:
+    return [body for lang, body in FENCE.findall(page.read_text()) if lang == language]
+
+
+def schedir_commands(page: Path) -> list[list[str]]:
+    commands = []
+    for body in blocks(page, "bash"):
+        for line in body.splitlines():
+            line = line.strip()
+            if line.endswith("# slow"):
+                continue
+            words = shlex.split(line, comments=True)
+            if words and words[0] in ("schedir", ".venv/bin/schedir"):
+                commands.append(words[1:])
+    return commands
+
+
+def _mark(page: Path):
+    reason = PENDING.get(page.name)
+    return [pytest.mark.xfail(reason=reason, strict=False)] if reason else []
+
+
+RUNNABLE = [
+    pytest.param(p, id=p.name, marks=_mark(p))
+    for p in PAGES
+    if blocks(p, "python") or schedir_commands(p)
+]
+
+
+@pytest.mark.parametrize("page", RUNNABLE)
+def test_page(page: Path, monkeypatch, capsys) -> None:
+    """The page's python blocks in order, then its schedir commands (which may use files
+    the python blocks wrote)."""
+    from schedir.cli import main
+
+    monkeypatch.chdir(ROOT)
+    namespace: dict = {"__name__": f"docs_{page.stem}"}
+    for i, code in enumerate(blocks(page, "python")):
+        try:
+            exec(compile(code, f"{page.name}[block {i}]", "exec"), namespace)
+        except Exception as err:
+            raise AssertionError(f"{page.name}, python block {i} failed: {err!r}") from err
+    for argv in schedir_commands(page):
+        status = main(argv)
+        err = capsys.readouterr().err
+        assert status == 0, f"{page.name}: schedir {shlex.join(argv)} -> {status}: {err}"
+
+
+def test_every_page_is_collected() -> None:
+    assert {"README.md", "concepts.md", "tutorial.md", "formats.md", "extending.md", "cli.md"} <= {
+        p.name for p in PAGES
+    }
