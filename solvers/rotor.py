@@ -112,7 +112,8 @@ def build_table(
     ``tight=False`` is rotor's published recursion (DESIGN 3.2). ``tight=True`` charges
     F_all(i) what it really holds when stages i..t are solved (d_{t+1}, not d_{i+1}):
     exact for the simulator's semantics (see docs/semantics.md). ``threads`` worker
-    threads share each row (default: the cores, at most 4, one per 256 memory units).
+    threads share each row (default: the cores, at most 4, for tables of 2048+ units;
+    below that, thread hand-offs cost more than they save).
     """
     L = chain.length
     a = chain.arrays()
@@ -128,7 +129,7 @@ def build_table(
     pair = x[:-1] + x[1:] + ftmp  # pair[j] = x_j + x_{j+1} + fwd_tmp[j]
     # Entries of one row at different m are independent given the rows below, so each
     # row is computed in memory ranges by worker threads (numpy releases the GIL).
-    workers = threads or min(os.cpu_count() or 1, 4, max(1, width // 256))
+    workers = threads or (min(os.cpu_count() or 1, 4) if width >= 2048 else 1)
     bounds = np.linspace(0, width, workers + 1).astype(int)
     ranges = list(zip(bounds[:-1], bounds[1:], strict=True))
     scratch = [np.empty((L + 1, hi - lo)) for lo, hi in ranges]
