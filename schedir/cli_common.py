@@ -141,12 +141,14 @@ def solve_quietly(problem, budget: int, method: str, options: dict):
 
 
 def store_all_reference(problem) -> schedir.Schedule | None:
-    """The store-all schedule (no budget), or None when no store_all reads this problem."""
+    """The store-all schedule (no budget) of ``problem``, else of ``problem.chain`` (an
+    offloading problem's chain: store-all needs no copies), else None."""
     import solvers
 
-    if not any(m.name == STORE_ALL for m in solvers.available(problem)):
-        return None
-    return solve_quietly(problem, HUGE, STORE_ALL, {})
+    for candidate in (problem, getattr(problem, "chain", None)):
+        if candidate is not None and any(m.name == STORE_ALL for m in solvers.available(candidate)):
+            return solve_quietly(candidate, HUGE, STORE_ALL, {})
+    return None
 
 
 def method_names(problem, requested: list[str]) -> list[str]:
