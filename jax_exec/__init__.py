@@ -17,6 +17,7 @@ from jax_exec.lowering import (
     saved_activations,
     value_and_grad,
 )
+from jax_exec.offload import OffloadRunResult, measure_platform, run_offload
 from jax_exec.planning import plan
 from jax_exec.profile import profile
 from jax_exec.runtime import RunResult, run
@@ -25,6 +26,9 @@ from jax_exec.tree import parse_tree
 
 __all__ = [
     "Lowered",
+    "OffloadRunResult",
+    "measure_platform",
+    "run_offload",
     "Residual",
     "RunResult",
     "Stage",

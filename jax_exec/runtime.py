@@ -99,6 +99,12 @@ class _Buffers:
                     arr.delete()
 
 
+def _has_copies(ops: Sequence) -> bool:
+    """Whether ``ops`` (op objects or their printed forms) hold copy ops."""
+    names = (op if isinstance(op, str) else type(op).__name__ for op in ops)
+    return any(n.strip().startswith(("Offload", "Prefetch", "Wait")) for n in names)
+
+
 def run(
     layers: Sequence[Any],
     loss_fn: Callable[[jax.Array, Any], jax.Array],
@@ -110,8 +116,16 @@ def run(
 
     Returns the loss, the parameter gradients and the measured memory and time of
     every op (:class:`RunResult`). Raises :class:`schedir.InvalidSchedule` for a
-    schedule made for another chain length or one that cannot run.
+    schedule made for another chain length or one that cannot run. A schedule with
+    copy ops (``Offload``, ``Prefetch``, ``Wait``) runs in
+    :func:`jax_exec.offload.run_offload` and returns an ``OffloadRunResult``.
     """
+    if not hasattr(schedule, "ops"):
+        schedule = tuple(schedule)
+    if _has_copies(schedule.ops if hasattr(schedule, "ops") else schedule):
+        from jax_exec.offload import run_offload  # copy ops: the runtime with host memory
+
+        return run_offload(layers, loss_fn, schedule, x, y)
     stages = as_stages(layers)
     L = len(stages)
     ops = check_schedule(schedule, L)

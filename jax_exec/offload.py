@@ -1,0 +1,236 @@
+"""Executing offload schedules (DESIGN 5, 7): the op-by-op runtime with host memory.
+
+``run_offload`` runs a :class:`schedir.OffloadSchedule` like :func:`jax_exec.run` runs a
+chain schedule, plus the copy ops, with ``jax.device_put`` between the device's
+default memory and its ``pinned_host`` memory kind (available on CPU too):
+
+- ``Offload(buf)``: start ``device_put`` of the buffer's arrays to ``pinned_host``; the
+  device arrays stay alive (the copy reads them);
+- ``Wait(buf)`` after an offload: block on the host copy, then delete the device arrays;
+- ``Prefetch(buf)``: start ``device_put`` back to device memory; the new device arrays
+  count from now on;
+- ``Wait(buf)`` after a prefetch: block on the device copy, delete the host arrays.
+
+Device and host resident bytes are measured separately from the arrays held (their
+``nbytes`` and ``sharding.memory_kind``), after every op; they equal the simulator's
+program-order ``resident`` / ``host_resident`` (``schedir.simulate_offload``).
+:func:`measure_platform` times ``device_put`` each way on the current backend.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+from jax_exec.kernels import chain_kernels, loss_kernel
+from jax_exec.runtime import _Buffers
+from jax_exec.stages import as_stages
+from jax_exec.tree import unit_chain
+from schedir import (
+    B,
+    CopyEngine,
+    F_all,
+    F_ck,
+    F_n,
+    InvalidSchedule,
+    Loss,
+    Offload,
+    OffloadProblem,
+    OffloadSchedule,
+    Platform,
+    Prefetch,
+    Wait,
+    simulate_offload,
+)
+
+
+@dataclass(frozen=True)
+class OffloadRunResult:
+    """What one op-by-op step with copies did.
+
+    Attributes:
+        loss, grads: as :class:`jax_exec.RunResult`.
+        resident_bytes: live device activation bytes after each op (memory kind
+            ``device``; arrays being offloaded count until their ``Wait``).
+        host_bytes: live ``pinned_host`` bytes after each op.
+        peak_bytes: max of the initial bytes and every ``resident_bytes`` entry and
+            compute op need (live bytes right after its output, plus temporaries).
+        op_times: wall time of each op, seconds; total_time: the whole step.
+        ops: the ops.
+    """
+
+    loss: jax.Array
+    grads: list
+    resident_bytes: tuple[int, ...]
+    host_bytes: tuple[int, ...]
+    op_peak_bytes: tuple[int, ...]
+    peak_bytes: int
+    initial_bytes: int
+    op_times: tuple[float, ...]
+    total_time: float
+    ops: tuple
+
+
+def _parse(name: str) -> tuple[str, int]:
+    kind, k = name[:-1].split("[")
+    return kind, int(k)
+
+
+def _memory(kind: str):
+    device = jax.devices()[0]
+    return jax.sharding.SingleDeviceSharding(device, memory_kind=kind)
+
+
+def run_offload(
+    layers: Sequence[Any],
+    loss_fn: Callable[[jax.Array, Any], jax.Array],
+    schedule: OffloadSchedule | Sequence,
+    x: jax.Array,
+    y: Any,
+) -> OffloadRunResult:
+    """Run one training step of ``layers`` following an offload schedule, op by op."""
+    stages = as_stages(layers)
+    L = len(stages)
+    ops = schedule.ops if isinstance(schedule, OffloadSchedule) else OffloadSchedule(schedule).ops
+    simulate_offload(OffloadProblem(unit_chain(L), Platform.host_offload(math.inf)), ops)
+    x = jax.numpy.asarray(x)
+    kernels, specs = chain_kernels(stages, x)
+    loss_k = loss_kernel(loss_fn, specs[-1], y)
+    host_kind, device_kind = _memory("pinned_host"), _memory("device")
+
+    buf = _Buffers(x)
+    host: dict[tuple[str, int], tuple] = {}
+    pending: dict[tuple[str, int], str] = {}
+    grads: list = [None] * L
+    loss = None
+    initial = buf.bytes()
+    resident, hosted, peaks, times = [], [], [], []
+
+    def host_bytes() -> int:
+        return sum(int(a.nbytes) for arrays in host.values() for a in arrays)
+
+    step_start = time.perf_counter()
+    for op in ops:
+        start = time.perf_counter()
+        need = None
+        if isinstance(op, Offload):
+            name = _parse(op.buffer)
+            host[name] = tuple(jax.device_put(a, host_kind) for a in buf.table[name])
+            pending[name] = "offload"
+        elif isinstance(op, Prefetch):
+            name = _parse(op.buffer)
+            buf.put(name, tuple(jax.device_put(a, device_kind) for a in host[name]))
+            pending[name] = "prefetch"
+        elif isinstance(op, Wait):
+            name = _parse(op.buffer)
+            if pending.pop(name, None) == "offload":
+                jax.block_until_ready(host[name])
+                buf.drop(name)
+            elif name in buf.table and name in host:  # a prefetch: the host copy goes
+                jax.block_until_ready(buf.table[name])
+                for a in host.pop(name):
+                    a.delete()
+        elif isinstance(op, Loss | B | F_ck | F_n | F_all):
+            k = L if isinstance(op, Loss) else op.index
+            src = buf.get_input(k)
+            for name in [src] + ([("abar", k + 1)] if isinstance(op, B) else []):
+                if pending.get(name) == "prefetch":  # a compute op waits for its inputs
+                    pending.pop(name)
+                    jax.block_until_ready(buf.table[name])
+                    for a in host.pop(name):
+                        a.delete()
+            if isinstance(op, Loss):
+                loss, d = loss_k.call(buf.table[src][0], y)
+                jax.block_until_ready(d)
+                buf.put(("d", L), (d,))
+                need = buf.bytes() + loss_k.temp_bytes
+                if src[0] == "a":
+                    buf.drop(src)
+            elif isinstance(op, B):
+                stage, kern = stages[k], kernels[k]
+                saved = buf.table["abar", k + 1]
+                (d_out,) = buf.table["d", k + 1]
+                args = (stage.params, stage.rest, buf.table[src][0], saved[0], saved[1:], d_out)
+                grads[k], d = kern.bwd.call(*args)
+                jax.block_until_ready(d)
+                buf.put(("d", k), (d,))
+                need = buf.bytes() + kern.bwd.temp_bytes
+                if src[0] == "a":
+                    buf.drop(src)
+                buf.drop(("d", k + 1))
+                buf.drop(("abar", k + 1))
+            else:
+                stage, kern = stages[k], kernels[k]
+                a = buf.table[src][0]
+                if isinstance(op, F_all):
+                    out, new = kern.rec.call(stage.params, stage.rest, a)
+                    jax.block_until_ready(out)
+                    buf.put(("abar", k + 1), (out, *new))
+                    need = buf.bytes() + kern.rec.temp_bytes
+                else:
+                    out = kern.fwd.call(stage.params, stage.rest, a)
+                    jax.block_until_ready(out)
+                    buf.put(("a", k + 1), (out,))
+                    need = buf.bytes() + kern.fwd.temp_bytes
+                if isinstance(op, F_n):
+                    buf.drop(src)
+        else:  # pragma: no cover - OffloadSchedule rejects foreign ops
+            raise InvalidSchedule(f"{op!r} cannot run (Evict: weights are not executed here)")
+        for arrays in buf.table.values():
+            for a in arrays:
+                if a.sharding.memory_kind not in (None, "device"):  # pragma: no cover
+                    raise AssertionError(f"a device buffer lives in {a.sharding.memory_kind}")
+        times.append(time.perf_counter() - start)
+        resident.append(buf.bytes())
+        hosted.append(host_bytes())
+        peaks.append(resident[-1] if need is None else need)
+    total = time.perf_counter() - step_start
+    for name in list(buf.table):
+        buf.drop(name)
+    for arrays in host.values():
+        for a in arrays:
+            a.delete()
+    return OffloadRunResult(
+        loss=loss,
+        grads=grads,
+        resident_bytes=tuple(resident),
+        host_bytes=tuple(hosted),
+        op_peak_bytes=tuple(peaks),
+        peak_bytes=max([initial, *peaks]),
+        initial_bytes=initial,
+        op_times=tuple(times),
+        total_time=total,
+        ops=ops,
+    )
+
+
+def measure_platform(
+    nbytes: int = 1 << 24, *, repeats: int = 5, device_memory: int | None = None
+) -> Platform:
+    """A :class:`schedir.Platform` whose copy engines are timed on the current backend.
+
+    Times ``jax.device_put`` of ``nbytes`` (and of 4 bytes, for the latency) to and from
+    ``pinned_host``; median of ``repeats`` after a warm-up.
+    """
+    host_kind, device_kind = _memory("pinned_host"), _memory("device")
+
+    def timed(n: int, kind, back) -> float:
+        src = jax.device_put(jax.numpy.zeros(max(1, n // 4), jax.numpy.float32), back)
+        samples = []
+        for _ in range(repeats + 1):
+            t0 = time.perf_counter()
+            jax.block_until_ready(jax.device_put(src, kind))
+            samples.append(time.perf_counter() - t0)
+        return sorted(samples[1:])[len(samples[1:]) // 2]
+
+    engines = []
+    for kind, back in ((host_kind, device_kind), (device_kind, host_kind)):
+        latency = timed(4, kind, back)
+        big = max(timed(nbytes, kind, back) - latency, 1e-9)
+        engines.append(CopyEngine(nbytes / big, latency))
+    return Platform(device_memory=device_memory, offload=engines[0], prefetch=engines[1])
