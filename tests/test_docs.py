@@ -25,7 +25,6 @@ PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.S | re.M)
 # page name -> why its blocks may not run yet (owned by another issue).
 PENDING: dict[str, str] = {
-    "jax_exec.md": "its first block is a sketch: x, y and budget are not defined (jax_exec docs)",
 }
 
 
