@@ -33,11 +33,12 @@ def random_chain(L: int, rng: np.random.Generator) -> schedir.Chain:
     )
 
 
-def best_of(repeat: int, fn) -> float:
+def best_of(repeat: int, fn, *args, **kwargs) -> float:
+    """Least wall time of ``repeat`` calls of ``fn(*args, **kwargs)``, seconds."""
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
-        fn()
+        fn(*args, **kwargs)
         times.append(time.perf_counter() - start)
     return min(times)
 
@@ -54,8 +55,8 @@ def main() -> None:
     for L in (50, 100, 200):
         chain = random_chain(L, rng)
         budget = args.slots  # slots, including x_0
-        table_time = best_of(args.repeat, lambda: build_table(chain, budget))
-        solve_time = best_of(args.repeat, lambda: solvers.solve(chain, budget, "rotor"))
+        table_time = best_of(args.repeat, build_table, chain, budget)
+        solve_time = best_of(args.repeat, solvers.solve, chain, budget, "rotor")
         makespan = solvers.solve(chain, budget, "rotor").meta["makespan"]
         ratio = f"{solve_time / previous:6.2f}x" if previous else "      -"
         print(f"{L:>5} {table_time:>10.3f} {solve_time:>10.3f} {ratio}  {makespan:.1f}")
