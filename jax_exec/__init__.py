@@ -42,3 +42,28 @@ __all__ = [
     "saved_activations",
     "value_and_grad",
 ]
+
+# Several devices (DESIGN 6 and 7; docs/pipelines.md).
+from jax_exec.dynamic_run import DynamicRunResult, run_dynamic  # noqa: E402
+from jax_exec.pipeline import PipelineRunResult, run_pipeline  # noqa: E402
+from jax_exec.spmd_pipeline import (  # noqa: E402
+    nnx_blocks,
+    sequential,
+    shard_stacked,
+    spmd_pipeline,
+    stack_blocks,
+    stage_mesh,
+)
+
+__all__ += [
+    "DynamicRunResult",
+    "PipelineRunResult",
+    "nnx_blocks",
+    "run_dynamic",
+    "run_pipeline",
+    "sequential",
+    "shard_stacked",
+    "spmd_pipeline",
+    "stack_blocks",
+    "stage_mesh",
+]

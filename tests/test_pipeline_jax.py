@@ -1,0 +1,135 @@
+"""Multi-device execution on 4 CPU devices (in a subprocess: XLA_FLAGS must be set
+before jax is imported): MPMD 1F1B / GPipe training and replicated inference, the SPMD
+shard_map pipeline, and the dynamic mode, all against the single-device model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_multi_device_execution_matches_the_single_device_model():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))  # fmt: skip
+    proc = subprocess.run([sys.executable, __file__], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["devices"] == 4
+    assert set(report["checked"]) >= {"1f1b", "gpipe", "solver_1f1b", "inference", "spmd",
+                                      "spmd_nnx", "dmda", "eager"}  # fmt: skip
+
+
+def _close(a, b, what: str) -> None:
+    import jax
+    import numpy as np
+
+    la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+    assert len(la) == len(lb), what
+    for u, v in zip(la, lb, strict=True):
+        u, v = np.asarray(u), np.asarray(v)
+        np.testing.assert_allclose(
+            u, v, rtol=1e-5, atol=1e-5 * float(np.abs(v).max()), err_msg=what
+        )
+
+
+def _child() -> None:  # pragma: no cover - runs in the subprocess
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    import schedir
+    import solvers
+    from jax_exec.dynamic_run import run_dynamic
+    from jax_exec.models import MLPBlock, mlp_stack, mse_loss
+    from jax_exec.pipeline import run_pipeline
+    from jax_exec.spmd_pipeline import (
+        nnx_blocks,
+        sequential,
+        shard_stacked,
+        spmd_pipeline,
+        stack_blocks,
+        stage_mesh,
+    )
+    from jax_exec.stages import as_stages
+    from schedir.pipeline import Interval, Mapping, PipelineProblem
+    from schedir.pipeline_ops import expand, gpipe_ops, inference_pattern, one_f_one_b_ops
+
+    assert len(jax.devices()) == 4
+    checked = []
+    layers = mlp_stack(4, 16, 32, 8, 4)
+    L = len(layers)
+    x = jax.random.normal(jax.random.key(0), (16, 8))
+    y = jax.random.normal(jax.random.key(1), (16, 4))
+    stages = as_stages(layers)
+
+    def apply_all(params, a):
+        for s, p in zip(stages, params, strict=True):
+            a = s.apply(p, s.rest, a)
+        return a
+
+    ref_loss, ref_grads = jax.value_and_grad(lambda p: mse_loss(apply_all(p, x), y))(
+        [s.params for s in stages])  # fmt: skip
+    chain = schedir.Chain.from_rotor([1.0] * L, [1.0] * (L + 1), [1] * (L + 1),
+                                     [0] + [1] * L, [0] * L, [0] * (L + 1))  # fmt: skip
+    devs = [schedir.Device(f"d{u}", 2.0 if u == 0 else 1.0) for u in range(4)]
+    plat = schedir.Platform.fully_connected(devs, 1e9)
+    pb = PipelineProblem(chain, [0] * L, plat, 4, True)
+    mapping = Mapping((Interval(0, 2, ("d0",)), Interval(2, 3, ("d1",)),
+                       Interval(3, 5, ("d2",)), Interval(5, 6, ("d3",))))  # fmt: skip
+    solved = solvers.get("pipeline_1f1b", pb).function(pb)
+    for name, sched in (("1f1b", one_f_one_b_ops(pb, mapping)), ("gpipe", gpipe_ops(pb, mapping)),
+                        ("solver_1f1b", solved)):  # fmt: skip
+        r = run_pipeline(layers, sched, x, y, mse_loss)
+        _close(r.loss, ref_loss, name)
+        _close(r.grads, ref_grads, name)
+        used = {d for leaf in jax.tree_util.tree_leaves(r.grads) for d in leaf.devices()}
+        assert len(used) == len(sched.ops), name  # every stage ran on its own device
+        checked.append(name)
+    pbi = PipelineProblem(chain, [0] * L, plat, 4, False)
+    mi = Mapping((Interval(0, 3, ("d0", "d1")), Interval(3, 6, ("d2", "d3"))))
+    r = run_pipeline(layers, expand(inference_pattern(pbi, mi), 4), x)
+    _close(r.outputs, apply_all([s.params for s in stages], x), "inference")
+    checked.append("inference")
+
+    def block(p, a):
+        return a + jnp.tanh(a @ p["w"] + p["b"])
+
+    keys = jax.random.split(jax.random.key(2), 8)
+    stacked = stack_blocks([{"w": 0.3 * jax.random.normal(k, (16, 16)), "b": jnp.full((16,), 0.1)}
+                            for k in keys])  # fmt: skip
+    xb = jax.random.normal(jax.random.key(3), (24, 16))
+    yb = jax.random.normal(jax.random.key(4), (24, 16))
+    mesh = stage_mesh(4)
+    for name, (fn, params) in (("spmd", (block, stacked)),
+                               ("spmd_nnx", nnx_blocks([MLPBlock(16, 32, rngs=nnx.Rngs(i))
+                                                        for i in range(4)]))):  # fmt: skip
+        lp, gp = jax.jit(jax.value_and_grad(
+            lambda p, fn=fn: jnp.mean((spmd_pipeline(fn, p, xb, mesh, 6) - yb) ** 2)))(
+            shard_stacked(params, mesh))  # fmt: skip
+        ls, gs = jax.value_and_grad(lambda p, fn=fn: jnp.mean((sequential(fn, p, xb) - yb) ** 2))(
+            params)  # fmt: skip
+        _close(lp, ls, name)
+        _close(gp, gs, name)
+        checked.append(name)
+    big = mlp_stack(4, 32, 64, 8, 4)
+    xd = jax.random.normal(jax.random.key(5), (32, 8))
+    ref = xd
+    for s in as_stages(big):
+        ref = s.apply(s.params, s.rest, ref)
+    for policy in ("dmda", "eager"):
+        r = run_dynamic(big, xd, policy=policy, microbatches=8)
+        _close(r.outputs, ref, policy)
+        assert sum(r.counts.values()) == 8 * 6 and r.predicted.makespan > 0
+        assert 0 <= r.same_device <= 1
+        checked.append(policy)
+    print(json.dumps({"devices": len(jax.devices()), "checked": checked}))
+
+
+if __name__ == "__main__":
+    _child()
