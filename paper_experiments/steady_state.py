@@ -166,14 +166,17 @@ def plot(rows: list[dict], path: Path) -> None:
                 continue
             ys = [np.mean([r["relative"] for r in sel if r["noise"] == n]) for n in NOISE]
             style = "-o" if method in STATIC else "--s"
-            ax.plot([100 * n for n in NOISE], ys, style, label=method)
+            color = f"C{(STATIC + DYNAMIC).index(method)}"  # one color per method everywhere
+            ax.plot([100 * n for n in NOISE], ys, style, color=color, label=method)
         ax.set_title(f"{pname} ({kind} noise)", fontsize=9)
         ax.set_xlabel("noise (%)")
         ax.grid(alpha=0.3)
     for row in axes:
         row[0].set_ylabel("throughput / best static at 0%")
-    axes[0, -1].legend(fontsize=7)
-    fig.tight_layout()
+    handles = {h.get_label(): h for ax in axes.ravel() for h in ax.get_lines()}
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=len(handles),
+               fontsize=8)  # fmt: skip
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
