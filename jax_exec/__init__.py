@@ -2,6 +2,8 @@
 
 - :func:`profile`: Flax layers + loss -> ``schedir.Chain`` (exact bytes, measured or
   FLOP-based times).
+- :func:`profile_graph` / :func:`run_graph`: the same for DAG models (dict of named
+  nodes) as ``schedir.Graph``; ``run`` dispatches graph schedules to ``run_graph``.
 - :func:`plan`: profile and solve for a budget in one call.
 - :func:`run`: the op-by-op runtime, with measured memory after every op.
 - :func:`value_and_grad` / :func:`lower`: the compiled path, nested ``jax.checkpoint``.
@@ -9,6 +11,8 @@
   the residuals JAX saves.
 """
 
+from jax_exec.graph_profile import profile_graph
+from jax_exec.graph_run import GraphRunResult, run_graph
 from jax_exec.lowering import (
     Lowered,
     Residual,
@@ -25,6 +29,7 @@ from jax_exec.stages import Stage, as_stages
 from jax_exec.tree import parse_tree
 
 __all__ = [
+    "GraphRunResult",
     "Lowered",
     "OffloadRunResult",
     "measure_platform",
@@ -38,7 +43,9 @@ __all__ = [
     "parse_tree",
     "plan",
     "profile",
+    "profile_graph",
     "run",
+    "run_graph",
     "saved_activations",
     "value_and_grad",
 ]

@@ -22,7 +22,7 @@ import jax
 from jax_exec.kernels import chain_kernels, loss_kernel
 from jax_exec.stages import as_stages
 from jax_exec.tree import check_schedule
-from schedir import B, F_all, F_ck, F_n, Loss, Schedule
+from schedir import B, F_all, F_ck, F_n, GraphSchedule, Loss, Schedule
 
 
 @dataclass(frozen=True)
@@ -118,8 +118,14 @@ def run(
     every op (:class:`RunResult`). Raises :class:`schedir.InvalidSchedule` for a
     schedule made for another chain length or one that cannot run. A schedule with
     copy ops (``Offload``, ``Prefetch``, ``Wait``) runs in
-    :func:`jax_exec.offload.run_offload` and returns an ``OffloadRunResult``.
+    :func:`jax_exec.offload.run_offload` and returns an ``OffloadRunResult``. A
+    ``GraphSchedule`` runs a DAG model (``layers``: a dict of nodes, ``x``: a dict of
+    inputs) in :func:`jax_exec.graph_run.run_graph`, which returns a ``GraphRunResult``.
     """
+    if isinstance(schedule, GraphSchedule):  # a DAG model and a graph schedule
+        from jax_exec.graph_run import run_graph
+
+        return run_graph(layers, loss_fn, None, schedule, x, y)
     if not hasattr(schedule, "ops"):
         schedule = tuple(schedule)
     if _has_copies(schedule.ops if hasattr(schedule, "ops") else schedule):

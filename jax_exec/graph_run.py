@@ -1,0 +1,227 @@
+"""The op-by-op runtime for graph schedules (DESIGN 7, runtime path, on DESIGN 4 graphs).
+
+:func:`run_graph` executes the ``Compute``/``Free`` ops of a ``GraphSchedule`` on the
+graph :func:`jax_exec.graph_profile.profile_graph` made of a DAG model. Every graph
+node is a buffer of explicit arrays (layout in :mod:`jax_exec.graph_profile`):
+
+- an input node: the caller's array (never deleted: the runtime does not own it;
+  ``Free`` only stops counting it);
+- module v: its output; ``R{v}``: the new residuals of v's ``jax.vjp``;
+- ``loss``: the gradient of the model output; ``B{v}``: the gradients of v's inputs,
+  one array per input. ``B{v}`` sums the gradient of v from its users' outputs inside
+  its kernel (the sum is part of the kernel's temporary bytes): there is no separate
+  accumulation buffer.
+
+``Compute`` runs the node's compiled kernel; ``Free`` deletes the node's arrays
+(``Array.delete()``). After every op the live bytes of the arrays held are measured
+(distinct arrays, ``nbytes``), so they equal ``simulate_graph(graph, schedule)
+.resident`` exactly, and each op's measured need (live bytes right after a compute +
+its kernel's temporary bytes) equals the simulator's ``op_peak``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+from jax_exec.graph_profile import (
+    backward_name,
+    check_graph,
+    dag_kernels,
+    layout_graph,
+    residual_name,
+)
+from schedir import Compute, Free, Graph, GraphSchedule, Schedule, simulate_graph
+
+
+@dataclass(frozen=True)
+class GraphRunResult:
+    """What one op-by-op training step of a DAG model did.
+
+    Attributes:
+        loss: the loss value (a scalar array).
+        grads: ``module name -> nnx.State`` of its parameter gradients.
+        peak_bytes: max over the initial state and every op of ``op_peak_bytes``.
+        initial_bytes: bytes of the input nodes before the first op.
+        resident_bytes: live bytes (graph node buffers) after each op.
+        op_peak_bytes: per op: live bytes right after a compute produced its output
+            plus its kernel's temporary bytes; for a free, the live bytes after it.
+        op_temp_bytes: temporary bytes of each op's kernel (0 for ``Free``).
+        op_times: wall time of each op, seconds (dispatch to completion of its kernel, or
+            the deletion; the runtime's byte counting is not included).
+        total_time: wall time of the whole step, seconds.
+        param_bytes: bytes of the parameters (not in the figures above).
+        grad_bytes: bytes of the parameter gradients (not in the figures above).
+        batch_bytes: bytes of the inputs and y.
+        ops: the ops that ran.
+    """
+
+    loss: jax.Array
+    grads: dict
+    peak_bytes: int
+    initial_bytes: int
+    resident_bytes: tuple[int, ...]
+    op_peak_bytes: tuple[int, ...]
+    op_temp_bytes: tuple[int, ...]
+    op_times: tuple[float, ...]
+    total_time: float
+    param_bytes: int
+    grad_bytes: int
+    batch_bytes: int
+    ops: tuple
+
+
+def _tree_bytes(tree: Any) -> int:
+    return sum(int(leaf.nbytes) for leaf in jax.tree_util.tree_leaves(tree))
+
+
+class _Buffers:
+    """Graph node index -> its arrays; live bytes over distinct arrays."""
+
+    def __init__(self) -> None:
+        self.table: dict[int, tuple[jax.Array, ...]] = {}
+        self.nbytes: dict[int, int] = {}
+        self.keep: set[int] = set()  # ids of arrays the runtime does not own
+
+    def put(self, i: int, arrays: tuple[jax.Array, ...], *, owned: bool = True) -> None:
+        self.table[i] = arrays
+        for arr in arrays:
+            self.nbytes.setdefault(id(arr), int(arr.nbytes))
+            if not owned:
+                self.keep.add(id(arr))
+
+    def bytes(self) -> int:
+        live = {id(arr) for arrays in self.table.values() for arr in arrays}
+        return sum(self.nbytes[i] for i in live)
+
+    def drop(self, i: int) -> None:
+        arrays = self.table.pop(i)
+        alive = {id(arr) for group in self.table.values() for arr in group}
+        for arr in arrays:
+            if id(arr) not in alive:
+                self.nbytes.pop(id(arr), None)
+                if id(arr) not in self.keep:
+                    arr.delete()
+
+
+def run_graph(
+    nodes: Mapping[str, Any],
+    loss_fn: Callable[[jax.Array, Any], jax.Array],
+    graph: Graph | None,
+    schedule: GraphSchedule | Schedule | Any,
+    inputs: Mapping[str, Any],
+    y: Any,
+) -> GraphRunResult:
+    """Run one training step of a DAG model op by op following a graph schedule.
+
+    Args:
+        nodes: ``name -> (nnx.Module, [input names])``, as for ``profile_graph``.
+        loss_fn: ``loss_fn(out, y)`` -> scalar.
+        graph: ``profile_graph(nodes, loss_fn, inputs, y)`` (costs may differ), or None:
+            the same layout, built here (``jax_exec.run`` passes None).
+        schedule: a ``GraphSchedule`` or a sequence of ``Compute``/``Free`` ops (or their
+            printed forms) for ``graph``.
+        inputs: ``name -> array``; y: the target.
+
+    Raises:
+        schedir.InvalidSchedule: the simulator rejects the schedule on ``graph``.
+        ValueError: ``graph`` is not the profile of this model and batch shape.
+    """
+    ops = (
+        schedule.ops if isinstance(schedule, GraphSchedule) else GraphSchedule(tuple(schedule)).ops
+    )
+    arrays = {n: jax.numpy.asarray(a) for n, a in inputs.items()}
+    dk = dag_kernels(nodes, loss_fn, arrays, y)
+    if graph is None:
+        graph = layout_graph(dk, list(arrays))
+    else:
+        check_graph(graph, dk, list(arrays))
+    simulate_graph(graph, ops)  # every op valid, the step complete, or a clear error
+
+    index = {node.name: i for i, node in enumerate(graph.nodes)}
+    dag = {node.name: node for node in dk.dag}
+    # What each graph node's Compute does: (kind, module name).
+    role: dict[int, tuple[str, str]] = {}
+    for name in dag:
+        role[index[name]] = ("fwd", name)
+        if residual_name(name) in index:
+            role[index[residual_name(name)]] = ("res", name)
+        role[index[backward_name(name)]] = ("bwd", name)
+    role[index["loss"]] = ("loss", "")
+    last = dk.dag[-1].name
+
+    buf = _Buffers()
+    for n, a in arrays.items():
+        buf.put(index[n], (a,), owned=False)
+    grads: dict[str, Any] = {name: None for name in dag}
+    loss = None
+    initial = buf.bytes()
+    resident, op_peak, op_temp, op_times = [], [], [], []
+    step_start = time.perf_counter()
+    for op in ops:
+        start = time.perf_counter()
+        i = op.node
+        if isinstance(op, Compute):
+            kind, name = role[i]
+            if kind == "loss":
+                loss, d = dk.loss.call(buf.table[index[last]][0], y)
+                out: tuple = (d,)
+                temp = dk.loss.temp_bytes
+            else:
+                node, k = dag[name], dk.kernels[name]
+                ins = tuple(buf.table[index[j]][0] for j in node.inputs)
+                args = (node.params, node.rest, ins)
+                if kind == "fwd":
+                    out, temp = (k.fwd.call(*args),), k.fwd.temp_bytes
+                elif kind == "res":
+                    out, temp = tuple(k.res.call(*args)), k.res.temp_bytes
+                else:
+                    users = dk.users[name]
+                    if users:
+                        cots = tuple(
+                            buf.table[index[backward_name(u)]][dag[u].inputs.index(name)]
+                            for u in users
+                        )
+                    else:
+                        cots = buf.table[index["loss"]]
+                    r = index.get(residual_name(name))
+                    new = buf.table[r] if r is not None else ()
+                    grads[name], d_ins = k.bwd.call(*args, buf.table[index[name]][0], new, cots)
+                    out, temp = tuple(d_ins), k.bwd.temp_bytes
+            jax.block_until_ready(out)
+            op_times.append(time.perf_counter() - start)
+            buf.put(i, out)
+            need = buf.bytes() + temp
+        elif isinstance(op, Free):
+            buf.drop(i)
+            op_times.append(time.perf_counter() - start)
+            temp = 0
+            need = buf.bytes()
+        else:  # pragma: no cover - GraphSchedule rejects foreign ops
+            raise TypeError(f"not a graph op: {op!r}")
+        op_temp.append(temp)
+        op_peak.append(need)
+        resident.append(buf.bytes())
+    total = time.perf_counter() - step_start
+    for i in list(buf.table):  # what the schedule left (gradients of the inputs): free it
+        buf.drop(i)
+
+    return GraphRunResult(
+        loss=loss,
+        grads=grads,
+        peak_bytes=max([initial, *op_peak]),
+        initial_bytes=initial,
+        resident_bytes=tuple(resident),
+        op_peak_bytes=tuple(op_peak),
+        op_temp_bytes=tuple(op_temp),
+        op_times=tuple(op_times),
+        total_time=total,
+        param_bytes=sum(_tree_bytes(node.params) for node in dk.dag),
+        grad_bytes=_tree_bytes(list(grads.values())),
+        batch_bytes=_tree_bytes(list(arrays.values())) + _tree_bytes(y),
+        ops=ops,
+    )
