@@ -39,7 +39,7 @@ from schedir.errors import InvalidSchedule
 from schedir.io import FORMATS
 from schedir.pipeline import PipelineProblem, link_time, working_set
 from schedir.pipeline_ops import Bwd, Fwd, PipelineSchedule, Recv, Send, expand
-from schedir.simulate import SIMULATORS
+from schedir.simulate import JUDGES, SIMULATORS
 
 
 @dataclass(frozen=True)
@@ -328,6 +328,29 @@ def _trace(problem, schedule, hyper, res, start, end, deps, label, owner, weight
     )
 
 
+def judge_pipeline(problem: PipelineProblem, trace: PipelineTrace, budget: int | None) -> dict:
+    """The devices' own capacities bound their simulated peaks (``budget``, if given,
+    bounds every device too); returns period, latency, throughput and peaks."""
+    over = [
+        f"{d.name}: {trace.device_peak.get(d.name, 0)} > {d.memory}"
+        for d in problem.platform.devices
+        if d.memory is not None and trace.device_peak.get(d.name, 0) > d.memory
+    ]
+    if budget is not None and trace.peak_memory > budget:
+        over.append(f"peak {trace.peak_memory} > budget {budget}")
+    if over:
+        raise InvalidSchedule(f"device memory exceeded ({'; '.join(over)})")
+    return {
+        "makespan": trace.makespan,
+        "peak_memory": trace.peak_memory,
+        "device_peak": dict(trace.device_peak),
+        "simulated_period": trace.period,
+        "latency": trace.latency,
+        "throughput": 1 / trace.period if trace.period > 0 else math.inf,
+    }
+
+
 SIMULATORS[PipelineProblem] = simulate_pipeline
+JUDGES[PipelineProblem] = judge_pipeline
 FORMATS["schedir.pipeline"] = PipelineProblem
 FORMATS["schedir.pipeline_schedule"] = PipelineSchedule

@@ -185,6 +185,29 @@ def simulate_chain(
 # Problem type -> simulator. Other problem kinds (graphs, platforms) register here.
 SIMULATORS: dict[type, object] = {Chain: simulate_chain}
 
+# Problem type -> judge(problem, trace, budget) -> metadata dict, raising
+# InvalidSchedule when the trace breaks the problem's limits. Problems without one are
+# judged by ``budget_judge``; kinds whose limits live in the problem (per-device
+# memories of a pipeline) register their own and accept ``budget=None``.
+JUDGES: dict[type, object] = {}
+
+
+def budget_judge(problem, trace, budget: int | None) -> dict:
+    """The default: the simulated peak fits ``budget`` bytes."""
+    if budget is None:
+        raise InvalidSchedule(f"a {type(problem).__name__} needs a memory budget")
+    if trace.peak_memory > budget:
+        raise InvalidSchedule(f"peak memory {trace.peak_memory} exceeds the budget {budget}")
+    return {"makespan": trace.makespan, "peak_memory": trace.peak_memory}
+
+
+def judge(problem, trace, budget: int | None) -> dict:
+    """Check ``trace`` against the limits of ``problem`` (and ``budget``); its metadata."""
+    for kind, check in JUDGES.items():
+        if isinstance(problem, kind):
+            return check(problem, trace, budget)
+    return budget_judge(problem, trace, budget)
+
 
 def simulate(problem, schedule_or_ops, **options) -> Trace:
     """Simulate a schedule on any problem kind (dispatch on the problem's type)."""

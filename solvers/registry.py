@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from schedir import InvalidProblem, Schedule, simulate
+from schedir import InvalidProblem, InvalidSchedule, Schedule, simulate
+from schedir.simulate import JUDGES, judge
 
 
 class Infeasible(ValueError):
@@ -100,6 +101,8 @@ def get(method: str, problem: object | type) -> Method:
 
 def check_budget(budget: object) -> int:
     """A budget is a non-negative whole number of bytes (or slots)."""
+    if budget is None:
+        raise InvalidProblem("budget = None: this problem needs a memory budget (bytes)")
     if isinstance(budget, bool) or not isinstance(budget, numbers.Real):
         raise InvalidProblem(f"budget = {budget!r}: expected a number of bytes")
     if not math.isfinite(float(budget)) or float(budget) != int(budget) or budget < 0:
@@ -107,13 +110,17 @@ def check_budget(budget: object) -> int:
     return int(budget)
 
 
-def solve(problem, budget: int, method: str = "rotor", **options) -> Schedule:
+def solve(problem, budget: int | None, method: str = "rotor", **options) -> Schedule:
     """Solve ``problem`` under ``budget`` bytes with the registered ``method``.
 
-    The returned schedule is accepted by ``schedir.simulate`` with peak <= budget; its
-    ``meta`` holds ``method``, ``budget``, ``solve_time`` (seconds), ``options``, and the
-    simulated ``makespan`` and ``peak_memory``. Raises :class:`Infeasible` (with
-    ``min_budget``) when nothing fits.
+    The returned schedule is accepted by ``schedir.simulate`` and by the problem's
+    judge (``schedir.simulate.judge``: peak <= budget by default; the devices' own
+    capacities for pipeline problems, which take ``budget=None``). Its ``meta`` holds
+    ``method``, ``budget``, ``solve_time`` (seconds), ``options`` and what the judge
+    reports (simulated ``makespan`` and ``peak_memory``; period and latency for
+    pipelines). A method whose answer is not a schedule (a steady-state LP) returns
+    that answer unchecked. Raises :class:`Infeasible` (with ``min_budget``) when
+    nothing fits.
 
     >>> import schedir, solvers
     >>> chain = schedir.load("examples/chain_small.json")
@@ -122,22 +129,24 @@ def solve(problem, budget: int, method: str = "rotor", **options) -> Schedule:
     True
     """
     entry = get(method, problem)
-    budget = check_budget(budget)
+    if budget is not None or type(problem) not in JUDGES:
+        budget = check_budget(budget)
     start = time.perf_counter()
     schedule = entry.function(problem, budget, **options)
     solve_time = time.perf_counter() - start
+    if not isinstance(schedule, Schedule):
+        return schedule
     trace = simulate(problem, schedule)
-    if trace.peak_memory > budget:  # a solver bug: never hand out an over-budget schedule
-        raise RuntimeError(
-            f"{method} returned a schedule of peak {trace.peak_memory} > budget {budget}"
-        )
+    try:
+        verdict = judge(problem, trace, budget)
+    except InvalidSchedule as err:  # a solver bug: never hand out a rejected schedule
+        raise RuntimeError(f"{method} returned a schedule the simulator rejects: {err}") from None
     meta = {
         "method": method,
         "budget": budget,
         "solve_time": solve_time,
         "options": options,
         **schedule.meta,
-        "makespan": trace.makespan,
-        "peak_memory": trace.peak_memory,
+        **verdict,
     }
     return type(schedule)(schedule.ops, meta)
