@@ -17,8 +17,6 @@ float64 tables of (L + 1)(L + 2)/2 x (M + 1) entries: 160 MB for L = 200, M = 50
 from __future__ import annotations
 
 import math
-import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,16 +102,12 @@ def _bare_base(chain: Chain, i: int, m: int) -> float:
     return chain.fwd_time[i] + chain.bwd_time[i] if m >= _backward_need(chain, i) else math.inf
 
 
-def build_table(
-    chain: Chain, budget: int, *, tight: bool = False, threads: int | None = None
-) -> RotorTable:
+def build_table(chain: Chain, budget: int, *, tight: bool = False) -> RotorTable:
     """The DP table for every budget up to ``budget`` (sizes in the chain's units).
 
     ``tight=False`` is rotor's published recursion (DESIGN 3.2). ``tight=True`` charges
     F_all(i) what it really holds when stages i..t are solved (d_{t+1}, not d_{i+1}):
-    exact for the simulator's semantics (see docs/semantics.md). ``threads`` worker
-    threads share each row (default: the cores, at most 4, for tables of 2048+ units;
-    below that, thread hand-offs cost more than they save).
+    exact for the simulator's semantics (see docs/semantics.md).
     """
     L = chain.length
     a = chain.arrays()
@@ -127,59 +121,38 @@ def build_table(
     rows: list = [None] * (L + 1)
     cols = [np.full((t + 1, width), np.inf) for t in range(L + 1)]
     pair = x[:-1] + x[1:] + ftmp  # pair[j] = x_j + x_{j+1} + fwd_tmp[j]
-    # Entries of one row at different m are independent given the rows below, so each
-    # row is computed in memory ranges by worker threads (numpy releases the GIL).
-    workers = threads or (min(os.cpu_count() or 1, 4) if width >= 2048 else 1)
-    bounds = np.linspace(0, width, workers + 1).astype(int)
-    ranges = list(zip(bounds[:-1], bounds[1:], strict=True))
-    scratch = [np.empty((L + 1, hi - lo)) for lo, hi in ranges]
-
-    def fill_row(i: int, row: np.ndarray, bare: np.ndarray, part: int) -> None:
-        lo, hi = ranges[part]
-        block_buf, si = scratch[part], int(s[i])
+    scratch = np.empty((L + 1, width))
+    for i in range(L, -1, -1):
+        row = np.full((L + 1 - i, width), np.inf)
+        base_need = max(x[i + 1] + s[i] + ftmp[i], x[i] + x[i + 1] + s[i] + btmp[i])
+        row[0, min(base_need, width) :] = fwd[i] + bwd[i]
+        bare = np.full(width, np.inf)  # tight model: fwd + bwd wherever B(i) fits
+        if tight:
+            bare[min(_backward_need(chain, i), width) :] = fwd[i] + bwd[i]
+        si = int(s[i])
         inner_pair = -1  # max of pair[j] over i < j < t; sizes are >= 0
         for t in range(i + 1, L + 1):
+            n = t - i
             if t - 1 > i:
                 inner_pair = max(inner_pair, int(pair[t - 1]))
-            out = row[t - i, lo:hi]
-            start = max(lo, si)  # record stage i: C(m, i, i) + C(m - s_i, i + 1, t)
-            if start < hi:
+            out = row[n]
+            if si < width:  # record stage i: C(m, i, i) + C(m - s_i, i + 1, t)
                 first = bare if tight else row[0]
-                child = rows[i + 1][t - i - 1]
-                np.add(first[start:hi], child[start - si : hi - si], out=row[t - i, start:hi])
+                np.add(first[si:], rows[i + 1][n - 1, : width - si], out=out[si:])
                 if tight:
-                    row[t - i, start : max(start, min(_forward_need(chain, i, t), hi))] = np.inf
-            n = t - i  # split at j = i+1..t: P_j + C(m - x_j, j, t) + C(m, i, j - 1) - P_i
-            block = block_buf[:n]
-            np.add(cols[t][i + 1 : t + 1, lo:hi], row[0:n, lo:hi], out=block)
+                    out[: min(_forward_need(chain, i, t), width)] = np.inf
+            # split at j = i+1..t: P_j + C(m - x_j, j, t) + C(m, i, j - 1) - P_i
+            block = scratch[:n]
+            np.add(cols[t][i + 1 : t + 1], row[0:n], out=block)
             best_split = block.min(axis=0)
             best_split -= prefix[i]
             np.minimum(out, best_split, out=out)
             threshold = x[t + 1] + max(x[i + 1] + ftmp[i], inner_pair)
-            out[: max(0, min(threshold, hi) - lo)] = np.inf
-
-    pool = ThreadPoolExecutor(workers) if workers > 1 else None
-    try:
-        for i in range(L, -1, -1):
-            row = np.full((L + 1 - i, width), np.inf)
-            base_need = max(x[i + 1] + s[i] + ftmp[i], x[i] + x[i + 1] + s[i] + btmp[i])
-            row[0, min(base_need, width) :] = fwd[i] + bwd[i]
-            bare = np.full(width, np.inf)
-            if tight:
-                bare[min(_backward_need(chain, i), width) :] = fwd[i] + bwd[i]
-            if pool is None:
-                fill_row(i, row, bare, 0)
-            else:
-                jobs = [pool.submit(fill_row, i, row, bare, p) for p in range(workers)]
-                for job in jobs:
-                    job.result()
-            rows[i] = row
-            if i >= 1 and x[i] <= M:
-                for t in range(i, L + 1):
-                    cols[t][i, x[i] :] = prefix[i] + row[t - i, : width - x[i]]
-    finally:
-        if pool is not None:
-            pool.shutdown()
+            out[: min(threshold, width)] = np.inf
+        rows[i] = row
+        if i >= 1 and x[i] <= M:
+            for t in range(i, L + 1):
+                cols[t][i, x[i] :] = prefix[i] + row[t - i, : width - x[i]]
     return RotorTable(chain, M, tuple(rows), tuple(cols), prefix, tight)
 
 
