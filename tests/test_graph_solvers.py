@@ -93,8 +93,6 @@ def test_store_all_is_milp_optimum_at_full_budget() -> None:
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("residuals", [False, True])
 def test_milp_never_worse_than_rotor_on_chains(seed: int, residuals: bool) -> None:
-    if "rotor" not in {m.name for m in solvers.available(Chain)}:
-        pytest.skip("rotor is not available")
     chain = small_chain(10 + seed, 4, residuals)
     g = chain_to_graph(chain)
     top = solvers.solve(chain, 10**9, method="store_all").meta["peak_memory"]
