@@ -11,7 +11,6 @@ from schedir.graph import Graph, Node, build_graph, chain_ops_to_graph, chain_to
 from schedir.graph_ops import Compute, Free, parse_graph_op
 from schedir.graph_simulate import GraphSchedule, simulate_graph
 from schedir.io import from_dict, load, save
-from schedir.ops import B, F_all, F_ck, F_n, Loss, parse_op
 from schedir.offload import (
     Evict,
     Offload,
@@ -23,6 +22,7 @@ from schedir.offload import (
     parse_offload_op,
     simulate_offload,
 )
+from schedir.ops import B, F_all, F_ck, F_n, Loss, parse_op
 from schedir.platform import PRESETS, CopyEngine, Device, Link, Platform
 from schedir.schedule import Schedule
 from schedir.simulate import Trace, op_time, simulate, simulate_chain

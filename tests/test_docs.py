@@ -7,9 +7,6 @@
   lines (``make demo``, ``python ...``) are not run here, and neither is a command
   whose line ends with ``# slow`` (profiling, the full experiment run). Outputs go
   under ``results/``, which git ignores.
-
-Pages listed in :data:`PENDING` belong to work in progress elsewhere; they are marked
-xfail with the reason (not strict, so they pass once their code lands).
 """
 
 from __future__ import annotations
@@ -23,9 +20,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.S | re.M)
-# page name -> why its blocks may not run yet (owned by another issue).
-PENDING: dict[str, str] = {
-}
 
 
 def blocks(page: Path, language: str) -> list[str]:
@@ -45,16 +39,7 @@ def schedir_commands(page: Path) -> list[list[str]]:
     return commands
 
 
-def _mark(page: Path):
-    reason = PENDING.get(page.name)
-    return [pytest.mark.xfail(reason=reason, strict=False)] if reason else []
-
-
-RUNNABLE = [
-    pytest.param(p, id=p.name, marks=_mark(p))
-    for p in PAGES
-    if blocks(p, "python") or schedir_commands(p)
-]
+RUNNABLE = [pytest.param(p, id=p.name) for p in PAGES if blocks(p, "python") or schedir_commands(p)]
 
 
 @pytest.mark.parametrize("page", RUNNABLE)
