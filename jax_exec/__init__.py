@@ -22,6 +22,7 @@ from jax_exec.lowering import (
     value_and_grad,
 )
 from jax_exec.offload import OffloadRunResult, measure_platform, run_offload
+from jax_exec.offload_lowering import lower_offload, offload_residuals, offload_value_and_grad
 from jax_exec.planning import plan
 from jax_exec.profile import profile
 from jax_exec.runtime import RunResult, run
@@ -34,6 +35,9 @@ __all__ = [
     "OffloadRunResult",
     "measure_platform",
     "run_offload",
+    "lower_offload",
+    "offload_residuals",
+    "offload_value_and_grad",
     "Residual",
     "RunResult",
     "Stage",

@@ -163,7 +163,16 @@ def value_and_grad(
     NNX layers). Parameters are read from ``layers`` at every call, so the step follows
     model updates (``nnx.update``); under an outer ``jax.jit`` they are read once, at
     tracing. Gradients equal those of ``jax.value_and_grad`` of the plain model.
+    Schedules with copy ops (``rotor_offload``) are lowered with host offload
+    (``jax_exec.offload_lowering``: ``checkpoint_name`` and
+    ``save_and_offload_only_these_names``).
     """
+    from jax_exec.runtime import has_copies
+
+    if has_copies(schedule.ops if hasattr(schedule, "ops") else schedule):
+        from jax_exec.offload_lowering import offload_value_and_grad
+
+        return offload_value_and_grad(layers, loss_fn, schedule)
     lowered = lower(layers, loss_fn, schedule)
     step = jax.jit(lowered.value_and_grad)
 

@@ -99,7 +99,7 @@ class _Buffers:
                     arr.delete()
 
 
-def _has_copies(ops: Sequence) -> bool:
+def has_copies(ops: Sequence) -> bool:
     """Whether ``ops`` (op objects or their printed forms) hold copy ops."""
     names = (op if isinstance(op, str) else type(op).__name__ for op in ops)
     return any(n.strip().startswith(("Offload", "Prefetch", "Wait")) for n in names)
@@ -128,7 +128,7 @@ def run(
         return run_graph(layers, loss_fn, None, schedule, x, y)
     if not hasattr(schedule, "ops"):
         schedule = tuple(schedule)
-    if _has_copies(schedule.ops if hasattr(schedule, "ops") else schedule):
+    if has_copies(schedule.ops if hasattr(schedule, "ops") else schedule):
         from jax_exec.offload import run_offload  # copy ops: the runtime with host memory
 
         return run_offload(layers, loss_fn, schedule, x, y)
