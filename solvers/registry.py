@@ -134,7 +134,7 @@ def solve(problem, budget: int | None, method: str = "rotor", **options) -> Sche
     start = time.perf_counter()
     schedule = entry.function(problem, budget, **options)
     solve_time = time.perf_counter() - start
-    if not isinstance(schedule, Schedule):
+    if not hasattr(schedule, "ops"):  # e.g. a steady-state LP's rates: nothing to simulate
         return schedule
     trace = simulate(problem, schedule)
     try:
