@@ -11,9 +11,9 @@ every non-input node has been computed at least once.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
 from schedir.errors import InvalidSchedule
 from schedir.graph import Graph
@@ -35,42 +35,16 @@ class GraphSchedule(Schedule):
          "ops": ["Compute(1)", "Compute(2)", "Free(1)", ...], "meta": {...}}
     """
 
-    ops: tuple
-    meta: dict = field(default_factory=dict)
+    FORMAT: ClassVar[str] = FORMAT
+    OPS: ClassVar[str] = "a graph op (Compute/Free)"
 
-    def __post_init__(self) -> None:
-        ops = tuple(parse_graph_op(op) if isinstance(op, str) else op for op in self.ops)
-        for i, op in enumerate(ops):
-            if type(op) not in GRAPH_OP_TYPES.values():
-                raise InvalidSchedule(f"op {i}: {op!r} is not a graph op (Compute/Free)")
-        object.__setattr__(self, "ops", ops)
-        try:
-            meta = json.loads(json.dumps(dict(self.meta)))
-        except (TypeError, ValueError) as err:
-            raise InvalidSchedule(f"meta is not JSON-serializable: {err}") from None
-        object.__setattr__(self, "meta", meta)
+    @staticmethod
+    def parse_op(text: str):
+        return parse_graph_op(text)
 
-    def to_dict(self) -> dict:
-        return {
-            "format": FORMAT,
-            "version": 1,
-            "ops": [str(op) for op in self.ops],
-            "meta": self.meta,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict) -> GraphSchedule:
-        if d.get("format") != FORMAT:
-            raise InvalidSchedule(f"format = {d.get('format')!r}: expected {FORMAT!r}")
-        if d.get("version") != 1:
-            raise InvalidSchedule(f"version = {d.get('version')!r}: this library reads 1")
-        if not isinstance(d.get("ops"), list):
-            raise InvalidSchedule("graph schedule JSON lacks the list 'ops'")
-        return cls(ops=tuple(d["ops"]), meta=d.get("meta", {}))
-
-    @classmethod
-    def from_json(cls, text: str) -> GraphSchedule:
-        return cls.from_dict(json.loads(text))
+    @staticmethod
+    def is_op(op) -> bool:
+        return type(op) in GRAPH_OP_TYPES.values()
 
 
 def _graph_ops(schedule_or_ops: Schedule | Iterable) -> tuple:

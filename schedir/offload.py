@@ -30,10 +30,10 @@ A schedule without copy ops has exactly the chain simulator's makespan and peak.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from schedir.chain import Chain
 from schedir.errors import InvalidProblem, InvalidSchedule
@@ -164,39 +164,16 @@ class OffloadProblem:
 class OffloadSchedule(Schedule):
     """Chain ops and copy ops, with JSON format ``schedir.offload_schedule`` (version 1)."""
 
-    ops: tuple
-    meta: dict = field(default_factory=dict)
+    FORMAT: ClassVar[str] = "schedir.offload_schedule"
+    OPS: ClassVar[str] = "a chain or copy op"
 
-    def __post_init__(self) -> None:
-        ops = tuple(parse_offload_op(op) if isinstance(op, str) else op for op in self.ops)
-        known = set(OP_TYPES.values()) | set(COPY_OP_TYPES.values())
-        for i, op in enumerate(ops):
-            if type(op) not in known:
-                raise InvalidSchedule(f"op {i}: {op!r} is not a chain or copy op")
-        object.__setattr__(self, "ops", ops)
-        try:
-            meta = json.loads(json.dumps(dict(self.meta)))
-        except (TypeError, ValueError) as err:
-            raise InvalidSchedule(f"meta is not JSON-serializable: {err}") from None
-        object.__setattr__(self, "meta", meta)
+    @staticmethod
+    def parse_op(text: str):
+        return parse_offload_op(text)
 
-    def to_dict(self) -> dict:
-        ops = [str(op) for op in self.ops]
-        return {"format": "schedir.offload_schedule", "version": 1, "ops": ops, "meta": self.meta}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> OffloadSchedule:
-        if not isinstance(d, dict) or d.get("format") != "schedir.offload_schedule":
-            raise InvalidSchedule("expected a JSON object with format 'schedir.offload_schedule'")
-        if d.get("version") != 1:
-            raise InvalidSchedule(f"version = {d.get('version')!r}: this library reads 1")
-        if not isinstance(d.get("ops"), list):
-            raise InvalidSchedule("offload schedule JSON lacks the list 'ops'")
-        return cls(ops=tuple(d["ops"]), meta=d.get("meta", {}))
-
-    @classmethod
-    def from_json(cls, text: str) -> OffloadSchedule:
-        return cls.from_dict(json.loads(text))
+    @staticmethod
+    def is_op(op) -> bool:
+        return type(op) in OP_TYPES.values() or type(op) in COPY_OP_TYPES.values()
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from schedir.errors import InvalidSchedule
 from schedir.ops import OP_TYPES, parse_op
@@ -29,16 +30,30 @@ class Schedule:
     ``meta`` usually holds ``method``, ``budget`` (bytes), ``solve_time`` (seconds) and
     ``options``; it is normalized through JSON on construction so that
     ``Schedule.from_json(s.to_json()) == s`` always holds.
+
+    Schedules of other problem kinds subclass this one and set ``FORMAT``, ``OPS`` (a
+    description for errors), and override ``parse_op`` / ``is_op``.
     """
 
     ops: tuple
     meta: dict = field(default_factory=dict)
 
+    FORMAT: ClassVar[str] = FORMAT
+    OPS: ClassVar[str] = "a chain op"
+
+    @staticmethod
+    def parse_op(text: str):
+        return parse_op(text)
+
+    @staticmethod
+    def is_op(op) -> bool:
+        return type(op) in OP_TYPES.values()
+
     def __post_init__(self) -> None:
-        ops = tuple(parse_op(op) if isinstance(op, str) else op for op in self.ops)
+        ops = tuple(self.parse_op(op) if isinstance(op, str) else op for op in self.ops)
         for i, op in enumerate(ops):
-            if type(op) not in OP_TYPES.values():
-                raise InvalidSchedule(f"op {i}: {op!r} is not a schedule op")
+            if not self.is_op(op):
+                raise InvalidSchedule(f"op {i}: {op!r} is not {self.OPS}")
         object.__setattr__(self, "ops", ops)
         try:
             meta = json.loads(json.dumps(dict(self.meta)))
@@ -51,7 +66,7 @@ class Schedule:
 
     def to_dict(self) -> dict:
         return {
-            "format": FORMAT,
+            "format": self.FORMAT,
             "version": VERSION,
             "ops": [str(op) for op in self.ops],
             "meta": self.meta,
@@ -64,8 +79,8 @@ class Schedule:
     def from_dict(cls, d: dict) -> Schedule:
         if not isinstance(d, dict):
             raise InvalidSchedule(f"expected a JSON object for a schedule, got {type(d).__name__}")
-        if d.get("format") != FORMAT:
-            raise InvalidSchedule(f"format = {d.get('format')!r}: expected {FORMAT!r}")
+        if d.get("format") != cls.FORMAT:
+            raise InvalidSchedule(f"format = {d.get('format')!r}: expected {cls.FORMAT!r}")
         if d.get("version") != VERSION:
             raise InvalidSchedule(f"version = {d.get('version')!r}: this library reads {VERSION}")
         if not isinstance(d.get("ops"), list):
