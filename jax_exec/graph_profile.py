@@ -32,9 +32,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.extend.core import Literal
 
-from jax_exec.kernels import Kernel, Recipe, _compile, _index_of, _tree_key, loss_kernel
+from jax_exec.kernels import (
+    Kernel,
+    Recipe,
+    _compile,
+    _tree_key,
+    find_constants,
+    loss_kernel,
+    split_residuals,
+)
 from jax_exec.kernels import median_time as _median_time
 from jax_exec.stages import as_spec, spec_bytes
 from schedir import Graph, Node
@@ -189,37 +196,12 @@ def _build(node: DagNode, in_specs: tuple) -> NodeFunctions:
             "in": list(ins),
             "out": [out],
         }
-        sources: list[tuple[str, int]] = []
-        new: list[Any] = []
-        for leaf in leaves:
-            for kind, items in known.items():
-                if (j := _index_of(leaf, items)) is not None:
-                    sources.append((kind, j))
-                    break
-            else:
-                if (m := _index_of(leaf, new)) is None:
-                    new.append(leaf)
-                    m = len(new) - 1
-                sources.append(("new", m))
-        keep = [m for m in range(len(new)) if m not in consts]
-        renumber = {m: i for i, m in enumerate(keep)}
-        const_ids = {m: i for i, m in enumerate(sorted(consts))}
-        sources = [
-            (("new", renumber[m]) if m in renumber else ("const", const_ids[m]))
-            if kind == "new"
-            else (kind, m)
-            for kind, m in sources
-        ]
-        found["treedef"], found["sources"] = treedef, tuple(sources)
-        return out, tuple(new[m] for m in keep)
+        sources, new = split_residuals(leaves, known, consts)
+        found["treedef"], found["sources"] = treedef, sources
+        return out, new
 
     closed = jax.make_jaxpr(lambda *a: rec(*a))(node.params, node.rest, in_specs)
-    const_vals = dict(zip(closed.jaxpr.constvars, closed.consts, strict=True))
-    for m, var in enumerate(closed.jaxpr.outvars[1:]):
-        if isinstance(var, Literal):
-            consts[m] = var.val
-        elif var in const_vals:
-            consts[m] = const_vals[var]
+    find_constants(closed, consts)
     out_spec, new_specs = jax.eval_shape(lambda *a: rec(*a), node.params, node.rest, in_specs)
     recipe = Recipe(
         found["treedef"],

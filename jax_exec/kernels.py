@@ -180,6 +180,47 @@ def chain_kernels(
     return kernels, specs
 
 
+def split_residuals(leaves: list, known: dict[str, list], consts: dict[int, Any]):
+    """Where each leaf of a vjp closure comes from: ``(kind, index)`` pairs and the new arrays.
+
+    ``known`` maps a kind ("param", "rest", "in", "out") to arrays the closure may hold;
+    any other leaf is a new residual, counted once. Leaves recorded in ``consts`` (index
+    among the new ones -> value) are constants: kept in the recipe, not in abar.
+    """
+    sources: list[tuple[str, int]] = []
+    new: list[Any] = []
+    for leaf in leaves:
+        for kind, items in known.items():
+            if (j := _index_of(leaf, items)) is not None:
+                sources.append((kind, j))
+                break
+        else:
+            if (m := _index_of(leaf, new)) is None:
+                new.append(leaf)
+                m = len(new) - 1
+            sources.append(("new", m))
+    keep = [m for m in range(len(new)) if m not in consts]
+    renumber = {m: i for i, m in enumerate(keep)}
+    const_ids = {m: i for i, m in enumerate(sorted(consts))}
+    sources = [
+        (("new", renumber[m]) if m in renumber else ("const", const_ids[m]))
+        if kind == "new"
+        else (kind, m)
+        for kind, m in sources
+    ]
+    return tuple(sources), tuple(new[m] for m in keep)
+
+
+def find_constants(closed: Any, consts: dict[int, Any]) -> None:
+    """Record in ``consts`` the new residuals of a traced recording that are constants."""
+    const_vals = dict(zip(closed.jaxpr.constvars, closed.consts, strict=True))
+    for m, var in enumerate(closed.jaxpr.outvars[1:]):
+        if isinstance(var, Literal):
+            consts[m] = var.val
+        elif var in const_vals:
+            consts[m] = const_vals[var]
+
+
 def _build(stage: Stage, a_spec: jax.ShapeDtypeStruct) -> StageFunctions:
     out = jax.eval_shape(stage.apply, stage.params, stage.rest, a_spec)
     as_spec(f"layer {stage.name}'s output", out)  # one array, or a clear error
@@ -195,39 +236,13 @@ def _build(stage: Stage, a_spec: jax.ShapeDtypeStruct) -> StageFunctions:
             "in": [a],
             "out": [out],
         }
-        sources: list[tuple[str, int]] = []
-        new: list[Any] = []
-        for leaf in leaves:
-            for kind, items in known.items():
-                if (j := _index_of(leaf, items)) is not None:
-                    sources.append((kind, j))
-                    break
-            else:
-                if (m := _index_of(leaf, new)) is None:
-                    new.append(leaf)
-                    m = len(new) - 1
-                sources.append(("new", m))
-        # Constants (literals) are not buffers: keep them in the recipe, not in abar.
-        keep = [m for m in range(len(new)) if m not in consts]
-        renumber = {m: i for i, m in enumerate(keep)}
-        const_ids = {m: i for i, m in enumerate(sorted(consts))}
-        sources = [
-            (("new", renumber[m]) if m in renumber else ("const", const_ids[m]))
-            if kind == "new"
-            else (kind, m)
-            for kind, m in sources
-        ]
-        found["treedef"], found["sources"] = treedef, tuple(sources)
-        return out, tuple(new[m] for m in keep)
+        sources, new = split_residuals(leaves, known, consts)
+        found["treedef"], found["sources"] = treedef, sources
+        return out, new
 
     # Trace through fresh wrappers: a cached trace would not rerun ``rec``'s Python.
     closed = jax.make_jaxpr(lambda *args: rec(*args))(stage.params, stage.rest, a_spec)
-    const_vals = dict(zip(closed.jaxpr.constvars, closed.consts, strict=True))
-    for m, var in enumerate(closed.jaxpr.outvars[1:]):
-        if isinstance(var, Literal):
-            consts[m] = var.val
-        elif var in const_vals:
-            consts[m] = const_vals[var]
+    find_constants(closed, consts)
     out_spec, new_specs = jax.eval_shape(lambda *args: rec(*args), stage.params, stage.rest, a_spec)
     const_values = tuple(consts[m] for m in sorted(consts))
     recipe = Recipe(found["treedef"], found["sources"], tuple(new_specs), const_values)
