@@ -219,6 +219,7 @@ def solve_model(
     """
     if SOLVER not in cp.installed_solvers():  # pragma: no cover - highspy is a dependency
         raise RuntimeError("cvxpy cannot find HiGHS: install highspy")
+    scale = 1.0 if minimize_budget else float(np.abs(model.cost).sum()) or 1.0
     x = cp.Variable(model.nx, boolean=True) if integer else cp.Variable(model.nx)
     u = cp.Variable(model.nu, nonneg=True)
     cons = [model.A_eq @ x + model.G_eq @ u == model.b_eq]
@@ -230,7 +231,9 @@ def solve_model(
         objective = cp.Minimize(m)
     else:
         cons.append(model.A_ub @ x + model.G_ub @ u <= model.b_ub_at(float(budget)))
-        objective = cp.Minimize(model.cost @ x)
+        # Costs are seconds (often 1e-7..1e-5): scale them to O(1), else HiGHS's absolute
+        # gap and feasibility tolerances (1e-6) swallow whole recomputations.
+        objective = cp.Minimize((model.cost / scale) @ x)
     if not integer:
         cons += [x >= 0, x <= 1]
     prob = cp.Problem(objective, cons)
@@ -246,13 +249,13 @@ def solve_model(
     gap = bound = None
     if integer and info is not None:
         gap = float(getattr(info, "mip_gap", math.nan))
-        bound = float(getattr(info, "mip_dual_bound", math.nan))
+        bound = float(getattr(info, "mip_dual_bound", math.nan)) * scale
     has = prob.status in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE, cp.USER_LIMIT) and x.value is not None
     if has and info is not None and integer and getattr(info, "primal_solution_status", 2) != 2:
         has = False
     return Solved(
         status=prob.status,
-        objective=float(prob.value) if has else None,
+        objective=float(prob.value) * scale if has else None,
         x=np.asarray(x.value, dtype=float) if has else None,
         mip_gap=gap,
         bound=bound,

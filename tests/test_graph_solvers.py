@@ -3,6 +3,8 @@ MILP vs rotor on chains; DTR's infeasibility."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -160,3 +162,21 @@ def test_milp_vs_rotor_up_to_8_stages(L: int) -> None:
         except solvers.Infeasible:
             continue
         assert simulate(g, checkmate_milp(g, budget, time_limit=120)).makespan <= rotor + 1e-6
+
+
+def test_milp_is_exact_whatever_the_time_unit() -> None:
+    # Profiled costs are seconds of 1e-7..1e-5: HiGHS's absolute tolerances (1e-6) must
+    # not swallow recomputations. The optimum scales with the time unit, and at
+    # store-all's own peak it is store-all.
+    base = skip_graph(5, skip=2, seed=3)
+    peak = simulate(base, store_all_graph_ops(base)).peak_memory
+    tiny = Graph(tuple(dataclasses.replace(n, cost=n.cost * 1e-7) for n in base.nodes))
+    at_peak = simulate(tiny, checkmate_milp(tiny, peak)).makespan
+    assert at_peak == pytest.approx(tiny.store_all_time(), rel=1e-9)
+    for budget in (int(peak * 0.8), int(peak * 0.6)):
+        try:
+            want = simulate(base, checkmate_milp(base, budget)).makespan
+        except solvers.Infeasible:
+            continue
+        got = simulate(tiny, checkmate_milp(tiny, budget)).makespan
+        assert got == pytest.approx(want * 1e-7, rel=1e-6)
