@@ -35,48 +35,16 @@ from jax_exec.graph_profile import (
     layout_graph,
     residual_name,
 )
+from jax_exec.runtime import RunResult, _tree_bytes
 from schedir import Compute, Free, Graph, GraphSchedule, Schedule, simulate_graph
 
 
 @dataclass(frozen=True)
-class GraphRunResult:
-    """What one op-by-op training step of a DAG model did.
-
-    Attributes:
-        loss: the loss value (a scalar array).
-        grads: ``module name -> nnx.State`` of its parameter gradients.
-        peak_bytes: max over the initial state and every op of ``op_peak_bytes``.
-        initial_bytes: bytes of the input nodes before the first op.
-        resident_bytes: live bytes (graph node buffers) after each op.
-        op_peak_bytes: per op: live bytes right after a compute produced its output
-            plus its kernel's temporary bytes; for a free, the live bytes after it.
-        op_temp_bytes: temporary bytes of each op's kernel (0 for ``Free``).
-        op_times: wall time of each op, seconds (dispatch to completion of its kernel, or
-            the deletion; the runtime's byte counting is not included).
-        total_time: wall time of the whole step, seconds.
-        param_bytes: bytes of the parameters (not in the figures above).
-        grad_bytes: bytes of the parameter gradients (not in the figures above).
-        batch_bytes: bytes of the inputs and y.
-        ops: the ops that ran.
-    """
-
-    loss: jax.Array
-    grads: dict
-    peak_bytes: int
-    initial_bytes: int
-    resident_bytes: tuple[int, ...]
-    op_peak_bytes: tuple[int, ...]
-    op_temp_bytes: tuple[int, ...]
-    op_times: tuple[float, ...]
-    total_time: float
-    param_bytes: int
-    grad_bytes: int
-    batch_bytes: int
-    ops: tuple
-
-
-def _tree_bytes(tree: Any) -> int:
-    return sum(int(leaf.nbytes) for leaf in jax.tree_util.tree_leaves(tree))
+class GraphRunResult(RunResult):
+    """What one op-by-op training step of a DAG model did: the fields of
+    :class:`jax_exec.RunResult`, with ``grads`` a dict ``module name -> nnx.State``,
+    bytes counted over graph node buffers, and for a ``Free`` op ``op_peak_bytes`` the
+    live bytes after it (its temporary is 0)."""
 
 
 class _Buffers:
