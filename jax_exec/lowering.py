@@ -14,6 +14,11 @@ The schedule's tree (:mod:`jax_exec.tree`) becomes one differentiable function o
   gradients are those of plain autodiff;
 - the loss runs under ``jax.checkpoint``, so that its own residuals do not show up.
 
+The same lowering takes offload decisions (:mod:`jax_exec.offload_lowering`): a node
+whose input is offloaded names it with ``checkpoint_name`` under an offload policy
+(segments) or moves its residuals to host memory (records); with none it is the
+plain lowering.
+
 Hence the residuals saved at the top level are exactly the buffers the schedule
 holds right before its ``Loss`` op. ``prevent_cse`` stays on so that XLA cannot merge
 a recomputation with the first forward. On CPU, judge the result by
@@ -30,6 +35,7 @@ from typing import Any
 
 import jax
 from jax._src.ad_checkpoint import saved_residuals
+from jax.ad_checkpoint import checkpoint_name
 
 from jax_exec.kernels import stage_functions
 from jax_exec.stages import Stage, activation_specs, as_stages, check_loss, spec_bytes
@@ -48,14 +54,32 @@ from schedir import Loss, Schedule, simulate_chain
 Params = Sequence[Any]
 
 
-def _recorded_stage(stage: Stage) -> Callable[[Any, jax.Array], jax.Array]:
+def _sizes(node) -> int:
+    """Number of chain ops of a subtree (to find where each node starts)."""
+    if isinstance(node, Empty):
+        return 0
+    if isinstance(node, LossNode):
+        return 1
+    if isinstance(node, Record):
+        return 2 + _sizes(node.rest)
+    return (node.stop - node.start) + _sizes(node.after) + _sizes(node.inside)
+
+
+def _to(space, tree):
+    return jax.tree_util.tree_map(lambda v: jax.device_put(v, space), tree)
+
+
+def _recorded(stage: Stage, offload_in: bool = False, offload_out: bool = False):
     """Stage ``stage`` as a recording forward: ``F_all`` keeps exactly ``abar``.
 
     A ``jax.custom_vjp`` whose residuals are the stage input, its output and the new
     residuals of its ``jax.vjp`` (the profiler's ``abar``); the backward applies the
     vjp closure rebuilt from them, so nothing is recomputed and the gradients are
-    those of plain autodiff.
+    those of plain autodiff. With ``offload_in`` the residual input, with
+    ``offload_out`` the output and new residuals (the next node's input ``abar``) are
+    put in host memory, and back for the backward.
     """
+    host, device = jax.memory.Space.Host, jax.memory.Space.Device
 
     def functions(a: jax.Array):
         return stage_functions(stage, jax.ShapeDtypeStruct(a.shape, a.dtype))
@@ -66,41 +90,82 @@ def _recorded_stage(stage: Stage) -> Callable[[Any, jax.Array], jax.Array]:
 
     def recorded_fwd(params: Any, a: jax.Array):
         out, new = functions(a).rec(params, stage.rest, a)
-        return out, (params, a, out, new)
+        kept_a = _to(host, a) if offload_in else a
+        kept = _to(host, (out, new)) if offload_out else (out, new)
+        return out, (params, kept_a, *kept)
 
     def recorded_bwd(residuals: tuple, d_out: jax.Array):
         params, a, out, new = residuals
+        if offload_in:
+            a = _to(device, a)
+        if offload_out:
+            out, new = _to(device, (out, new))
         return functions(a).bwd(params, stage.rest, a, out, new, d_out)
 
     recorded.defvjp(recorded_fwd, recorded_bwd)
     return recorded
 
 
-def _lower_node(stages: Sequence[Stage], node: Node, loss_fn: Callable) -> Callable:
-    """``(params, a_i, y) -> a_{t+1}`` (or the loss) for the subtree ``node``."""
+def _offload_policy(name: str):
+    return jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[],
+        names_which_can_be_offloaded=[name],
+        offload_src="device",
+        offload_dst="pinned_host",
+    )
+
+
+def _lower_node(
+    stages: Sequence[Stage],
+    node: Node,
+    loss_fn: Callable,
+    offloaded: frozenset[int] | set[int] = frozenset(),
+    pos: int = 0,
+    names: list | None = None,
+) -> Callable:
+    """``(params, a_i, y) -> a_{t+1}`` (or the loss) for the subtree ``node``.
+
+    ``node`` starts at chain op ``pos``; the nodes starting at a position in
+    ``offloaded`` have their input offloaded to host memory (the checkpoint names are
+    appended to ``names``): see :mod:`jax_exec.offload_lowering`.
+    """
     if isinstance(node, Empty):
         return lambda params, a, y: a
     if isinstance(node, LossNode):
         checkpointed_loss = jax.checkpoint(loss_fn, prevent_cse=True)
         return lambda params, a, y: checkpointed_loss(a, y)
     if isinstance(node, Record):
-        recorded = _recorded_stage(stages[node.index])
-        rest = _lower_node(stages, node.rest, loss_fn)
+        rest_off = pos + 1 in offloaded and isinstance(node.rest, Record | Segment)
+        recorded = _recorded(stages[node.index], pos in offloaded, rest_off)
+        rest = _lower_node(stages, node.rest, loss_fn, offloaded, pos + 1, names)
 
         def record(params: Params, a: jax.Array, y: Any) -> Any:
             return rest(params, recorded(params[node.index], a), y)
 
         return record
     if isinstance(node, Segment):
-        inside = _lower_node(stages, node.inside, loss_fn)
-        after = _lower_node(stages, node.after, loss_fn)
         start, stop = node.start, node.stop
+        after_pos = pos + (stop - start)
+        after = _lower_node(stages, node.after, loss_fn, offloaded, after_pos, names)
+        inside_pos = after_pos + _sizes(node.after)
+        inside = _lower_node(stages, node.inside, loss_fn, offloaded, inside_pos, names)
 
-        def region(sub_params: Params, a: jax.Array) -> jax.Array:
-            # inside indexes params by stage number: pad the stages before ``start``.
-            return inside([None] * start + list(sub_params), a, None)
+        if pos in offloaded:  # the input is saved in pinned_host memory, nothing else
+            name = f"schedir_in{pos}"
+            if names is not None:
+                names.append(name)
 
-        checkpointed = jax.checkpoint(region, prevent_cse=True)
+            def region(sub_params: Params, a: jax.Array) -> jax.Array:
+                a = checkpoint_name(a, name)
+                return inside([None] * start + list(sub_params), a, None)
+
+            checkpointed = jax.checkpoint(region, policy=_offload_policy(name), prevent_cse=True)
+        else:
+
+            def region(sub_params: Params, a: jax.Array) -> jax.Array:
+                return inside([None] * start + list(sub_params), a, None)
+
+            checkpointed = jax.checkpoint(region, prevent_cse=True)
 
         def segment(params: Params, a: jax.Array, y: Any) -> Any:
             return after(params, checkpointed(list(params[start:stop]), a), y)
@@ -170,10 +235,14 @@ def value_and_grad(
     from jax_exec.runtime import has_copies
 
     if has_copies(schedule.ops if hasattr(schedule, "ops") else schedule):
-        from jax_exec.offload_lowering import offload_value_and_grad
+        from jax_exec.offload_lowering import lower_offload
 
-        return offload_value_and_grad(layers, loss_fn, schedule)
-    lowered = lower(layers, loss_fn, schedule)
+        return jitted_step(layers, lower_offload(layers, loss_fn, schedule))
+    return jitted_step(layers, lower(layers, loss_fn, schedule))
+
+
+def jitted_step(layers: Sequence[Any], lowered: Lowered) -> Callable:
+    """``f(x, y) -> (loss, grads)``: ``lowered`` jitted, parameters read from ``layers``."""
     step = jax.jit(lowered.value_and_grad)
 
     def f(x: jax.Array, y: Any) -> tuple[jax.Array, list]:

@@ -31,19 +31,16 @@ residual and segment input); device residuals are unaffected.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import jax
 from jax._src.ad_checkpoint import saved_residuals
-from jax.ad_checkpoint import checkpoint_name
 
-from jax_exec.kernels import stage_functions
-from jax_exec.lowering import Lowered, Residual
-from jax_exec.stages import Stage, as_stages, spec_bytes
-from jax_exec.tree import Empty, LossNode, Record, Segment, parse_tree
+from jax_exec.lowering import Lowered, Residual, _lower_node, jitted_step
+from jax_exec.stages import as_stages, spec_bytes
+from jax_exec.tree import parse_tree
 from schedir import Offload, OffloadSchedule, Prefetch, Wait
 from schedir.offload import is_compute
 
@@ -65,125 +62,6 @@ def split_schedule(schedule: OffloadSchedule | Sequence) -> tuple[tuple, set[int
         elif not isinstance(op, Prefetch | Wait):
             raise TypeError(f"{op!r}: the compiled path lowers activation offload only")
     return tuple(chain_ops), offloaded
-
-
-@dataclass
-class _Names:
-    ids: itertools.count
-    offloaded_ops: set[int]
-    offloaded: set[str]
-    saved: set[str]
-
-
-def _sizes(node) -> int:
-    """Number of chain ops of a subtree (to find where each node starts)."""
-    if isinstance(node, Empty):
-        return 0
-    if isinstance(node, LossNode):
-        return 1
-    if isinstance(node, Record):
-        return 2 + _sizes(node.rest)
-    return (node.stop - node.start) + _sizes(node.after) + _sizes(node.inside)
-
-
-def _name_node(names: _Names, node, pos: int) -> str:
-    """A fresh name for the input of ``node`` (which starts at chain op ``pos``)."""
-    name = f"n{next(names.ids)}"
-    if pos in names.offloaded_ops and isinstance(node, Record | Segment):
-        names.offloaded.add(name)
-    else:
-        names.saved.add(name)
-    return name
-
-
-def _to(space, tree):
-    return jax.tree_util.tree_map(lambda v: jax.device_put(v, space), tree)
-
-
-def _recorded(stage: Stage, offload_in: bool, offload_out: bool):
-    """``F_all``: :func:`jax_exec.lowering._recorded_stage` whose residual input
-    (``offload_in``) or residual output and new residuals (``offload_out``: they are the
-    next node's input ``abar``) are put in host memory, and back for the backward."""
-    host, device = jax.memory.Space.Host, jax.memory.Space.Device
-
-    def functions(a: jax.Array):
-        return stage_functions(stage, jax.ShapeDtypeStruct(a.shape, a.dtype))
-
-    @jax.custom_vjp
-    def recorded(params: Any, a: jax.Array) -> jax.Array:
-        return functions(a).fwd(params, stage.rest, a)
-
-    def recorded_fwd(params: Any, a: jax.Array):
-        out, new = functions(a).rec(params, stage.rest, a)
-        kept_a = _to(host, a) if offload_in else a
-        kept = _to(host, (out, new)) if offload_out else (out, new)
-        return out, (params, kept_a, *kept)
-
-    def recorded_bwd(residuals: tuple, d_out: jax.Array):
-        params, a, out, new = residuals
-        if offload_in:
-            a = _to(device, a)
-        if offload_out:
-            out, new = _to(device, (out, new))
-        return functions(a).bwd(params, stage.rest, a, out, new, d_out)
-
-    recorded.defvjp(recorded_fwd, recorded_bwd)
-    return recorded
-
-
-def _offload_policy(name: str):
-    return jax.checkpoint_policies.save_and_offload_only_these_names(
-        names_which_can_be_saved=[],
-        names_which_can_be_offloaded=[name],
-        offload_src="device",
-        offload_dst="pinned_host",
-    )
-
-
-def _lower(stages, node, loss_fn, offloaded: set[int], pos: int, names: list):
-    """``(params, a, y) -> ...`` for ``node``, which starts at chain op ``pos``."""
-    if isinstance(node, Empty):
-        return lambda params, a, y: a
-    if isinstance(node, LossNode):
-        checkpointed_loss = jax.checkpoint(loss_fn, prevent_cse=True)
-        return lambda params, a, y: checkpointed_loss(a, y)
-    if isinstance(node, Record):
-        rest_off = pos + 1 in offloaded and isinstance(node.rest, Record | Segment)
-        recorded = _recorded(stages[node.index], pos in offloaded, rest_off)
-        rest = _lower(stages, node.rest, loss_fn, offloaded, pos + 1, names)
-
-        def record(params: Params, a: jax.Array, y: Any) -> Any:
-            return rest(params, recorded(params[node.index], a), y)
-
-        return record
-    if isinstance(node, Segment):
-        start, stop = node.start, node.stop
-        after_pos = pos + (stop - start)
-        after = _lower(stages, node.after, loss_fn, offloaded, after_pos, names)
-        inside_pos = after_pos + _sizes(node.after)
-        inside = _lower(stages, node.inside, loss_fn, offloaded, inside_pos, names)
-
-        if pos in offloaded:  # the input is saved in pinned_host memory, nothing else
-            name = f"schedir_in{pos}"
-            names.append(name)
-
-            def region(sub_params: Params, a: jax.Array) -> jax.Array:
-                a = checkpoint_name(a, name)
-                return inside([None] * start + list(sub_params), a, None)
-
-            checkpointed = jax.checkpoint(region, policy=_offload_policy(name), prevent_cse=True)
-        else:
-
-            def region(sub_params: Params, a: jax.Array) -> jax.Array:
-                return inside([None] * start + list(sub_params), a, None)
-
-            checkpointed = jax.checkpoint(region, prevent_cse=True)
-
-        def segment(params: Params, a: jax.Array, y: Any) -> Any:
-            return after(params, checkpointed(list(params[start:stop]), a), y)
-
-        return segment
-    raise TypeError(f"not a schedule tree node: {node!r}")  # pragma: no cover
 
 
 @dataclass(frozen=True)
@@ -211,7 +89,7 @@ def lower_offload(
     chain_ops, offloaded = split_schedule(schedule)
     tree = parse_tree(chain_ops, len(stages))
     names: list = []
-    body = _lower(stages, tree, loss_fn, offloaded, 0, names)
+    body = _lower_node(stages, tree, loss_fn, offloaded, 0, names)
 
     def loss(params: Params, x: jax.Array, y: Any) -> jax.Array:
         if len(params) != len(stages):
@@ -225,13 +103,7 @@ def offload_value_and_grad(
     layers: Sequence[Any], loss_fn: Callable, schedule: OffloadSchedule | Sequence
 ) -> Callable[[jax.Array, Any], tuple[jax.Array, list]]:
     """A jit-able ``f(x, y) -> (loss, grads)`` following an activation-offload schedule."""
-    lowered = lower_offload(layers, loss_fn, schedule)
-    step = jax.jit(lowered.value_and_grad)
-
-    def f(x: jax.Array, y: Any) -> tuple[jax.Array, list]:
-        return step([s.params for s in as_stages(layers)], x, y)
-
-    return f
+    return jitted_step(layers, lower_offload(layers, loss_fn, schedule))
 
 
 def offload_residuals(lowered: Lowered, x: jax.Array, y: Any) -> tuple[list, list]:
