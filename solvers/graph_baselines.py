@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import math
 
-from schedir import Graph, GraphSchedule, simulate_graph
+from schedir import Graph, GraphSchedule
 from solvers.dtr import OnDemandRunner
-from solvers.registry import Infeasible, register
+from solvers.registry import fixed_schedule, register
 
 
 def store_all_graph_ops(graph: Graph) -> tuple:
@@ -76,10 +76,7 @@ def chen_sqrt_graph_ops(graph: Graph, segment: int | None = None) -> tuple:
 
 
 def _fixed(name: str, graph: Graph, budget: int, ops: tuple, meta: dict) -> GraphSchedule:
-    peak = simulate_graph(graph, ops).peak_memory
-    if peak > budget:
-        raise Infeasible(name, budget, peak, "a fixed schedule: its peak is its least budget")
-    return GraphSchedule(ops, meta)
+    return fixed_schedule(name, graph, GraphSchedule(ops, meta), budget)
 
 
 @register(

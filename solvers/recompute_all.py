@@ -7,9 +7,9 @@ of a homogeneous chain: it stores no checkpoint besides a_0 (revolve with one sn
 
 from __future__ import annotations
 
-from schedir import Chain, Schedule, simulate_chain
+from schedir import Chain, Schedule
 from solvers._chain_tree import Split, tree_ops
-from solvers.registry import Infeasible, register
+from solvers.registry import fixed_schedule, register
 
 
 def recompute_all_ops(chain: Chain) -> tuple:
@@ -23,8 +23,4 @@ def recompute_all_ops(chain: Chain) -> tuple:
     description="keep only the input and recompute each forward from it (quadratic time)",
 )
 def recompute_all(chain: Chain, budget: int) -> Schedule:
-    ops = recompute_all_ops(chain)
-    peak = simulate_chain(chain, ops).peak_memory
-    if peak > budget:
-        raise Infeasible("recompute_all", budget, peak)
-    return Schedule(ops)
+    return fixed_schedule("recompute_all", chain, Schedule(recompute_all_ops(chain)), budget)

@@ -99,6 +99,18 @@ def get(method: str, problem: object | type) -> Method:
     )
 
 
+def fixed_schedule(method: str, problem, schedule: Schedule, budget: int) -> Schedule:
+    """``schedule`` if its simulated peak fits ``budget``; else Infeasible at that peak.
+
+    For methods whose schedule does not depend on the budget (store-all, ...): their
+    peak is exactly their least budget.
+    """
+    peak = simulate(problem, schedule).peak_memory
+    if peak > budget:
+        raise Infeasible(method, budget, peak, "a fixed schedule: its peak is its least budget")
+    return schedule
+
+
 def check_budget(budget: object) -> int:
     """A budget is a non-negative whole number of bytes (or slots)."""
     if budget is None:

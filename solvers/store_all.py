@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from schedir import B, Chain, F_all, Loss, Schedule, simulate_chain
-from solvers.registry import Infeasible, register
+from schedir import B, Chain, F_all, Loss, Schedule
+from solvers.registry import fixed_schedule, register
 
 
 def store_all_ops(chain: Chain) -> tuple:
@@ -18,8 +18,4 @@ def store_all_ops(chain: Chain) -> tuple:
     description="record every stage's residuals, no recomputation (fastest, most memory)",
 )
 def store_all(chain: Chain, budget: int) -> Schedule:
-    ops = store_all_ops(chain)
-    peak = simulate_chain(chain, ops).peak_memory
-    if peak > budget:
-        raise Infeasible("store_all", budget, peak)
-    return Schedule(ops)
+    return fixed_schedule("store_all", chain, Schedule(store_all_ops(chain)), budget)
