@@ -1,4 +1,4 @@
-"""jax_exec: everything that touches JAX and Flax (DESIGN sections 7 and 8).
+"""jax_exec: everything that touches JAX and Flax (docs/jax_exec.md).
 
 - :func:`profile`: Flax layers + loss -> ``schedir.Chain`` (exact bytes, measured or
   FLOP-based times).
@@ -54,7 +54,7 @@ __all__ = [
     "value_and_grad",
 ]
 
-# Several devices (DESIGN 6 and 7; docs/pipelines.md).
+# Several devices (docs/pipelines.md).
 from jax_exec.dynamic_run import DynamicRunResult, run_dynamic  # noqa: E402
 from jax_exec.pipeline import PipelineRunResult, run_pipeline  # noqa: E402
 from jax_exec.spmd_pipeline import (  # noqa: E402

@@ -1,4 +1,4 @@
-"""The compiled path (DESIGN 7): a chain schedule as nested ``jax.checkpoint`` regions.
+"""The compiled path (docs/jax_exec.md): a chain schedule as nested ``jax.checkpoint`` regions.
 
 The schedule's tree (:mod:`jax_exec.tree`) becomes one differentiable function of
 ``(params, x, y)``:

@@ -1,4 +1,4 @@
-"""The compiled path with activation offload (DESIGN 5 and 7).
+"""The compiled path with activation offload (docs/offload.md, docs/jax_exec.md).
 
 An :class:`~schedir.OffloadSchedule` of ``rotor_offload`` (or ``offload_greedy`` /
 ``offload_milp``) is a chain schedule tree (:mod:`jax_exec.tree`) whose moves may offload

@@ -1,4 +1,4 @@
-"""Profile a sequence of Flax layers and a loss into a ``schedir.Chain`` (DESIGN 8).
+"""Profile a sequence of Flax layers and a loss into a ``schedir.Chain`` (docs/jax_exec.md).
 
 Sizes are exact bytes of the arrays the op-by-op runtime keeps (``jax_exec.run``):
 

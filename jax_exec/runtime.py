@@ -1,4 +1,4 @@
-"""The op-by-op runtime (DESIGN 7, runtime path).
+"""The op-by-op runtime (docs/jax_exec.md, runtime path).
 
 Each op of a chain schedule runs as one compiled kernel (:mod:`jax_exec.kernels`) on
 explicit buffers named like the simulator's: ``a[k]`` holds a_k, ``abar[k]`` holds a_k

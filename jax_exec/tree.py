@@ -1,4 +1,4 @@
-"""Chain schedules as trees (DESIGN 7), and the checks every executor runs first.
+"""Chain schedules as trees (docs/jax_exec.md), and the checks every executor runs first.
 
 A tree-shaped op sequence for stages i..t (a_i resident, d_{t+1} resident unless t = L)
 is one of:

@@ -1,4 +1,4 @@
-"""Remat + activation offloading versus remat alone, on profiled chains (DESIGN 5).
+"""Remat + activation offloading versus remat alone, on profiled chains (docs/offload.md).
 
 Reproduces the qualitative claim of Beaumont, Eyraud-Dubois, Shilova (NeurIPS 2021):
 combining offloading with rematerialization removes a large part of the recompute

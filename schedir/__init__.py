@@ -73,7 +73,7 @@ __all__ = [
     "simulate_offload",
 ]
 
-# Several devices: pipelines, steady state, dynamic runs (DESIGN 6; docs/pipelines.md).
+# Several devices: pipelines, steady state, dynamic runs (docs/pipelines.md).
 from schedir.pipeline import (  # noqa: E402
     Interval,
     Mapping,

@@ -1,4 +1,4 @@
-"""The chain problem: L stages in sequence followed by a loss (DESIGN section 3).
+"""The chain problem: L stages in sequence followed by a loss (docs/semantics.md).
 
 All sizes are non-negative integers (bytes, or memory slots once discretized) and all
 times are non-negative finite floats (seconds). Every per-stage field has length

@@ -1,4 +1,4 @@
-"""Bytes to integer memory slots (DESIGN section 3.3).
+"""Bytes to integer memory slots (docs/semantics.md, discretization).
 
 Every size is rounded *up* and the budget *down*, so a schedule that fits the slot
 budget fits the byte budget. The opposite rounding (sizes down, budget up) is a

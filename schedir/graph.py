@@ -1,4 +1,4 @@
-"""The graph problem: a DAG of nodes with costs and output sizes (DESIGN section 4).
+"""The graph problem: a DAG of nodes with costs and output sizes (docs/graphs.md).
 
 Nodes are listed in a fixed topological order; each produces one output buffer.
 ``kind`` is ``"input"`` (resident at the start, never computed, cannot be recomputed
@@ -294,7 +294,7 @@ def chain_nodes(chain: Chain) -> ChainNodes:
 
 
 def chain_to_graph(chain: Chain) -> Graph:
-    """The graph of a chain, with the chain's memory semantics (DESIGN 3.1 vs 4).
+    """The graph of a chain, with the chain's memory semantics (docs/semantics.md vs docs/graphs.md).
 
     Nodes, in this order: ``a0`` (input, x_0 bytes); for each stage k < L, ``F{k}``
     (cost fwd_time[k], size x_{k+1}, tmp fwd_tmp[k], reads a_k) and, when

@@ -1,4 +1,4 @@
-"""Operations of a graph schedule (DESIGN section 4).
+"""Operations of a graph schedule (docs/graphs.md).
 
 ``Compute(i)`` computes node i (its inputs must be resident; its output becomes
 resident) and ``Free(i)`` frees node i's output. They print as ``Compute(3)`` and

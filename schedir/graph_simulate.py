@@ -1,4 +1,4 @@
-"""The graph simulator and graph schedules (DESIGN section 4; rules in docs/graphs.md).
+"""The graph simulator and graph schedules (rules in docs/graphs.md).
 
 Memory holds node outputs. Execution starts with every ``input`` node resident.
 ``Compute(i)`` needs every input of i resident and i not resident; it adds

@@ -1,8 +1,8 @@
-"""Offloading problems, copy ops, schedules and their two-stream simulator (DESIGN 5).
+"""Offloading problems, copy ops, schedules and their two-stream simulator (docs/offload.md).
 
 An :class:`OffloadProblem` pairs a chain with a :class:`~schedir.platform.Platform`
 (device and host capacities, one copy engine per direction). A schedule mixes the
-chain ops of DESIGN 3.1 with copy ops on named buffers (``a[k]``, ``abar[k]``,
+chain ops of docs/semantics.md with copy ops on named buffers (``a[k]``, ``abar[k]``,
 ``d[k]``; with ``weight_size`` also ``w[k]``, the weights of stage k, and ``g[k]``,
 their gradient):
 
@@ -111,7 +111,7 @@ def parse_offload_op(text: str):
 
 @dataclass(frozen=True)
 class OffloadProblem:
-    """A chain to train on one device with a host memory (DESIGN 5).
+    """A chain to train on one device with a host memory (docs/offload.md).
 
     Attributes:
         chain: the chain (sizes in bytes, times in seconds).

@@ -1,4 +1,4 @@
-"""Operations of a chain schedule (DESIGN section 3.1).
+"""Operations of a chain schedule (docs/semantics.md, the op table).
 
 Each op is a small frozen, hashable value that prints as ``F_ck(3)`` and parses back
 with :func:`parse_op`. Memory semantics live in :mod:`schedir.simulate`.

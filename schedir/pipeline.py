@@ -1,4 +1,4 @@
-"""Several devices: pipeline problems, interval mappings and their period model (DESIGN 6).
+"""Several devices: pipeline problems, interval mappings and their period model (docs/pipelines.md).
 
 A :class:`PipelineProblem` is a Chain cut into consecutive intervals, each placed on
 one device or replicated on several (round-robin, which keeps outputs in order). The
@@ -228,7 +228,7 @@ def boundary_period(
 
 
 def evaluate(problem: PipelineProblem, mapping: Mapping, pairs: str = "used") -> PeriodReport:
-    """Period, latency and memory of ``mapping`` by the model of DESIGN 6."""
+    """Period, latency and memory of ``mapping`` by the model of docs/pipelines.md."""
     mapping.check(problem)
     ivs = mapping.intervals
     compute, slowest = [], []
@@ -367,7 +367,7 @@ def training_period(
         max( max_p f_p, max_p b_p,
              max_{p <= q} [sum_{p <= r <= q} c_r + sum_{p <= r < q} (f_r + b_r)] / (q - p + 1) )
 
-    (p == q gives c_p). Without communication this is max_p c_p (DESIGN 6).
+    (p == q gives c_p). Without communication this is max_p c_p (docs/pipelines.md).
     """
     ivs = mapping.intervals
     P = len(ivs)

@@ -1,4 +1,4 @@
-"""Platforms: memory spaces, copy engines, devices and links (DESIGN sections 5 and 6).
+"""Platforms: memory spaces, copy engines, devices and links (docs/offload.md, docs/pipelines.md).
 
 A :class:`Platform` describes where a schedule runs. Its offloading part is the
 device's and the host's memory capacities and one copy engine per direction; its

@@ -1,4 +1,4 @@
-"""The chain simulator: the judge of every chain schedule (DESIGN section 3.1).
+"""The chain simulator: the judge of every chain schedule (docs/semantics.md, the op table).
 
 Memory holds named buffers ``a[k]`` (x_k bytes), ``abar[k]`` (s_{k-1} bytes: a_k and the
 residuals of the stage that produced it) and ``d[k]`` (x_k bytes). Execution starts
@@ -6,7 +6,7 @@ with ``a[0]`` resident. The memory an op needs is the sum of the resident buffer
 right after it adds its output, plus its temporary bytes; peak memory is the maximum
 of that over the ops and of the initial state. Makespan is the sum of the op times.
 
-One choice that DESIGN leaves open is made here and documented in
+One choice the chain model leaves open is made here and documented in
 ``docs/semantics.md``: ``Loss`` behaves like the backward of stage L, so it frees
 ``a[L]`` if present (``abar[L]``, needed by ``B(L-1)``, stays). Without this the exact
 DP of section 3.2 would not be realizable.

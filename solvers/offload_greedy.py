@@ -2,7 +2,7 @@
 
 A one-step-lookahead greedy on the schedule tree of :mod:`solvers.rotor_offload`'s model
 (Beaumont, Eyraud-Dubois, Shilova, NeurIPS 2021 for the setting). One rotor table
-(recomputation only, DESIGN 3.2, tight model) values every sub-chain. Top-down, at
+(recomputation only, docs/chain_solvers.md, tight model) values every sub-chain. Top-down, at
 each sub-chain (i, t) with m bytes, the greedy compares rotor's moves with the moves
 that offload the sub-chain's input *only when the transfers are hidden*: the offload
 takes at most the forward compute it overlaps (``F_all(i)``, or the forward segment

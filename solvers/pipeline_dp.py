@@ -1,6 +1,6 @@
 """Exact DP for interval mapping with replication on identical devices (``"pipeline_dp"``).
 
-Minimizes the period of DESIGN 6 (``schedir.pipeline.evaluate``) of an inference
+Minimizes the period of docs/pipelines.md (``schedir.pipeline.evaluate``) of an inference
 pipeline when every device has the same speed and memory and every pair of devices is
 linked by the same link. Let T(j, q, r) be the least period of stages 0..j-1 mapped on
 q devices with the last interval replicated r times:

@@ -1,4 +1,4 @@
-"""``rotor``: the optimal persistent schedule of a heterogeneous chain (DESIGN 3.2).
+"""``rotor``: the optimal persistent schedule of a heterogeneous chain (docs/chain_solvers.md).
 
 Beaumont, Eyraud-Dubois, Herrmann, Joly, Shilova, "Optimal checkpointing for
 heterogeneous chains: how to train deep neural networks with limited memory" (2019).
@@ -105,7 +105,7 @@ def _bare_base(chain: Chain, i: int, m: int) -> float:
 def build_table(chain: Chain, budget: int, *, tight: bool = False) -> RotorTable:
     """The DP table for every budget up to ``budget`` (sizes in the chain's units).
 
-    ``tight=False`` is rotor's published recursion (DESIGN 3.2). ``tight=True`` charges
+    ``tight=False`` is rotor's published recursion (docs/chain_solvers.md). ``tight=True`` charges
     F_all(i) what it really holds when stages i..t are solved (d_{t+1}, not d_{i+1}):
     exact for the simulator's semantics (see docs/semantics.md).
     """
@@ -304,7 +304,7 @@ def rotor(
 ) -> Schedule:
     """Optimal persistent schedule of ``chain`` under ``budget``.
 
-    ``model="published"`` runs rotor's recursion as published (DESIGN 3.2), so values
+    ``model="published"`` runs rotor's recursion as published (docs/chain_solvers.md), so values
     and infeasibility match rotor's. That recursion charges F_all(i) with d_{i+1}
     instead of the d_{t+1} really resident: in rare chains (large ``fwd_tmp``) its
     schedule exceeds the budget in simulation; then the ``"tight"`` model's schedule

@@ -3,7 +3,7 @@
 After Beaumont, Eyraud-Dubois, Shilova, "Efficient Combination of Rematerialization and
 Offloading for Training DNNs" (NeurIPS 2021), restricted to a model in which the DP is
 exact (docs/offload.md states it in full). The DP extends rotor's (Beaumont et al.
-2019, DESIGN 3.2, ``model="tight"``) with two moves that offload the *input buffer* of
+2019, docs/chain_solvers.md, ``model="tight"``) with two moves that offload the *input buffer* of
 a sub-chain i..t (``a[i]``, or ``abar[i]`` when the sub-chain is the tail of a
 recording) while it is not needed:
 

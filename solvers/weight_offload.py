@@ -1,6 +1,6 @@
 """``weight_offload``: train a chain whose weights do not fit on the device.
 
-After the weight-offloading strategies of Beaumont, Eyraud-Dubois, Shilova (DESIGN 5).
+After the weight-offloading strategies of Beaumont, Eyraud-Dubois, Shilova (docs/offload.md).
 Every weight ``w[k]`` (``problem.weight_size[k]`` bytes) lives on the host; a stage's
 compute op needs ``w[k]`` on the device; ``B(k)`` produces the parameter gradient ``g[k]``
 (same size) which is offloaded to the host. The solver decides *when* each weight is

@@ -1,4 +1,4 @@
-"""The period model of DESIGN 6 against the discrete-event simulator (zero noise)."""
+"""The period model of docs/pipelines.md against the discrete-event simulator (zero noise)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from solvers.rotor import build_table, min_memory, no_recompute_budget
 
 
 def published_reference(chain: schedir.Chain, budget: int) -> float:
-    """Rotor's published recursion (DESIGN 3.2), written as plainly as possible."""
+    """Rotor's published recursion (docs/chain_solvers.md), written as plainly as possible."""
     L = chain.length
     x = list(chain.in_size) + [0]
     s, fw, bw = chain.saved_size, chain.fwd_time, chain.bwd_time

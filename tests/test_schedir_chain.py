@@ -1,4 +1,4 @@
-"""Chain construction, validation, rotor interop and JSON I/O (DESIGN section 3)."""
+"""Chain construction, validation, rotor interop and JSON I/O (docs/semantics.md)."""
 
 import json
 import math

@@ -1,4 +1,4 @@
-"""Bytes to memory slots (DESIGN section 3.3)."""
+"""Bytes to memory slots (docs/semantics.md, discretization)."""
 
 import math
 from fractions import Fraction

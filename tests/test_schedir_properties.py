@@ -1,7 +1,7 @@
 """Property tests of the chain simulator and the JSON formats.
 
 ``ref_simulate`` below is an independent reference simulator written straight from the
-op table of DESIGN section 3.1 (plus the documented choice that ``Loss`` frees ``a[L]``
+op table of docs/semantics.md (plus the documented choice that ``Loss`` frees ``a[L]``
 if present), and ``valid_schedules`` draws random valid training steps by a random walk
 over the ops that are valid in the current state.
 """

@@ -1,4 +1,4 @@
-"""Unit tests of every rule of the op table (DESIGN section 3.1).
+"""Unit tests of every rule of the op table (docs/semantics.md, the op table).
 
 The chain has L = 3 and every buffer size / temporary a distinct power of two, so each
 expected number below identifies exactly which buffers are counted:
