@@ -1,4 +1,4 @@
-"""Profile a DAG of Flax NNX modules and a loss into a ``schedir.Graph`` (docs/graphs.md, docs/jax_exec.md).
+"""Profile a DAG of Flax NNX modules and a loss into a ``schedir.Graph`` (docs/graphs.md).
 
 A model is a dict ``name -> (module, [input names])`` in topological order: each module
 is called with the arrays of its inputs (model inputs or earlier nodes), in order, and

@@ -1,4 +1,4 @@
-"""The op-by-op runtime for graph schedules (docs/jax_exec.md, runtime path, on docs/graphs.md graphs).
+"""The op-by-op runtime for graph schedules (docs/jax_exec.md, runtime path).
 
 :func:`run_graph` executes the ``Compute``/``Free`` ops of a ``GraphSchedule`` on the
 graph :func:`jax_exec.graph_profile.profile_graph` made of a DAG model. Every graph

@@ -1,4 +1,4 @@
-"""Executing offload schedules (docs/offload.md, docs/jax_exec.md): the op-by-op runtime with host memory.
+"""Executing offload schedules (docs/offload.md): the op-by-op runtime with host memory.
 
 ``run_offload`` runs a :class:`schedir.OffloadSchedule` like :func:`jax_exec.run` runs a
 chain schedule, plus the copy ops, with ``jax.device_put`` between the device's

@@ -294,7 +294,7 @@ def chain_nodes(chain: Chain) -> ChainNodes:
 
 
 def chain_to_graph(chain: Chain) -> Graph:
-    """The graph of a chain, with the chain's memory semantics (docs/semantics.md vs docs/graphs.md).
+    """The graph of a chain, with the chain's memory semantics (docs/semantics.md).
 
     Nodes, in this order: ``a0`` (input, x_0 bytes); for each stage k < L, ``F{k}``
     (cost fwd_time[k], size x_{k+1}, tmp fwd_tmp[k], reads a_k) and, when

@@ -1,4 +1,4 @@
-"""Emit chain ops from a persistent schedule's tree structure (docs/chain_solvers.md, docs/jax_exec.md).
+"""Emit chain ops from a persistent schedule's tree structure (docs/chain_solvers.md).
 
 A persistent chain schedule for stages i..t (starting from a_i, ending with d_i) is one
 of three moves, recursively:

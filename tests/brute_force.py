@@ -1,6 +1,7 @@
 """Exhaustive search over persistent chain schedules, for cross-checking exact solvers.
 
-Written from the op table of docs/semantics.md independently of schedir.simulate. Dijkstra over states
+Written from the op table of docs/semantics.md, independently of schedir.simulate.
+Dijkstra over states
 (resident buffers, backwards done, buffer produced by the previous op) with time as
 the distance; an op is allowed only if the memory it needs fits the budget.
 
