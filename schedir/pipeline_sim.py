@@ -269,27 +269,56 @@ def _trace(problem, schedule, hyper, res, start, end, deps, label, owner, weight
     completion: dict[int, float] = {}
     bwd_of = {(owner[t], op.first, op.last, op.mb): t
               for t, op in enumerate(label) if isinstance(op, Bwd)}  # fmt: skip
+
+    def footprint(t: int) -> int | None:
+        """The per-micro-batch bytes meta["stash"] gives the interval of Fwd/Bwd t."""
+        op = label[t]
+        got = stash_override.get(f"{op.first}:{op.last}") if training else None
+        return None if got is None else int(got)
+
+    def held_until(t: int) -> float:
+        """End of the use of a Fwd's input: its Bwd's end in training, else its own end."""
+        op = label[t]
+        b = bwd_of.get((owner[t], op.first, op.last, op.mb)) if training else None
+        return end[b] if b is not None else end[t]
+
     for t, op in enumerate(label):
         dev = owner[t]
         if isinstance(op, Send):
             # receive buffer on the peer: from transfer start to the end of its last use
-            last_use = max((end[c] for c in consumers[t]), default=end[t])
-            events[op.peer] += [(start[t], x[op.index]), (last_use, -x[op.index])]
+            # (a footprint covers what arrives from its forward's start on)
+            size, last_use = x[op.index], end[t]
+            for c in consumers[t]:
+                if footprint(c) is not None:
+                    last_use = max(last_use, start[c] if isinstance(label[c], Fwd) else end[t])
+                else:
+                    last_use = max(last_use, held_until(c) if isinstance(label[c], Fwd) else end[c])
+            events[op.peer] += [(start[t], size), (last_use, -size)]
             continue
         i, j = op.first, op.last
         fwd = isinstance(op, Fwd)
-        tmp = working_set(problem, i, j, backward=not fwd)
-        events[dev] += [(start[t], tmp), (end[t], -tmp)]
         out = (x[j] if j < L else 0) if fwd else x[i]
         sends = [end[c] for c in consumers[t] if res[c][0] == "link"]
-        events[dev] += [(start[t], out), (max([end[t], *sends]), -out)]
         b = bwd_of.get((dev, i, j, op.mb))
+        whole = footprint(t)
+        if whole is not None:
+            # a footprint holds everything of the micro-batch from the forward's start to
+            # the backward's end; only d_i still being sent after that comes on top
+            if fwd:
+                events[dev] += [(start[t], whole), (held_until(t), -whole)]
+            else:
+                events[dev] += [(end[t], out), (max([end[t], *sends]), -out)]
+                if i == 0:
+                    completion[op.mb] = end[t]
+            continue
+        tmp = working_set(problem, i, j, backward=not fwd)
+        events[dev] += [(start[t], tmp), (end[t], -tmp)]
+        events[dev] += [(start[t], out), (max([end[t], *sends]), -out)]
         if fwd:
             if i == 0:
-                until = end[b] if (training and b is not None) else end[t]
-                events[dev] += [(start[t], x[0]), (until, -x[0])]
+                events[dev] += [(start[t], x[0]), (held_until(t), -x[0])]
             if training:
-                stash = int(stash_override.get(f"{i}:{j}", sum(chain.saved_size[i:j])))
+                stash = sum(chain.saved_size[i:j])
                 events[dev] += [(start[t], stash), (end[b] if b is not None else end[t], -stash)]
             elif j == L:
                 completion[op.mb] = end[t]
@@ -299,15 +328,10 @@ def _trace(problem, schedule, hyper, res, start, end, deps, label, owner, weight
         events[dev].append((0.0, sum(problem.weights[k] for k in stages if k < L)))
     memory, device_peak = {}, {}
     for dev, evs in events.items():
-        evs.sort(key=lambda e: (e[0], e[1] > 0))
-        level, peak, ts, bs = 0, 0, [], []
-        for tm, delta in evs:
-            level += delta
-            peak = max(peak, level)
-            ts.append(tm)
-            bs.append(level)
-        memory[dev] = (tuple(ts), tuple(bs))
-        device_peak[dev] = peak
+        ts, deltas = _frees_first(evs)
+        levels = np.cumsum(deltas)
+        memory[dev] = (tuple(ts.tolist()), tuple(levels.tolist()))
+        device_peak[dev] = max(0, int(levels.max(initial=0)))
     # outputs are delivered in item order: item n is out once items 0..n are done
     comp = list(itertools.accumulate((completion[n] for n in sorted(completion)), max))
     lat = max((c - n * release_interval for n, c in enumerate(comp)), default=0.0)
@@ -328,6 +352,23 @@ def _trace(problem, schedule, hyper, res, start, end, deps, label, owner, weight
     )
 
 
+def _frees_first(events: list[tuple[float, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(times, byte deltas) of memory events in time order, frees before allocations at
+    equal times; times that differ by float rounding only (1e-9 relative) count as
+    equal, so that a buffer freed when the next one is allocated is never counted twice."""
+    if not events:
+        return np.zeros(0), np.zeros(0, dtype=np.int64)
+    times = np.array([e[0] for e in events], dtype=float)
+    deltas = np.array([e[1] for e in events], dtype=object)
+    order = np.argsort(times, kind="stable")
+    t = times[order]
+    gap = np.diff(t) > 1e-9 * np.maximum(1.0, np.abs(t[:-1]))
+    group = np.concatenate([[0], np.cumsum(gap)])
+    allocs = np.array([d > 0 for d in deltas[order]])
+    order = order[np.lexsort((allocs, group))]
+    return times[order], deltas[order]
+
+
 def judge_pipeline(problem: PipelineProblem, trace: PipelineTrace, budget: int | None) -> dict:
     """The devices' own capacities bound their simulated peaks (``budget``, if given,
     bounds every device too); returns period, latency, throughput and peaks."""
@@ -346,7 +387,7 @@ def judge_pipeline(problem: PipelineProblem, trace: PipelineTrace, budget: int |
         "device_peak": dict(trace.device_peak),
         "simulated_period": trace.period,
         "latency": trace.latency,
-        "throughput": 1 / trace.period if trace.period > 0 else math.inf,
+        "throughput": 1 / trace.period if trace.period > 0 else None,
     }
 
 

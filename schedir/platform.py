@@ -52,11 +52,15 @@ class CopyEngine:
 
     def time(self, nbytes: int) -> float:
         """Seconds to move ``nbytes`` (inf when the bandwidth is 0 and nbytes > 0)."""
-        if nbytes == 0:
-            return self.latency
-        if self.bandwidth == 0:
-            return math.inf
-        return self.latency + nbytes / self.bandwidth
+        return _transfer_time(self.bandwidth, self.latency, nbytes)
+
+
+def _transfer_time(bandwidth: float, latency: float, nbytes: int) -> float:
+    if nbytes == 0:
+        return latency
+    if bandwidth == 0:
+        return math.inf
+    return latency + nbytes / bandwidth
 
 
 @dataclass(frozen=True)
@@ -105,7 +109,8 @@ class Link:
         object.__setattr__(self, "latency", latency)
 
     def time(self, nbytes: int) -> float:
-        return CopyEngine(self.bandwidth, self.latency).time(nbytes)
+        """Seconds to send ``nbytes`` (inf when the bandwidth is 0 and nbytes > 0)."""
+        return _transfer_time(self.bandwidth, self.latency, nbytes)
 
 
 # Copy bandwidths per direction, bytes/s, of common host links (order of magnitude).

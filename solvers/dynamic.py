@@ -20,12 +20,12 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from schedir.pipeline import PipelineProblem
+from schedir.pipeline import PipelineProblem, capacity
 from schedir.pipeline_dag import DynamicTrace, TaskGraph, pipeline_graph, simulate_dynamic
 from schedir.pipeline_ops import Fwd, PipelineSchedule, Recv, Send
-from schedir.pipeline_sim import Noise
+from schedir.pipeline_sim import Noise, simulate_pipeline
 from schedir.platform import Platform
-from solvers.registry import register
+from solvers.registry import Infeasible, register
 
 
 class HistoryModel:
@@ -100,9 +100,14 @@ class Heft:
         devs = platform.devices
         links = platform.links
         inv = sum(1 / d.speed for d in devs) / len(devs)
-        bw = [lk.bandwidth for lk in links] or [math.inf]
-        mean_bw = len(bw) / sum(1 / b if b > 0 else math.inf for b in bw)
+        # mean seconds per byte over the links (0 for infinite bandwidths, none: free)
+        per_byte = [1 / lk.bandwidth if lk.bandwidth > 0 else math.inf for lk in links]
+        mean_per_byte = sum(per_byte) / len(per_byte) if per_byte else 0.0
         mean_lat = sum(lk.latency for lk in links) / len(links) if links else 0.0
+
+        def mean_comm(nbytes: int) -> float:
+            return mean_lat + (nbytes * mean_per_byte if nbytes else 0.0)
+
         tasks, succ = graph.tasks, graph.successors()
         out_bytes = defaultdict(dict)
         for t, task in enumerate(tasks):
@@ -110,9 +115,7 @@ class Heft:
                 out_bytes[p][t] = nbytes
         rank = [0.0] * len(tasks)
         for t in reversed(range(len(tasks))):
-            tail = max(
-                (mean_lat + out_bytes[t][s] / mean_bw + rank[s] for s in succ[t]), default=0.0
-            )
+            tail = max((mean_comm(out_bytes[t][s]) + rank[s] for s in succ[t]), default=0.0)
             rank[t] = tasks[t].work * inv + tail
         order = sorted(range(len(tasks)), key=lambda t: (-rank[t], t))
         avail = {d.name: 0.0 for d in devs}
@@ -186,10 +189,21 @@ def realized_schedule(problem: PipelineProblem, graph: TaskGraph, trace: Dynamic
     return tuple((u, tuple(ops)) for u, ops in per_dev.items())
 
 
+def _check_memory(problem: PipelineProblem, schedule: PipelineSchedule, budget, policy) -> None:
+    """Infeasible when the replayed run holds more than a device may (the policies place
+    tasks by time only and do not plan memory)."""
+    trace = simulate_pipeline(problem, schedule)
+    for dev, peak in trace.device_peak.items():
+        cap = capacity(problem, dev, budget)
+        if cap is not None and peak > cap:
+            raise Infeasible(policy, budget, None, f"the run holds {peak} bytes on {dev}, which "
+                             f"may hold {cap}; {policy} does not plan memory")  # fmt: skip
+
+
 def _registered(policy: str):
     def solve(
         problem: PipelineProblem,
-        budget: int = 0,
+        budget: int | None = None,
         *,
         items: int = 64,
         cuts: tuple[int, ...] | None = None,
@@ -212,9 +226,12 @@ def _registered(policy: str):
             "items": items,
             "dynamic_period": trace.period,
             "dynamic_makespan": trace.makespan,
-            "throughput": items / trace.makespan if trace.makespan > 0 else math.inf,
+            "throughput": items / trace.makespan if trace.makespan > 0 else None,
+            "exact": False,
         }
-        return PipelineSchedule(realized_schedule(problem, graph, trace, cuts), meta)
+        schedule = PipelineSchedule(realized_schedule(problem, graph, trace, cuts), meta)
+        _check_memory(problem, schedule, budget, policy)
+        return schedule
 
     solve.__name__ = policy
     solve.__doc__ = f"Run the pipeline's task graph under {policy}; ops = realized placement."

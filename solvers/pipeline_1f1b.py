@@ -29,11 +29,13 @@ from schedir.pipeline import (
     Interval,
     Mapping,
     PipelineProblem,
+    capacity,
     compositions,
     link_time,
     training_period,
 )
 from schedir.pipeline_ops import PipelineSchedule, one_f_one_b_ops
+from schedir.pipeline_sim import simulate_pipeline
 from solvers.registry import Infeasible, register
 from solvers.rotor import min_memory
 
@@ -62,6 +64,8 @@ class StageCosts:
     def __init__(self, problem: PipelineProblem, slots: int = 500):
         self.problem, self.slots = problem, slots
 
+        self.exact = True  # every rotor answer used so far was exact
+
         @cache
         def cost(i: int, j: int, budget: float) -> tuple[float, float, int] | None:
             import schedir
@@ -80,14 +84,16 @@ class StageCosts:
                 s = solvers.solve(sub, b, "rotor", slots=slots)
             except solvers.Infeasible:
                 return None
+            self.exact = self.exact and bool(s.meta.get("exact", False))
             return s.meta["makespan"], s.meta["makespan"] - base, s.meta["peak_memory"]
 
         self.cost = cost
 
-    def stage(self, i: int, j: int, device, inflight: int):
+    def stage(self, i: int, j: int, device, inflight: int, budget: int | None = None):
         """(seconds on ``device``, recompute seconds at speed 1, bytes per micro-batch)."""
         w = sum(self.problem.weights[i:j])
-        cap = math.inf if device.memory is None else device.memory - w
+        limit = capacity(self.problem, device.name, budget)
+        cap = math.inf if limit is None else limit - w
         if cap < 0:
             return None
         share = cap / inflight if math.isfinite(cap) else math.inf
@@ -98,8 +104,19 @@ class StageCosts:
         return t / device.speed, rec, per_mb
 
 
-def best_1f1b(problem: PipelineProblem, max_candidates: int = 200_000, slots: int = 500):
-    """(period, mapping, recompute per stage, bytes per micro-batch per stage)."""
+def best_1f1b(
+    problem: PipelineProblem,
+    max_candidates: int = 200_000,
+    slots: int = 500,
+    budget: int | None = None,
+) -> tuple:
+    """(period, mapping, recompute per stage, bytes per micro-batch per stage, exact).
+
+    Candidates are taken by increasing period; one whose schedule the simulator finds
+    over a device's memory (the buffers in flight come on top of the shares) is
+    skipped. ``exact`` is False when ``max_candidates`` cut the enumeration or a
+    stage's rotor answer was not exact (discretized).
+    """
     if not problem.training:
         raise ValueError("pipeline_1f1b needs a training problem (training=True)")
     L, m = problem.length, problem.microbatches
@@ -107,16 +124,17 @@ def best_1f1b(problem: PipelineProblem, max_candidates: int = 200_000, slots: in
     costs = StageCosts(problem, slots)
     x = problem.chain.in_size
     best = (math.inf, None, None, None)
-    seen = 0
+    seen, complete = 0, True
     for S in range(1, min(len(devs), L) + 1):
         for order in itertools.permutations(devs, S):
             for cuts in compositions(L, S):
                 seen += 1
                 if seen > max_candidates:
+                    complete = False
                     break
                 stages = []
                 for p in range(S):
-                    got = costs.stage(cuts[p], cuts[p + 1], order[p], min(S - p, m))
+                    got = costs.stage(cuts[p], cuts[p + 1], order[p], min(S - p, m), budget)
                     if got is None:
                         break
                     stages.append(got)
@@ -134,11 +152,32 @@ def best_1f1b(problem: PipelineProblem, max_candidates: int = 200_000, slots: in
                     ))  # fmt: skip
                     rec = [s[1] for s in stages]
                     period = training_period(problem, mapping, rec)
-                    if period < best[0] - 1e-15:
-                        best = (period, mapping, rec, [s[2] for s in stages])
+                    per_mb = [s[2] for s in stages]
+                    if period < best[0] - 1e-15 and _fits(problem, mapping, rec, per_mb, budget):
+                        best = (period, mapping, rec, per_mb)
     if best[1] is None:
-        raise Infeasible("pipeline_1f1b", 0, None, "no stage split fits the devices' memory")
-    return best
+        raise Infeasible("pipeline_1f1b", budget, None, "no stage split fits the devices' memory")
+    return (*best, complete and costs.exact)
+
+
+def _schedule(problem: PipelineProblem, mapping: Mapping, rec, per_mb) -> PipelineSchedule:
+    """The 1F1B ops; ``meta["stash"]`` gives every stage's per-micro-batch footprint
+    (its store-all or rotor peak), which the simulator holds from the forward's start
+    to the backward's end in place of its own accounting."""
+    s = one_f_one_b_ops(problem, mapping, rec)
+    stash = {f"{iv.first}:{iv.last}": int(b)
+             for iv, b in zip(mapping.intervals, per_mb, strict=True)}  # fmt: skip
+    return PipelineSchedule(s.ops, {**s.meta, "stash": stash})
+
+
+def _fits(problem: PipelineProblem, mapping: Mapping, rec, per_mb, budget) -> bool:
+    """Whether the simulated 1F1B schedule stays within every device's capacity."""
+    trace = simulate_pipeline(problem, _schedule(problem, mapping, rec, per_mb))
+    for dev, peak in trace.device_peak.items():
+        cap = capacity(problem, dev, budget)
+        if cap is not None and peak > cap:
+            return False
+    return True
 
 
 @register(
@@ -148,14 +187,15 @@ def best_1f1b(problem: PipelineProblem, max_candidates: int = 200_000, slots: in
     description="1F1B training pipeline, rotor per stage when memory is short, least period",
 )
 def pipeline_1f1b(
-    problem: PipelineProblem, budget: int = 0, *, max_candidates: int = 200_000, slots: int = 500
+    problem: PipelineProblem,
+    budget: int | None = None,
+    *,
+    max_candidates: int = 200_000,
+    slots: int = 500,
 ) -> PipelineSchedule:
-    """``budget`` is unused: the memory limits are the devices' capacities."""
-    period, mapping, rec, per_mb = best_1f1b(problem, max_candidates, slots)
-    s = one_f_one_b_ops(problem, mapping, rec)
-    stash = {
-        f"{iv.first}:{iv.last}": int(b) for iv, b in zip(mapping.intervals, per_mb, strict=True)
-    }
+    """``budget`` (bytes, optional) bounds every device besides its own memory."""
+    period, mapping, rec, per_mb, exact = best_1f1b(problem, max_candidates, slots, budget)
+    s = _schedule(problem, mapping, rec, per_mb)
     meta = {**s.meta, "method": "pipeline_1f1b", "period": period, "recompute": rec,
-            "stash": stash, "microbatches": problem.microbatches}  # fmt: skip
+            "microbatches": problem.microbatches, "exact": exact}  # fmt: skip
     return PipelineSchedule(s.ops, meta)

@@ -2,17 +2,23 @@
 
 Minimizes the period of docs/pipelines.md (``schedir.pipeline.evaluate``) of an inference
 pipeline when every device has the same speed and memory and every pair of devices is
-linked by the same link. Let T(j, q, r) be the least period of stages 0..j-1 mapped on
-q devices with the last interval replicated r times:
+linked by the same link. A replica's memory depends on the replica counts of its
+neighbours (``schedir.pipeline.buffer_counts``: the senders that feed it and the
+receivers it feeds), so the state also holds the count of the interval that follows.
+Let T(j, q, r, n) be the least period of stages 0..j-1 mapped on q devices with the
+last interval replicated r times and the next one n times (n = 0 when j = L):
 
-    T(j, r, r) = W(0, j) / (s r)                                    (first interval)
-    T(j, q, r) = min_{i < j, r'} max( T(i, q - r, r'), t(x_i) / lcm(r', r), W(i, j) / (s r) )
+    T(j, r, r, n) = W(0, j) / (s r)                                 (first interval)
+    T(j, q, r, n) = min_{i < j, r'} max( T(i, q - r, r', r), t(x_i) / lcm(r', r),
+                                         W(i, j) / (s r) )
 
 where W(i, j) is the work of stages i..j-1, s the speed, t(x_i) one transfer of a_i,
-and interval [i, j) is allowed only if its memory (``interval_memory``) fits a device.
-The optimum is min over q <= P and r of T(L, q, r); O(L^2 P^3) time. This is the
-classical polynomial case of interval mapping (Subhlok and Vondran, SPAA 1996;
-Benoit and Robert, JPDC 2008), extended with the link term of round-robin replication.
+and interval [i, j) is allowed only if its memory (``interval_memory`` with the
+counts of r', r, n) fits a device. On identical devices and links every item takes
+equally long, so the counts depend on these neighbours only. The optimum is min over
+q <= P and r of T(L, q, r, 0); O(L^2 P^4) time. This is the classical polynomial case
+of interval mapping (Subhlok and Vondran, SPAA 1996; Benoit and Robert, JPDC 2008),
+extended with the link term of round-robin replication and its buffers.
 """
 
 from __future__ import annotations
@@ -21,7 +27,14 @@ import math
 from functools import cache
 
 from schedir import InvalidProblem
-from schedir.pipeline import Interval, Mapping, PipelineProblem, evaluate, interval_memory
+from schedir.pipeline import (
+    Interval,
+    Mapping,
+    PipelineProblem,
+    capacity,
+    evaluate,
+    interval_memory,
+)
 from schedir.pipeline_ops import PipelineSchedule, inference_pattern
 from solvers.registry import Infeasible, register
 
@@ -39,11 +52,15 @@ def check_identical(problem: PipelineProblem) -> tuple[float, int | None]:
     return devs[0].speed, devs[0].memory
 
 
-def dp_mapping(problem: PipelineProblem, replicate: bool = True) -> tuple[float, Mapping]:
-    """The optimal mapping and its period; raises Infeasible when no mapping fits."""
-    speed, memory = check_identical(problem)
+def dp_mapping(
+    problem: PipelineProblem, replicate: bool = True, budget: int | None = None
+) -> tuple[float, Mapping]:
+    """The optimal mapping and its period; raises Infeasible when no mapping fits
+    (``budget``, bytes, bounds every device as well as its memory)."""
+    speed, _ = check_identical(problem)
     L, P = problem.length, len(problem.platform.devices)
     names = [d.name for d in problem.platform.devices]
+    memory = capacity(problem, names[0], budget)
     links = problem.platform.links
     one = links[0].time if links else (lambda nbytes: math.inf)
     x = problem.chain.in_size
@@ -52,23 +69,29 @@ def dp_mapping(problem: PipelineProblem, replicate: bool = True) -> tuple[float,
     for k in range(L):
         prefix.append(prefix[-1] + problem.work(k, k + 1))
 
-    def fits(i: int, j: int) -> bool:
-        return memory is None or interval_memory(problem, i, j) <= memory
+    @cache
+    def fits(i: int, j: int, before: int, r: int, after: int) -> bool:
+        """Replicas of [i, j) (r of them, ``before`` / ``after`` in the neighbours) fit."""
+        if memory is None:
+            return True
+        n_in = 1 if i == 0 else before // math.gcd(before, r) + 1
+        n_out = 0 if j == L else after // math.gcd(r, after) + 1
+        return interval_memory(problem, i, j, n_in, n_out) <= memory
 
     @cache
-    def best(j: int, q: int, r: int) -> tuple[float, tuple]:
+    def best(j: int, q: int, r: int, after: int) -> tuple[float, tuple]:
         """(period, ((i, r_interval), ...)) for stages 0..j-1 on q devices, last r."""
         result = (math.inf, ())
         for i in range(j):
-            if not fits(i, j):
-                continue
             comp = (prefix[j] - prefix[i]) / (speed * r)
             if i == 0:
-                if q == r and comp < result[0]:
+                if q == r and comp < result[0] and fits(0, j, 0, r, after):
                     result = (comp, ((0, r),))
                 continue
             for r2 in range(1, min(rmax, q - r) + 1):
-                head, plan = best(i, q - r, r2)
+                if not fits(i, j, r2, r, after):
+                    continue
+                head, plan = best(i, q - r, r2, r)
                 value = max(head, comp, one(x[i]) / math.lcm(r2, r))
                 if value < result[0]:
                     result = (value, (*plan, (i, r)))
@@ -77,11 +100,11 @@ def dp_mapping(problem: PipelineProblem, replicate: bool = True) -> tuple[float,
     top = (math.inf, ())
     for q in range(1, P + 1):
         for r in range(1, min(rmax, q) + 1):
-            cand = best(L, q, r)
+            cand = best(L, q, r, 0)
             if cand[0] < top[0]:
                 top = cand
     if math.isinf(top[0]):
-        raise Infeasible("pipeline_dp", 0, None, "no interval fits a device's memory")
+        raise Infeasible("pipeline_dp", budget, None, "no mapping fits the devices' memory")
     cuts = [i for i, _ in top[1]] + [L]
     ivs, used = [], 0
     for g, (i, r) in enumerate(top[1]):
@@ -94,8 +117,9 @@ def mapping_schedule(problem: PipelineProblem, mapping: Mapping, method: str, **
     """The periodic inference pattern of ``mapping`` with its model figures in meta."""
     rep = evaluate(problem, mapping)
     s = inference_pattern(problem, mapping)
+    # a period of 0 (no work, free links) has no finite throughput: None, not inf in JSON
     meta = {**s.meta, "method": method, "period": rep.period, "latency": rep.latency,
-            "throughput": 1 / rep.period if rep.period > 0 else math.inf, **meta}  # fmt: skip
+            "throughput": 1 / rep.period if rep.period > 0 else None, **meta}  # fmt: skip
     return PipelineSchedule(s.ops, meta)
 
 
@@ -105,7 +129,7 @@ def mapping_schedule(problem: PipelineProblem, mapping: Mapping, method: str, **
     exact=True,
     description="interval mapping with replication on identical devices, least period (DP)",
 )
-def pipeline_dp(problem: PipelineProblem, budget: int = 0, *, replicate: bool = True):
-    """``budget`` is unused: the memory limits are the devices' capacities."""
-    period, mapping = dp_mapping(problem, replicate)
-    return mapping_schedule(problem, mapping, "pipeline_dp", model_period=period)
+def pipeline_dp(problem: PipelineProblem, budget: int | None = None, *, replicate: bool = True):
+    """``budget`` (bytes, optional) bounds every device besides its own memory."""
+    period, mapping = dp_mapping(problem, replicate, budget)
+    return mapping_schedule(problem, mapping, "pipeline_dp", model_period=period, exact=True)

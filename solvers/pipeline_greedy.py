@@ -23,14 +23,15 @@ from schedir.pipeline import (
     Mapping,
     PipelineProblem,
     boundary_period,
+    capacity,
     evaluate,
-    interval_memory,
+    mapping_memory,
 )
 from solvers.pipeline_dp import mapping_schedule
 from solvers.registry import Infeasible, register
 
 
-def _build(problem: PipelineProblem, order: list, T: float) -> Mapping | None:
+def _build(problem: PipelineProblem, order: list, T: float, budget=None) -> Mapping | None:
     L = problem.length
     plat = problem.platform
     pos, free, ivs = 0, list(order), []
@@ -39,12 +40,13 @@ def _build(problem: PipelineProblem, order: list, T: float) -> Mapping | None:
         for r in range(1, len(free) + 1):
             group = tuple(free[:r])
             speed = min(plat.device(u).speed for u in group)
-            caps = [plat.device(u).memory for u in group]
+            caps = [capacity(problem, u, budget) for u in group]
             best_j = None
             for j in range(pos + 1, L + 1):
                 if problem.work(pos, j) / speed / r > T * (1 + 1e-12):
                     break
-                need = interval_memory(problem, pos, j)
+                # its memory if the next interval has one replica (checked again at the end)
+                need = mapping_memory(problem, [*ivs, Interval(pos, j, group)], 1)[-1]
                 if any(c is not None and need > c for c in caps):
                     continue
                 best_j = j
@@ -59,15 +61,16 @@ def _build(problem: PipelineProblem, order: list, T: float) -> Mapping | None:
         ivs.append(placed)
         free = free[len(placed.devices) :]
         pos = placed.last
-    return Mapping(tuple(ivs))
+    mapping = Mapping(tuple(ivs))
+    return mapping if evaluate(problem, mapping, budget=budget).fits else None
 
 
-def _improve(problem: PipelineProblem, mapping: Mapping) -> Mapping:
+def _improve(problem: PipelineProblem, mapping: Mapping, budget=None) -> Mapping:
     used = {u for iv in mapping.intervals for u in iv.devices}
     left = sorted(
         (d for d in problem.platform.devices if d.name not in used), key=lambda d: -d.speed
     )
-    best = evaluate(problem, mapping)
+    best = evaluate(problem, mapping, budget=budget)
     for dev in left:
         rep = best
         worst = max(range(len(rep.compute)), key=lambda g: rep.compute[g])
@@ -75,19 +78,19 @@ def _improve(problem: PipelineProblem, mapping: Mapping) -> Mapping:
         iv = ivs[worst]
         ivs[worst] = Interval(iv.first, iv.last, (*iv.devices, dev.name))
         cand = Mapping(tuple(ivs))
-        new = evaluate(problem, cand)
+        new = evaluate(problem, cand, budget=budget)
         if new.fits and new.period < best.period:
             mapping, best = cand, new
     return mapping
 
 
-def _score(problem: PipelineProblem, mapping: Mapping) -> tuple[float, float]:
+def _score(problem: PipelineProblem, mapping: Mapping, budget=None) -> tuple[float, float]:
     """(memory excess in bytes, period): lexicographic, so feasibility comes first."""
-    rep = evaluate(problem, mapping)
+    rep = evaluate(problem, mapping, budget=budget)
     over = sum(
         max(0, need - cap)
         for u, need in rep.memory.items()
-        if (cap := problem.platform.device(u).memory) is not None
+        if (cap := capacity(problem, u, budget)) is not None
     )
     return float(over), rep.period
 
@@ -131,12 +134,14 @@ def _neighbors(problem: PipelineProblem, mapping: Mapping):
                     yield make(new)
 
 
-def local_search(problem: PipelineProblem, mapping: Mapping, rounds: int = 200) -> Mapping:
+def local_search(
+    problem: PipelineProblem, mapping: Mapping, rounds: int = 200, budget: int | None = None
+) -> Mapping:
     """First-improvement hill climbing on :func:`_neighbors`."""
-    best = _score(problem, mapping)
+    best = _score(problem, mapping, budget)
     for _ in range(rounds):
         for cand in _neighbors(problem, mapping):
-            sc = _score(problem, cand)
+            sc = _score(problem, cand, budget)
             if sc < best and (sc[0] < best[0] or sc[1] < best[1] * (1 - 1e-12)):
                 mapping, best = cand, sc
                 break
@@ -145,7 +150,9 @@ def local_search(problem: PipelineProblem, mapping: Mapping, rounds: int = 200) 
     return mapping
 
 
-def greedy_mapping(problem: PipelineProblem, iterations: int = 50) -> tuple[float, Mapping]:
+def greedy_mapping(
+    problem: PipelineProblem, iterations: int = 50, budget: int | None = None
+) -> tuple[float, Mapping]:
     """(period, mapping) of the heuristic; raises Infeasible if nothing was found."""
     devs = problem.platform.devices
     orders = [[d.name for d in sorted(devs, key=lambda d: -d.speed)], [d.name for d in devs]]
@@ -156,39 +163,40 @@ def greedy_mapping(problem: PipelineProblem, iterations: int = 50) -> tuple[floa
         T = total / min(d.speed for d in devs)
         found = None
         for _ in range(8):  # find a feasible upper bound
-            found = _build(problem, order, T)
+            found = _build(problem, order, T, budget)
             if found is not None:
                 hi = T
                 break
             T *= 4
         if found is None:  # start the local search from everything on one device
             found = Mapping((Interval(0, problem.length, (order[0],)),))
-            found = local_search(problem, found)
-            rep = evaluate(problem, found)
+            found = local_search(problem, found, budget=budget)
+            rep = evaluate(problem, found, budget=budget)
             if rep.fits and rep.period < best[0]:
                 best = (rep.period, found)
             continue
         for _ in range(iterations):
             mid = (lo + hi) / 2
-            m = _build(problem, order, mid)
+            m = _build(problem, order, mid, budget)
             if m is None:
                 lo = mid
             else:
                 hi, found = mid, m
-        found = local_search(problem, _improve(problem, found))
-        rep = evaluate(problem, found)
+        found = local_search(problem, _improve(problem, found, budget), budget=budget)
+        rep = evaluate(problem, found, budget=budget)
         if rep.fits and rep.period < best[0]:
             best = (rep.period, found)
     # two more starting points for the local search: the whole chain replicated on
     # every device (data parallel), and on the fastest device alone
     fastest = max(devs, key=lambda d: d.speed).name
     for start in (tuple(d.name for d in devs), (fastest,)):
-        found = local_search(problem, Mapping((Interval(0, problem.length, start),)))
-        rep = evaluate(problem, found)
+        start_at = Mapping((Interval(0, problem.length, start),))
+        found = local_search(problem, start_at, budget=budget)
+        rep = evaluate(problem, found, budget=budget)
         if rep.fits and rep.period < best[0]:
             best = (rep.period, found)
     if best[1] is None:
-        raise Infeasible("pipeline_greedy", 0, None, "no mapping found that fits memory")
+        raise Infeasible("pipeline_greedy", budget, None, "found no mapping that fits memory")
     return best[0], best[1]
 
 
@@ -198,7 +206,7 @@ def greedy_mapping(problem: PipelineProblem, iterations: int = 50) -> tuple[floa
     exact=False,
     description="bisection on the period, greedy interval building, leftover replication",
 )
-def pipeline_greedy(problem: PipelineProblem, budget: int = 0, *, iterations: int = 50):
-    """``budget`` is unused: the memory limits are the devices' capacities."""
-    period, mapping = greedy_mapping(problem, iterations)
-    return mapping_schedule(problem, mapping, "pipeline_greedy")
+def pipeline_greedy(problem: PipelineProblem, budget: int | None = None, *, iterations: int = 50):
+    """``budget`` (bytes, optional) bounds every device besides its own memory."""
+    period, mapping = greedy_mapping(problem, iterations, budget)
+    return mapping_schedule(problem, mapping, "pipeline_greedy", exact=False)

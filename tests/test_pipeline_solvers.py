@@ -92,7 +92,8 @@ def test_1f1b_is_exact_for_its_model_and_uses_rotor_when_memory_is_short():
     devs = [schedir.Device("fast", 2.0), schedir.Device("s1"), schedir.Device("s2")]
     plat = schedir.Platform.fully_connected(devs, 1e4, 0.0)
     pb = schedir.PipelineProblem(chain, [10] * L, plat, 8, True)
-    period, mapping, rec, _ = best_1f1b(pb)
+    period, mapping, rec, _, exact = best_1f1b(pb)
+    assert exact
     assert rec == [0.0] * len(mapping.intervals)  # unlimited memory: no recompute
     s = solvers.get("pipeline_1f1b", pb).function(pb)
     assert s.meta["period"] == pytest.approx(period)
@@ -101,7 +102,8 @@ def test_1f1b_is_exact_for_its_model_and_uses_rotor_when_memory_is_short():
     tight = [schedir.Device(d.name, d.speed, int(0.6 * need)) for d in devs]
     pb2 = schedir.PipelineProblem(chain, [10] * L, schedir.Platform.fully_connected(tight, 1e4),
                                   8, True)  # fmt: skip
-    period2, mapping2, rec2, per_mb = best_1f1b(pb2)
+    period2, mapping2, rec2, per_mb, _ = best_1f1b(pb2)
+    assert any(rec2)  # some stage recomputes
     assert period2 >= period - 1e-12
     for iv, b in zip(mapping2.intervals, per_mb, strict=True):
         dev = pb2.platform.device(iv.devices[0])
@@ -151,3 +153,33 @@ def test_master_worker_lp_on_a_tree_respects_ports_and_beats_its_star_part():
     assert ss.send["a", "b"] * 1.0 + ss.send["a", "c"] * 2.0 <= 1 + 1e-9
     # m's port is the bottleneck: at most 1 task/s reaches the subtree, m computes 0.5
     assert ss.throughput == pytest.approx(1.5)
+
+
+def test_solvers_never_hand_out_a_schedule_over_a_device_memory_issue_instance():
+    # issue 11, item 13: the MILP chose [0:1) on d0 + d1 and [1:2) on d2, which holds 22
+    # bytes (two inputs arriving at once and one in use) on 18 bytes
+    chain = schedir.Chain.from_rotor([2, 1], [1, 1, 1], [1, 4, 1], [1, 4, 1], [0, 0], [0, 0, 0])
+    devs = [schedir.Device("d0", memory=9), schedir.Device("d1", memory=9),
+            schedir.Device("d2", memory=18)]  # fmt: skip
+    pb = schedir.PipelineProblem(chain, [0, 10], schedir.Platform.fully_connected(devs, 1))
+    best, arg = exhaustive(pb)
+    assert best == 3.0 and arg.intervals == (schedir.pipeline.Interval(0, 2, ("d2",)),)
+    for method in ("pipeline_milp", "pipeline_greedy"):
+        raw = solvers.get(method, pb).function(pb)
+        trace = simulate_pipeline(pb, raw)
+        assert all(
+            trace.device_peak[d.name] <= d.memory for d in devs if d.name in trace.device_peak
+        )
+        assert raw.meta["period"] == 3.0
+
+
+def test_dp_charges_the_senders_of_a_replicated_interval():
+    # identical devices of 20 bytes: [0:2) on two devices, [2:3) on the third made it
+    # hold 10 + 3 x 4 = 22 bytes (two inputs arriving at once and one in use)
+    chain = schedir.Chain.from_rotor([2, 1, 2], [1] * 4, [3, 3, 4, 4], [1] * 4, [0] * 3, [0] * 4)
+    devs = [schedir.Device(f"d{u}", memory=20) for u in range(3)]
+    pb = schedir.PipelineProblem(chain, [0, 2, 10], schedir.Platform.fully_connected(devs, 1))
+    period, mapping = dp_mapping(pb)
+    assert period == exhaustive(pb)[0]
+    trace = simulate_pipeline(pb, solvers.get("pipeline_dp", pb).function(pb))
+    assert max(trace.device_peak.values()) <= 20
