@@ -18,11 +18,16 @@ Ops are dispatched from one Python thread in a dependency-respecting round robin
 the devices (each device's list order is kept); JAX's asynchronous dispatch lets the
 devices overlap. Gradients equal ``jax.grad`` of the single-device model (the tests
 check rtol 1e-5 on 4 CPU devices).
+
+The jitted kernels are cached across calls (:func:`interval_kernels`): a training
+loop compiles once, and every call reads the layers' current parameters and state
+(they are arguments of the kernels, never constants baked into them).
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -68,11 +73,12 @@ def split_microbatches(tree: Any, m: int) -> list:
 
 
 def interval_fn(stages: Sequence[Stage], i: int, j: int) -> Callable:
-    """``f(params_list, a)`` applying stages i..j-1 (their ``rest`` closed over)."""
-    rests = [s.rest for s in stages[i:j]]
+    """``f(params_list, rests_list, a)`` applying stages i..j-1 to ``a``: their
+    parameters and other state are arguments, so a compiled ``f`` reads the values
+    current at each call."""
     applies = [s.apply for s in stages[i:j]]
 
-    def f(params: list, a: jax.Array) -> jax.Array:
+    def f(params: list, rests: list, a: jax.Array) -> jax.Array:
         for apply, p, r in zip(applies, params, rests, strict=True):
             a = apply(p, r, a)
         return a
@@ -81,20 +87,52 @@ def interval_fn(stages: Sequence[Stage], i: int, j: int) -> Callable:
 
 
 class _Kernels:
-    """Jitted functions of one interval, built on first use."""
+    """Jitted functions of one interval (``last``: it ends with the loss)."""
 
-    def __init__(self, stages, i, j, L, loss_fn, m):
+    def __init__(self, stages: Sequence[Stage], i: int, j: int, last: bool, loss_fn):
         f = interval_fn(stages, i, j)
         self.fwd = jax.jit(f)
-        if j == L:
+        if last:
 
-            def with_loss(params, a, y):
-                return loss_fn(f(params, a), y) / m
+            def with_loss(params, rests, a, y, scale):
+                return loss_fn(f(params, rests, a), y) * scale
 
-            self.rec = jax.jit(lambda p, a, y: jax.vjp(lambda p, a: with_loss(p, a, y), p, a))
+            self.rec = jax.jit(
+                lambda p, r, a, y, scale: jax.vjp(lambda p, a: with_loss(p, r, a, y, scale), p, a)
+            )
         else:
-            self.rec = jax.jit(lambda p, a: jax.vjp(f, p, a))
+            self.rec = jax.jit(lambda p, r, a: jax.vjp(lambda p, a: f(p, r, a), p, a))
         self.bwd = jax.jit(lambda vjp, d: vjp(d))
+
+
+# Compiled kernels live across calls (an LRU of this many intervals): keyed by the
+# stages' computations (``Stage.key``: the NNX graph definition, or the Linen module)
+# and the loss function; jax.jit's own cache then separates shapes, dtypes and devices.
+KERNEL_CACHE_SIZE = 256
+_KERNELS: OrderedDict = OrderedDict()
+
+
+def interval_kernels(
+    stages: Sequence[Stage], i: int, j: int, loss_fn: Callable | None = None
+) -> _Kernels:
+    """The (cached) jitted kernels of stages i..j-1; with the loss when j == L.
+
+    A key that cannot be hashed (or a new ``loss_fn`` object at every call) builds
+    fresh kernels, which compile again: pass the same loss function each step.
+    """
+    last = j == len(stages)
+    key = (tuple(s.key for s in stages[i:j]), last, loss_fn if last else None)
+    try:
+        hash(key)
+    except TypeError:
+        return _Kernels(stages, i, j, last, loss_fn)
+    if key in _KERNELS:
+        _KERNELS.move_to_end(key)
+        return _KERNELS[key]
+    kern = _KERNELS[key] = _Kernels(stages, i, j, last, loss_fn)
+    while len(_KERNELS) > KERNEL_CACHE_SIZE:
+        _KERNELS.popitem(last=False)
+    return kern
 
 
 def _devices_for(schedule: PipelineSchedule, devices) -> dict:
@@ -137,8 +175,7 @@ def run_pipeline(
     xs = split_microbatches(jnp.asarray(x), m)
     ys = split_microbatches(y, m) if training else [None] * m
     slot = {mb: k for k, mb in enumerate(mbs)}
-    kernels: dict = {}
-    params_on: dict = {}  # (device name, stage) -> params on that device
+    params_on: dict = {}  # (device name, stage) -> (params, rest) on that device
     box: dict = {}  # (device, kind, index, mb) -> array on that device
     saved: dict = {}  # (device, i, j, mb) -> vjp closure
     grads: list = [None] * L
@@ -147,16 +184,16 @@ def run_pipeline(
     log = []
     t0 = time.perf_counter()
 
-    def params(dev: str, i: int, j: int) -> list:
+    def params(dev: str, i: int, j: int) -> tuple[list, list]:
+        """The current parameters and other state of stages i..j-1, on ``dev``."""
         for k in range(i, j):
             if (dev, k) not in params_on:
-                params_on[dev, k] = jax.device_put(stages[k].params, place[dev])
-        return [params_on[dev, k] for k in range(i, j)]
+                params_on[dev, k] = jax.device_put((stages[k].params, stages[k].rest), place[dev])
+        held = [params_on[dev, k] for k in range(i, j)]
+        return [p for p, _ in held], [r for _, r in held]
 
     def kern(i: int, j: int) -> _Kernels:
-        if (i, j) not in kernels:
-            kernels[i, j] = _Kernels(stages, i, j, L, loss_fn, m)
-        return kernels[i, j]
+        return interval_kernels(stages, i, j, loss_fn if training else None)
 
     def ready(dev: str, op) -> bool:
         if isinstance(op, Fwd):
@@ -179,20 +216,20 @@ def run_pipeline(
         if isinstance(op, Fwd):
             a = (jax.device_put(xs[slot[mb]], place[dev]) if i == 0
                  else box.pop((dev, "a", i, mb)))  # fmt: skip
-            p = params(dev, i, j)
+            p, r = params(dev, i, j)
             if not training:
-                out = kern(i, j).fwd(p, a)
+                out = kern(i, j).fwd(p, r, a)
                 if j == L:
                     outputs[mb] = out
                 else:
                     box[dev, "a", j, mb] = out
             elif j == L:
                 yy = jax.device_put(ys[slot[mb]], place[dev])
-                value, vjp = kern(i, j).rec(p, a, yy)
+                value, vjp = kern(i, j).rec(p, r, a, yy, 1.0 / m)
                 loss = value if loss is None else loss + jax.device_put(value, loss.device)
                 saved[dev, i, j, mb] = vjp
             else:
-                out, vjp = kern(i, j).rec(p, a)
+                out, vjp = kern(i, j).rec(p, r, a)
                 box[dev, "a", j, mb] = out
                 saved[dev, i, j, mb] = vjp
             if block:

@@ -12,12 +12,15 @@ loss of :func:`spmd_pipeline` gives the gradients of the sequential model.
 
 Only ``jax.sharding`` meshes and collectives are used: under ``jax.distributed`` the
 same code runs over the global device list of several hosts (build the mesh from
-``jax.devices()``). References: GPipe (Huang et al., NeurIPS 2019); the JAX
+``jax.devices()``). The jitted pipeline is cached across calls per (block function,
+mesh, micro-batches): pass the same ``block_apply`` each step and it compiles once.
+References: GPipe (Huang et al., NeurIPS 2019); the JAX
 ``shard_map`` pipelining notes.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -68,6 +71,23 @@ def spmd_pipeline(
     if x.shape[0] % m:
         raise ValueError(f"batch of {x.shape[0]} is not divisible into {m} micro-batches")
     xs = x.reshape(m, x.shape[0] // m, *x.shape[1:])
+    ys = _runner(block_apply, mesh, m, axis)(stacked, xs)
+    return ys.reshape(x.shape[0], *ys.shape[2:])
+
+
+# Jitted runners live across calls (an LRU of this many): keyed by the block function
+# (pass the same one each step), the mesh, the micro-batch count and the axis;
+# jax.jit's own cache separates shapes and dtypes.
+RUNNER_CACHE_SIZE = 64
+_RUNNERS: OrderedDict = OrderedDict()
+
+
+def _runner(block_apply: Callable, mesh: Mesh, m: int, axis: str) -> Callable:
+    key = (block_apply, mesh, m, axis)
+    if key in _RUNNERS:
+        _RUNNERS.move_to_end(key)
+        return _RUNNERS[key]
+    S = mesh.shape[axis]
     shift = [(s, (s + 1) % S) for s in range(S)]
 
     def local(params: Any, xs: jax.Array) -> jax.Array:
@@ -93,9 +113,11 @@ def spmd_pipeline(
         (_, outs), _ = jax.lax.scan(tick, init, jnp.arange(m + S - 1))
         return jax.lax.psum(jnp.where(me == S - 1, outs, jnp.zeros_like(outs)), axis)
 
-    run = jax.shard_map(local, mesh=mesh, in_specs=(P(axis), P()), out_specs=P())
-    ys = run(stacked, xs)
-    return ys.reshape(x.shape[0], *ys.shape[2:])
+    run = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(axis), P()), out_specs=P()))
+    _RUNNERS[key] = run
+    while len(_RUNNERS) > RUNNER_CACHE_SIZE:
+        _RUNNERS.popitem(last=False)
+    return run
 
 
 def sequential(block_apply: Callable, stacked: Any, x: jax.Array) -> jax.Array:

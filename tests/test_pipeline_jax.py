@@ -22,7 +22,8 @@ def test_multi_device_execution_matches_the_single_device_model():
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["devices"] == 4
     assert set(report["checked"]) >= {"1f1b", "gpipe", "solver_1f1b", "inference", "spmd",
-                                      "spmd_nnx", "dmda", "eager"}  # fmt: skip
+                                      "spmd_nnx", "dmda", "eager", "cached",
+                                      "current_params", "spmd_cached"}  # fmt: skip
 
 
 def _close(a, b, what: str) -> None:
@@ -62,6 +63,12 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
 
     assert len(jax.devices()) == 4
     checked = []
+    compiles = []  # one entry per XLA compilation (public jax.monitoring events)
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda name, *_, **__: (
+            compiles.append(name) if name == "/jax/core/compile/backend_compile_duration" else None
+        )
+    )
     layers = mlp_stack(4, 16, 32, 8, 4)
     L = len(layers)
     x = jax.random.normal(jax.random.key(0), (16, 8))
@@ -91,6 +98,23 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
         used = {d for leaf in jax.tree_util.tree_leaves(r.grads) for d in leaf.devices()}
         assert len(used) == len(sched.ops), name  # every stage ran on its own device
         checked.append(name)
+    # a second step compiles nothing and reads the parameters as they are now
+    sched = one_f_one_b_ops(pb, mapping)
+    before = len(compiles)
+    r = run_pipeline(layers, sched, x, y, mse_loss)
+    assert len(compiles) == before, compiles[before:]
+    _close(r.grads, ref_grads, "cached")
+    checked.append("cached")
+    layers[0].kernel.value = layers[0].kernel.value * 2.0
+    new_loss, new_grads = jax.value_and_grad(lambda p: mse_loss(apply_all(p, x), y))(
+        [s.params for s in as_stages(layers)])  # fmt: skip
+    before = len(compiles)
+    r = run_pipeline(layers, sched, x, y, mse_loss)
+    assert len(compiles) == before, compiles[before:]
+    _close(r.loss, new_loss, "current_params")
+    _close(r.grads, new_grads, "current_params")
+    checked.append("current_params")
+    layers[0].kernel.value = layers[0].kernel.value / 2.0
     pbi = PipelineProblem(chain, [0] * L, plat, 4, False)
     mi = Mapping((Interval(0, 3, ("d0", "d1")), Interval(3, 6, ("d2", "d3"))))
     r = run_pipeline(layers, expand(inference_pattern(pbi, mi), 4), x)
@@ -117,6 +141,14 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
         _close(lp, ls, name)
         _close(gp, gs, name)
         checked.append(name)
+    # called again outside jit (eagerly), the SPMD pipeline compiles nothing new
+    sharded = shard_stacked(stacked, mesh)
+    jax.block_until_ready(spmd_pipeline(block, sharded, xb, mesh, 6))
+    before = len(compiles)
+    out = spmd_pipeline(block, sharded, xb, mesh, 6)
+    assert len(compiles) == before, compiles[before:]
+    _close(out, sequential(block, stacked, xb), "spmd_cached")
+    checked.append("spmd_cached")
     big = mlp_stack(4, 32, 64, 8, 4)
     xd = jax.random.normal(jax.random.key(5), (32, 8))
     ref = xd
