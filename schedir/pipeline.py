@@ -15,20 +15,22 @@ analytical model, reproduced exactly by the discrete-event simulator
   slowest replica's time and the slowest used link's time.
 
 References: Subhlok and Vondran (SPAA 1996) and Benoit and Robert (JPDC 2008) for
-interval mappings with replication; Banino, Beaumont, Carter, Dongarra, Legrand,
-Robert (IEEE TPDS 2004) for master-worker steady state (:class:`MasterWorker`).
+interval mappings with replication. The master-worker problem (:class:`MasterWorker`)
+lives in :mod:`schedir.master_worker` and is re-exported here.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import numbers
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from schedir.chain import Chain
 from schedir.errors import InvalidProblem
-from schedir.platform import Platform
+from schedir.master_worker import MasterWorker, SteadyState  # noqa: F401 (re-exported)
+from schedir.platform import Platform, check_bytes, check_number
 
 
 @dataclass(frozen=True)
@@ -53,16 +55,38 @@ class PipelineProblem:
     training: bool = False
 
     def __post_init__(self) -> None:
-        weights = tuple(int(w) for w in self.weights)
-        if len(weights) != self.chain.length or min(weights, default=0) < 0:
+        if not isinstance(self.chain, Chain):
+            raise InvalidProblem(f"chain = {self.chain!r}: expected a Chain")
+        if not isinstance(self.platform, Platform):
+            raise InvalidProblem(f"platform = {self.platform!r}: expected a Platform")
+        L = self.chain.length
+        try:
+            weights = tuple(self.weights)
+        except TypeError:
+            raise InvalidProblem(f"weights = {self.weights!r}: expected a list of bytes") from None
+        if len(weights) != L:
             raise InvalidProblem(
-                f"weights: expected {self.chain.length} non-negative byte counts, got {weights}"
+                f"weights: expected {L} byte counts (one per stage), got {len(weights)}"
             )
-        object.__setattr__(self, "weights", weights)
+        for k, w in enumerate(weights):
+            check_bytes(f"weights[{k}]", w)
+        object.__setattr__(self, "weights", tuple(int(w) for w in weights))
+        # every time and size the models add, multiply or divide stays finite
+        c = self.chain
+        for name in ("fwd_time", "bwd_time"):
+            for k, t in enumerate(getattr(c, name)):
+                check_number(f"chain {name}[{k}]", t, what="time (s)")
+        for name in ("in_size", "saved_size", "fwd_tmp", "bwd_tmp"):
+            for k, n in enumerate(getattr(c, name)):
+                check_bytes(f"chain {name}[{k}]", n)
         if not self.platform.devices:
             raise InvalidProblem("pipeline problem: the platform lists no devices")
-        if int(self.microbatches) < 1:
-            raise InvalidProblem(f"microbatches = {self.microbatches}: expected >= 1")
+        m = self.microbatches
+        if isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < 1:
+            raise InvalidProblem(f"microbatches = {m!r}: expected an integer >= 1")
+        object.__setattr__(self, "microbatches", int(m))
+        if not isinstance(self.training, bool):
+            raise InvalidProblem(f"training = {self.training!r}: expected true or false")
 
     @property
     def length(self) -> int:
@@ -94,6 +118,13 @@ class PipelineProblem:
     def from_dict(cls, d: dict) -> PipelineProblem:
         if not isinstance(d, dict) or d.get("format") != "schedir.pipeline":
             raise InvalidProblem("expected a JSON object with format 'schedir.pipeline'")
+        if d.get("version", 1) != 1:
+            raise InvalidProblem(f"version = {d.get('version')!r}: this library reads version 1")
+        for key in ("chain", "weights", "platform"):
+            if key not in d:
+                raise InvalidProblem(f"pipeline problem: missing field {key!r}")
+        if not isinstance(d["weights"], list):
+            raise InvalidProblem(f"weights = {d['weights']!r}: expected a list of bytes")
         return cls(
             Chain.from_dict(d["chain"]),
             tuple(d["weights"]),
@@ -112,6 +143,12 @@ class Interval:
     devices: tuple[str, ...]
 
     def __post_init__(self) -> None:
+        for name in ("first", "last"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise InvalidProblem(f"interval {name} = {v!r}: expected a stage index")
+        if isinstance(self.devices, str) or not all(isinstance(u, str) for u in self.devices):
+            raise InvalidProblem(f"interval devices = {self.devices!r}: expected device names")
         object.__setattr__(self, "devices", tuple(self.devices))
         if not 0 <= self.first < self.last or not self.devices:
             raise InvalidProblem(f"interval {self}: expected first < last and >= 1 device")
@@ -149,7 +186,14 @@ class Mapping:
 
     @classmethod
     def from_dict(cls, d: Sequence) -> Mapping:
-        return cls(tuple(Interval(a, b, tuple(devs)) for a, b, devs in d))
+        try:
+            return cls(tuple(Interval(a, b, tuple(devs)) for a, b, devs in d))
+        except (TypeError, ValueError) as err:
+            if isinstance(err, InvalidProblem):
+                raise
+            raise InvalidProblem(
+                f"mapping {d!r}: expected [[first, last, [devices]], ...]"
+            ) from None
 
     def __str__(self) -> str:
         return " ".join(str(iv) for iv in self.intervals)
@@ -378,69 +422,6 @@ def exhaustive(
         if rep.fits and rep.period < best - 1e-15:
             best, arg = rep.period, m
     return best, arg
-
-
-@dataclass(frozen=True)
-class MasterWorker:
-    """Independent equal tasks served from a master over a star or tree (one-port).
-
-    Banino et al., "Scheduling strategies for master-slave tasking on heterogeneous
-    processor platforms", IEEE TPDS 15(4), 2004. Every node (the master included) may
-    compute, receive from its parent, and send to one child at a time, all overlapped.
-
-    Attributes:
-        platform: devices and the (directed) links of a tree rooted at ``master``.
-        master: name of the root, which holds the tasks.
-        work: seconds per task at speed 1 (node u takes work / speed_u).
-        task_bytes: bytes of one task's input, sent from the parent to the child.
-        master_computes: whether the master computes tasks too.
-    """
-
-    platform: Platform
-    master: str
-    work: float
-    task_bytes: int
-    master_computes: bool = True
-
-    def children(self) -> dict[str, list[str]]:
-        """The tree: children of every node, following links away from the master."""
-        kids: dict[str, list[str]] = {d.name: [] for d in self.platform.devices}
-        seen, frontier = {self.master}, [self.master]
-        while frontier:
-            u = frontier.pop()
-            for link in self.platform.links:
-                if link.src == u and link.dst not in seen:
-                    seen.add(link.dst)
-                    kids[u].append(link.dst)
-                    frontier.append(link.dst)
-        return kids
-
-    def comm_time(self, parent: str, child: str) -> float:
-        """Seconds to send one task from parent to child."""
-        return self.platform.link(parent, child).time(self.task_bytes)
-
-    def compute_time(self, name: str) -> float:
-        """Seconds one task takes on ``name`` (inf for a master that does not compute)."""
-        if name == self.master and not self.master_computes:
-            return math.inf
-        return self.work / self.platform.device(name).speed
-
-
-@dataclass(frozen=True)
-class SteadyState:
-    """A steady-state solution: tasks per second computed on and sent to each node.
-
-    Attributes:
-        throughput: tasks per second, in total.
-        compute: tasks per second computed by each node.
-        send: tasks per second sent over each link (parent, child).
-        meta: method, solve time, ...
-    """
-
-    throughput: float
-    compute: dict
-    send: dict
-    meta: dict = field(default_factory=dict)
 
 
 def training_period(

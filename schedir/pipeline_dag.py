@@ -24,13 +24,14 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import numbers
 from collections import deque
 from dataclasses import dataclass, field
 
 from schedir.errors import InvalidProblem
 from schedir.pipeline import PipelineProblem
 from schedir.pipeline_sim import Noise, steady_period
-from schedir.platform import Platform
+from schedir.platform import Platform, check_bytes, check_number
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,30 @@ class Task:
     item: int | None = None
     final: bool = False
 
+    def __post_init__(self) -> None:
+        for field_name in ("name", "kind"):
+            if not isinstance(getattr(self, field_name), str):
+                raise InvalidProblem(f"task {field_name} = {getattr(self, field_name)!r}: "
+                                     "expected a string")  # fmt: skip
+        label = f"task {self.name!r}"
+        object.__setattr__(self, "work", check_number(f"{label} work", self.work, what="time (s)"))
+        try:
+            deps = tuple((p, n) for p, n in self.deps)
+        except (TypeError, ValueError):
+            raise InvalidProblem(
+                f"{label} deps = {self.deps!r}: expected (task, bytes) pairs"
+            ) from None
+        for p, n in deps:
+            if isinstance(p, bool) or not isinstance(p, numbers.Integral):
+                raise InvalidProblem(f"{label}: dep on {p!r}: expected a task index")
+            check_bytes(f"{label}: bytes of its dep on {p}", n)
+        object.__setattr__(self, "deps", tuple((int(p), int(n)) for p, n in deps))
+        item = self.item
+        if item is not None and (isinstance(item, bool) or not isinstance(item, numbers.Integral)):
+            raise InvalidProblem(f"{label} item = {item!r}: expected an integer or None")
+        if not isinstance(self.final, bool):
+            raise InvalidProblem(f"{label} final = {self.final!r}: expected a bool")
+
 
 @dataclass(frozen=True)
 class TaskGraph:
@@ -61,10 +86,16 @@ class TaskGraph:
     tasks: tuple[Task, ...]
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "tasks", tuple(self.tasks))
         for t, task in enumerate(self.tasks):
-            for p, nbytes in task.deps:
-                if not 0 <= p < t or nbytes < 0:
-                    raise InvalidProblem(f"task {task.name}: bad dep ({p}, {nbytes})")
+            if not isinstance(task, Task):
+                raise InvalidProblem(f"tasks[{t}] = {task!r}: expected a Task")
+            for p, _ in task.deps:
+                if not 0 <= p < t:
+                    raise InvalidProblem(
+                        f"task {task.name!r} (index {t}) depends on task {p}: deps must "
+                        "point to earlier tasks (a topological order)"
+                    )
 
     def successors(self) -> list[list[int]]:
         succ: list[list[int]] = [[] for _ in self.tasks]

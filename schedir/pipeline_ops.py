@@ -21,11 +21,34 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import re
 from dataclasses import dataclass, field, replace
 
 from schedir.errors import InvalidSchedule
 from schedir.pipeline import Mapping, PipelineProblem, evaluate
+from schedir.platform import LIMIT
+
+
+def _index(op: object, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise InvalidSchedule(f"{type(op).__name__} {name} = {value!r}: expected an integer >= 0")
+
+
+def _check_stages(op) -> None:
+    for name in ("first", "last", "mb"):
+        _index(op, name, getattr(op, name))
+    if op.first >= op.last:
+        raise InvalidSchedule(f"{op}: expected first < last")
+
+
+def _check_message(op) -> None:
+    if op.kind not in ("a", "d"):
+        raise InvalidSchedule(f"{type(op).__name__} kind = {op.kind!r}: expected 'a' or 'd'")
+    for name in ("index", "mb"):
+        _index(op, name, getattr(op, name))
+    if not isinstance(op.peer, str) or not op.peer:
+        raise InvalidSchedule(f"{type(op).__name__} peer = {op.peer!r}: expected a device name")
 
 
 @dataclass(frozen=True)
@@ -33,6 +56,9 @@ class Fwd:
     first: int
     last: int
     mb: int
+
+    def __post_init__(self) -> None:
+        _check_stages(self)
 
     def __str__(self) -> str:
         return f"F({self.first}:{self.last},{self.mb})"
@@ -44,6 +70,12 @@ class Bwd:
     last: int
     mb: int
     recompute: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_stages(self)
+        r = self.recompute
+        if isinstance(r, bool) or not isinstance(r, numbers.Real) or not 0 <= r <= LIMIT:
+            raise InvalidSchedule(f"{self}: recompute = {r!r}: expected seconds in [0, 1e100]")
 
     def __str__(self) -> str:
         extra = f",+{self.recompute!r}" if self.recompute else ""
@@ -57,6 +89,9 @@ class Send:
     mb: int
     peer: str
 
+    def __post_init__(self) -> None:
+        _check_message(self)
+
     def __str__(self) -> str:
         return f"Send({self.kind}{self.index},{self.mb},{self.peer})"
 
@@ -67,6 +102,9 @@ class Recv:
     index: int
     mb: int
     peer: str
+
+    def __post_init__(self) -> None:
+        _check_message(self)
 
     def __str__(self) -> str:
         return f"Recv({self.kind}{self.index},{self.mb},{self.peer})"
@@ -92,6 +130,8 @@ def parse_pipeline_op(text: str) -> PipelineOp:
         kind, index = args[0][0], int(args[0][1:])
         cls = Send if name == "Send" else Recv
         return cls(kind, index, int(args[1]), ",".join(args[2:]))
+    except InvalidSchedule as err:
+        raise InvalidSchedule(f"pipeline op {text!r}: {err}") from None
     except (ValueError, IndexError):
         raise InvalidSchedule(f"cannot parse pipeline op {text!r}") from None
 
@@ -105,13 +145,24 @@ class PipelineSchedule:
 
     def __post_init__(self) -> None:
         lists = []
-        for dev, ops in self.ops:
+        for k, entry in enumerate(self.ops):
+            if (
+                not isinstance(entry, list | tuple)
+                or len(entry) != 2
+                or not isinstance(entry[0], str)
+                or isinstance(entry[1], str)
+                or not isinstance(entry[1], list | tuple)
+            ):
+                raise InvalidSchedule(f"ops[{k}]: expected [device name, [op, ...]]")
+            dev, ops = entry
             ops = tuple(parse_pipeline_op(o) if isinstance(o, str) else o for o in ops)
             for o in ops:
                 if not isinstance(o, Fwd | Bwd | Send | Recv):
                     raise InvalidSchedule(f"device {dev}: {o!r} is not a pipeline op")
             lists.append((str(dev), ops))
         object.__setattr__(self, "ops", tuple(lists))
+        if not isinstance(self.meta, dict):
+            raise InvalidSchedule(f"meta = {self.meta!r}: expected a JSON object")
         try:
             object.__setattr__(self, "meta", json.loads(json.dumps(dict(self.meta))))
         except (TypeError, ValueError) as err:
@@ -134,7 +185,12 @@ class PipelineSchedule:
     def from_dict(cls, d: dict) -> PipelineSchedule:
         if not isinstance(d, dict) or d.get("format") != "schedir.pipeline_schedule":
             raise InvalidSchedule("expected format 'schedir.pipeline_schedule'")
-        return cls(tuple((dev, tuple(ops)) for dev, ops in d["ops"]), d.get("meta", {}))
+        if d.get("version", 1) != 1:
+            raise InvalidSchedule(f"version = {d.get('version')!r}: this library reads version 1")
+        ops = d.get("ops")
+        if not isinstance(ops, list):
+            raise InvalidSchedule(f"ops = {ops!r}: expected a list of [device, [op, ...]]")
+        return cls(tuple(ops), d.get("meta", {}))
 
 
 def _shift(op: PipelineOp, offset: int) -> PipelineOp:

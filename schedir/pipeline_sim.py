@@ -141,10 +141,21 @@ def simulate_pipeline(
     InvalidSchedule on a missing producer, an unmatched Send / Recv, an unknown device
     or link, or a deadlock.
     """
-    hyper = int(schedule.meta.get("periodic") or 1)
+    if not isinstance(problem, PipelineProblem):
+        raise InvalidSchedule(f"simulate_pipeline: expected a PipelineProblem, got "
+                              f"{type(problem).__name__}")  # fmt: skip
+    if not isinstance(schedule, PipelineSchedule):
+        raise InvalidSchedule(f"a {type(schedule).__name__} is not a schedule of a pipeline "
+                              "problem (expected format schedir.pipeline_schedule)")  # fmt: skip
+    hyper = _meta_count(schedule.meta, "periodic") or 1
+    if items is not None:
+        _meta_count({"items": items}, "items")
     if release_interval is None:
         inference = schedule.meta.get("kind") == "inference"
-        release_interval = float(schedule.meta.get("period", 0.0)) if inference else 0.0
+        release_interval = _meta_seconds(schedule.meta, "period") if inference else 0.0
+    else:
+        release_interval = _meta_seconds({"release_interval": release_interval},
+                                         "release_interval")  # fmt: skip
     if schedule.meta.get("periodic"):
         schedule = expand(schedule, items or max(problem.microbatches, 50 * hyper))
     chain, L, plat = problem.chain, problem.length, problem.platform
@@ -153,6 +164,10 @@ def simulate_pipeline(
     rng = noise.generator()
     dev_factor = noise.device_factors([d.name for d in plat.devices])
     stash_override = schedule.meta.get("stash", {})
+    if not isinstance(stash_override, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and 0 <= v for v in stash_override.values()
+    ):
+        raise InvalidSchedule(f"meta stash = {stash_override!r}: expected {{'i:j': bytes}}")
     # Tasks: resource, duration, data deps, release, memory effects.
     res, dur, deps, rel, label, owner = [], [], [], [], [], []
     produced: dict[tuple, int] = {}  # (device, kind, k, mb) -> task
@@ -223,6 +238,29 @@ def simulate_pipeline(
     start, end = _longest_path(res, dur, deps, rel, label, owner)
     return _trace(problem, schedule, hyper, res, start, end, deps, label, owner, weights_on,
                   stash_override, release_interval)  # fmt: skip
+
+
+def _meta_count(meta: dict, key: str) -> int | None:
+    value = meta.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidSchedule(f"{key} = {value!r}: expected an integer >= 1")
+    return value
+
+
+def _meta_seconds(meta: dict, key: str) -> float:
+    value = meta.get(key, 0.0)
+    if value is None:
+        return 0.0
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise InvalidSchedule(f"{key} = {value!r}: expected finite non-negative seconds")
+    return float(value)
 
 
 def _longest_path(res, dur, deps, rel, label, owner):

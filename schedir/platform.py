@@ -10,19 +10,63 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from schedir.errors import InvalidProblem
 
+# Times (s), speeds and bandwidths (bytes/s) and byte counts must lie within
+# [1 / LIMIT, LIMIT] (or be 0 or inf where that has a meaning): then no sum, product or
+# quotient the models form overflows to inf or NaN.
+LIMIT = 1e100
 
-def _rate(name: str, value: object, *, allow_inf: bool = True) -> float:
-    """A non-negative float (bytes/s or s); inf allowed for bandwidths."""
+
+def check_number(
+    name: str,
+    value: object,
+    *,
+    zero: bool = True,
+    inf: bool = False,
+    divisor: bool = False,
+    what: str = "number",
+) -> float:
+    """``value`` as a float, or InvalidProblem naming ``name``: NaN, negative, 0 unless
+    ``zero``, inf unless ``inf``, above LIMIT, and (for a ``divisor``) positive but
+    below 1 / LIMIT are refused."""
+    shown = _show(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InvalidProblem(f"{name} = {value!r}: expected a non-negative number")
-    v = float(value)
-    if math.isnan(v) or v < 0 or (math.isinf(v) and not allow_inf):
-        raise InvalidProblem(f"{name} = {value!r}: expected a non-negative number")
+        raise InvalidProblem(f"{name} = {shown}: expected a {what}")
+    try:
+        v = float(value)
+    except OverflowError:  # an int beyond float range
+        v = math.inf
+    if math.isnan(v) or v < 0:
+        raise InvalidProblem(f"{name} = {shown}: expected a non-negative {what}")
+    if v == 0 and not zero:
+        raise InvalidProblem(f"{name} = {shown}: expected a positive {what}")
+    if math.isinf(v) and inf and not isinstance(value, numbers.Integral):
+        return v
+    if v > LIMIT or (divisor and 0 < v < 1 / LIMIT):
+        bounds = "[1e-100, 1e100]" if divisor else "[0, 1e100]"
+        raise InvalidProblem(
+            f"{name} = {shown}: outside {bounds}, where sums and quotients of times, "
+            "rates and sizes would overflow"
+        )
     return v
+
+
+def check_bytes(name: str, value: object) -> int:
+    """A byte count: a non-negative integer no larger than LIMIT (InvalidProblem else)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise InvalidProblem(f"{name} = {_show(value)}: expected a non-negative integer (bytes)")
+    if value > LIMIT:
+        check_number(name, value)  # the overflow message
+    return int(value)
+
+
+def _show(value: object) -> str:
+    """repr of ``value``, shortened to one readable line."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...{text[-8:]} ({len(text)} chars)"
 
 
 def _capacity(name: str, value: object) -> int | None:
@@ -47,8 +91,9 @@ class CopyEngine:
     latency: float = 0.0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "bandwidth", _rate("bandwidth", self.bandwidth))
-        object.__setattr__(self, "latency", _rate("latency", self.latency, allow_inf=False))
+        bandwidth = check_number("bandwidth", self.bandwidth, inf=True, divisor=True)
+        object.__setattr__(self, "bandwidth", bandwidth)
+        object.__setattr__(self, "latency", check_number("latency", self.latency))
 
     def time(self, nbytes: int) -> float:
         """Seconds to move ``nbytes`` (inf when the bandwidth is 0 and nbytes > 0)."""
@@ -80,9 +125,7 @@ class Device:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise InvalidProblem(f"device name = {self.name!r}: expected a non-empty string")
-        speed = _rate(f"device {self.name!r} speed", self.speed, allow_inf=False)
-        if speed == 0:
-            raise InvalidProblem(f"device {self.name!r} speed = 0: expected a positive factor")
+        speed = check_number(f"device {self.name!r} speed", self.speed, zero=False, divisor=True)
         object.__setattr__(self, "speed", speed)
         object.__setattr__(self, "memory", _capacity(f"device {self.name!r} memory", self.memory))
 
@@ -103,9 +146,16 @@ class Link:
     latency: float = 0.0
 
     def __post_init__(self) -> None:
+        for end in (self.src, self.dst):
+            if not isinstance(end, str) or not end:
+                raise InvalidProblem(f"link {self.src!r}->{self.dst!r}: device names are strings")
         label = f"link {self.src}->{self.dst}"
-        object.__setattr__(self, "bandwidth", _rate(f"{label} bandwidth", self.bandwidth))
-        latency = _rate(f"{label} latency", self.latency, allow_inf=False)
+        # a link of bandwidth 0 carries nothing: a missing link says so
+        bandwidth = check_number(
+            f"{label} bandwidth", self.bandwidth, zero=False, inf=True, divisor=True
+        )
+        object.__setattr__(self, "bandwidth", bandwidth)
+        latency = check_number(f"{label} latency", self.latency)
         object.__setattr__(self, "latency", latency)
 
     def time(self, nbytes: int) -> float:
@@ -149,6 +199,12 @@ class Platform:
             if not isinstance(getattr(self, name), CopyEngine):
                 raise InvalidProblem(f"{name} = {getattr(self, name)!r}: expected a CopyEngine")
         devices, links = tuple(self.devices), tuple(self.links)
+        for k, d in enumerate(devices):
+            if not isinstance(d, Device):
+                raise InvalidProblem(f"devices[{k}] = {d!r}: expected a Device")
+        for k, link in enumerate(links):
+            if not isinstance(link, Link):
+                raise InvalidProblem(f"links[{k}] = {link!r}: expected a Link")
         names = [d.name for d in devices]
         if len(set(names)) != len(names):
             raise InvalidProblem(f"devices: duplicate names in {names}")
@@ -249,8 +305,28 @@ class Platform:
         return cls(
             device_memory=d.get("device_memory"),
             host_memory=d.get("host_memory"),
-            offload=CopyEngine(**d.get("offload", {"bandwidth": 0.0})),
-            prefetch=CopyEngine(**d.get("prefetch", {"bandwidth": 0.0})),
-            devices=tuple(Device(**x) for x in d.get("devices", [])),
-            links=tuple(Link(**x) for x in d.get("links", [])),
+            offload=_record(CopyEngine, "offload", d.get("offload", {"bandwidth": 0.0})),
+            prefetch=_record(CopyEngine, "prefetch", d.get("prefetch", {"bandwidth": 0.0})),
+            devices=tuple(_records(Device, "devices", d.get("devices", []))),
+            links=tuple(_records(Link, "links", d.get("links", []))),
         )
+
+
+def _record(cls: type, where: str, value: object):
+    """``cls(**value)`` from a JSON object; InvalidProblem naming unknown or missing fields."""
+    if not isinstance(value, dict):
+        raise InvalidProblem(f"platform {where}: expected a JSON object, got {value!r}")
+    known = [f.name for f in fields(cls)]
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise InvalidProblem(f"platform {where}: unknown field(s) {unknown}; known: {known}")
+    try:
+        return cls(**value)
+    except TypeError:  # a required field is missing
+        raise InvalidProblem(f"platform {where}: missing a field; expected {known}") from None
+
+
+def _records(cls: type, where: str, values: object) -> list:
+    if not isinstance(values, list):
+        raise InvalidProblem(f"platform {where}: expected a list, got {values!r}")
+    return [_record(cls, f"{where}[{k}]", v) for k, v in enumerate(values)]

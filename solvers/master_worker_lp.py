@@ -80,7 +80,8 @@ def steady_state_lp(problem: MasterWorker) -> SteadyState:
         raise ValueError(f"master_worker_lp: LP failed ({res.message}); is a time zero?")
     alpha = {u: float(res.x[pos[u]]) for u in nodes}
     send = {(p, v): float(res.x[fpos[v]]) for p in nodes for v in kids[p]}
-    meta = {"method": "master_worker_lp", "solve_time": time.perf_counter() - start}
+    meta = {"method": "master_worker_lp", "solve_time": time.perf_counter() - start,
+            "exact": True}  # fmt: skip
     return SteadyState(float(-res.fun), alpha, send, meta)
 
 

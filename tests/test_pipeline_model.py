@@ -13,6 +13,7 @@ import schedir
 from schedir.pipeline import (
     Interval,
     Mapping,
+    MasterWorker,
     all_mappings,
     buffer_counts,
     evaluate,
@@ -199,3 +200,75 @@ def _cycle():
         ("d0", (Fwd(1, 2, 0), Fwd(0, 1, 1), Send("a", 1, 1, "d1"))),
         ("d1", (Fwd(1, 2, 1), Fwd(0, 1, 0), Send("a", 1, 0, "d0"))),
     )
+
+
+def _bad_inputs():
+    chain = schedir.Chain.from_rotor([1.0, 2.0], [1, 1, 1], [4, 4, 4], [0, 4, 4], [0, 0], [0] * 3)
+    devs = [schedir.Device("a"), schedir.Device("b")]
+    plat = schedir.Platform.fully_connected(devs, 10.0)
+    huge = schedir.Chain.from_rotor([1e300, 1.0], [1, 1, 1], [4, 4, 4], [0, 4, 4], [0, 0], [0] * 3)
+    from schedir.pipeline_dag import Task, TaskGraph
+
+    return [
+        (lambda: schedir.Device("a", 0), "speed = 0"),
+        (lambda: schedir.Device("a", math.nan), "speed = nan"),
+        (lambda: schedir.Device("a", 1e-300), "speed = 1e-300"),
+        (lambda: schedir.Device("a", math.inf), "speed = inf"),
+        (lambda: schedir.Link("a", "b", 0.0), "bandwidth = 0"),
+        (lambda: schedir.Link("a", "b", -1.0), "bandwidth = -1"),
+        (lambda: schedir.Link("a", "b", 1.0, 1e308), "latency = 1e\\+308"),
+        (lambda: schedir.Link("a", "b", 1.0, math.inf), "latency = inf"),
+        (lambda: schedir.Link("a", "b", math.nan), "bandwidth = nan"),
+        (lambda: schedir.CopyEngine(1.0, -0.5), "latency = -0.5"),
+        (lambda: schedir.PipelineProblem(huge, [0, 0], plat), "fwd_time\\[0\\] = 1e\\+300"),
+        (lambda: schedir.PipelineProblem(chain, [0, 1.5], plat), "weights\\[1\\] = 1.5"),
+        (lambda: schedir.PipelineProblem(chain, [0, 10**200], plat), "weights\\[1\\]"),
+        (lambda: schedir.PipelineProblem(chain, [0], plat), "weights: expected 2"),
+        (lambda: schedir.PipelineProblem(chain, [0, 0], plat, 2.5), "microbatches = 2.5"),
+        (lambda: schedir.PipelineProblem(chain, [0, 0], plat, 0), "microbatches = 0"),
+        (lambda: schedir.PipelineProblem(chain, [0, 0], plat, 4, "yes"), "training = 'yes'"),
+        (lambda: MasterWorker(plat, "a", 0.0, 10), "work = 0"),
+        (lambda: MasterWorker(plat, "a", 1.0, -1), "task_bytes = -1"),
+        (lambda: MasterWorker(plat, "zz", 1.0, 1), "unknown device 'zz'"),
+        (lambda: Task("t", "k", math.nan), "work = nan"),
+        (lambda: Task("t", "k", 1e300), "work = 1e\\+300"),
+        (lambda: Task("t", "k", 1.0, ((0, -3),)), "bytes of its dep"),
+        (lambda: TaskGraph((Task("t", "k", 1.0, ((0, 3),)),)), "earlier tasks"),
+        (
+            lambda: schedir.Platform.from_dict(
+                {"format": "schedir.platform", "version": 1, "devices": [{"name": "a", "mem": 3}]}
+            ),
+            "unknown field",
+        ),  # fmt: skip
+        (
+            lambda: schedir.from_dict({"format": "schedir.pipeline", "chain": chain.to_dict()}),
+            "missing field 'weights'",
+        ),  # fmt: skip
+    ]
+
+
+def test_bad_numbers_are_refused_with_the_field_named():
+    for make, match in _bad_inputs():
+        with pytest.raises(schedir.InvalidProblem, match=match):
+            make()
+
+
+def test_bad_schedules_are_refused_with_a_one_line_error():
+    pb = random_problem(random.Random(7), L=2, P=2)
+    bad = [
+        {"format": "schedir.pipeline_schedule", "version": 1, "ops": "F(0:1,0)"},
+        {"format": "schedir.pipeline_schedule", "version": 1, "ops": [["d0"]]},
+        {"format": "schedir.pipeline_schedule", "version": 1, "ops": [["d0", ["F(1:0,0)"]]]},
+        {"format": "schedir.pipeline_schedule", "version": 1, "ops": [["d0", ["Send(x1,0,d1)"]]]},
+        {"format": "schedir.pipeline_schedule", "version": 1, "ops": [["d0", ["F(0:2,-1)"]]]},
+        {"format": "schedir.pipeline_schedule", "ops": [["d0", ["F(0:2,0)"]]], "meta": [1]},
+    ]
+    for d in bad:
+        with pytest.raises(schedir.InvalidSchedule) as err:
+            PipelineSchedule.from_dict(d)
+        assert "\n" not in str(err.value)
+    ok = PipelineSchedule((("d0", (Fwd(0, 2, 0),)),), {"periodic": "2"})
+    with pytest.raises(schedir.InvalidSchedule, match="periodic = '2'"):
+        simulate_pipeline(pb, ok)
+    with pytest.raises(schedir.InvalidSchedule, match="period = 'x'"):
+        simulate_pipeline(pb, PipelineSchedule(ok.ops, {"kind": "inference", "period": "x"}))
