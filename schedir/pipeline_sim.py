@@ -20,10 +20,13 @@ Memory per device (bytes): the weights of every stage it runs, plus live buffers
 an input a_i from the start of its transfer (or of the Fwd when i == 0) to the end
 of the Fwd (inference) or of the Bwd (training); an output from the start of the op
 that makes it to the end of its last Send (or of the op when nothing sends it); in
-training the stash (sum of saved_size over the interval, or ``meta["stash"]``) from
-the Fwd's start to the Bwd's end, d_j from its transfer start to the Bwd's end; and
-the working set of the op (``schedir.pipeline.working_set``) while it runs. At equal
-times frees come before allocations.
+training the stash (sum of saved_size over the interval) from the Fwd's start to the
+Bwd's end, d_j from its transfer start to the Bwd's end; and the working set of the
+op (``schedir.pipeline.working_set``) while it runs. ``meta["stash"]["i:j"]`` makes
+that interval's per-micro-batch footprint explicit instead: held from the Fwd's start
+to the Bwd's end in place of all of the above but the input's arrival before the Fwd
+and the outgoing gradient's send after the Bwd. At equal times (to 1e-9 relative)
+frees come before allocations.
 """
 
 from __future__ import annotations

@@ -10,7 +10,11 @@ backward of the interval (a sub-chain whose loss is "receive d_j", or the real l
 the last stage) must fit in b_p: if store-all fits, it costs its forward + backward;
 otherwise the exact chain DP (rotor, :mod:`solvers.rotor`) gives the least time in b_p
 bytes and the difference is recompute time; below rotor's least memory the stage is
-infeasible. This is conservative (every micro-batch reserves its whole peak).
+infeasible. This is conservative (every micro-batch reserves its whole peak). The
+schedule gives these peaks to the simulator as footprints (``meta["stash"]``), which
+adds inputs that arrive before their forward and gradients still being sent after
+their backward; a candidate whose simulated peaks exceed a device is skipped, so
+the returned schedule always passes the judge.
 
 The period is :func:`schedir.pipeline.training_period` (1F1B's cycle means, with
 communication); the solver enumerates the number of stages, the device orders and
