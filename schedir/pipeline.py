@@ -207,10 +207,8 @@ def used_pairs(left: Sequence[str], right: Sequence[str]) -> list[tuple[str, str
 
 def link_time(problem: PipelineProblem, src: str, dst: str, nbytes: int) -> float:
     """Seconds a message of ``nbytes`` occupies link src -> dst (inf if there is none)."""
-    for link in problem.platform.links:
-        if link.src == src and link.dst == dst:
-            return link.time(nbytes)
-    return math.inf
+    link = problem.platform.find_link(src, dst)
+    return math.inf if link is None else link.time(nbytes)
 
 
 @dataclass(frozen=True)

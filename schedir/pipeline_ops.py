@@ -19,11 +19,12 @@ the pattern of item n (see :func:`expand`).
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import numbers
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from schedir.errors import InvalidSchedule
 from schedir.pipeline import Mapping, PipelineProblem, evaluate
@@ -194,7 +195,10 @@ class PipelineSchedule:
 
 
 def _shift(op: PipelineOp, offset: int) -> PipelineOp:
-    return replace(op, mb=op.mb + offset)
+    """``op`` for item mb + offset (offset >= 0: still a valid op, not checked again)."""
+    moved = copy.copy(op)
+    object.__setattr__(moved, "mb", op.mb + offset)
+    return moved
 
 
 def expand(schedule: PipelineSchedule, items: int) -> PipelineSchedule:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from schedir.errors import InvalidSchedule
+from schedir.errors import InvalidProblem, InvalidSchedule
 from schedir.io import FORMATS
 from schedir.pipeline import PipelineProblem, link_time, working_set
 from schedir.pipeline_ops import Bwd, Fwd, PipelineSchedule, Recv, Send, expand
@@ -60,10 +60,20 @@ class Noise:
     seed: int = 0
     device_sigma: float = 0.0
 
+    def __post_init__(self) -> None:
+        for name in ("sigma", "device_sigma"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 10:
+                raise InvalidProblem(f"noise {name} = {v!r}: expected a number in [0, 10]")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise InvalidProblem(f"noise seed = {self.seed!r}: expected an integer >= 0")
+
     def generator(self) -> np.random.Generator:
         return np.random.default_rng(self.seed)
 
     def device_factors(self, names: list[str]) -> dict[str, float]:
+        if self.device_sigma == 0:
+            return dict.fromkeys(names, 1.0)
         rng = np.random.default_rng([self.seed, 1])
         s = self.device_sigma
         return {u: float(np.exp(s * rng.standard_normal() - s * s / 2)) for u in names}
@@ -164,7 +174,7 @@ def simulate_pipeline(
     chain, L, plat = problem.chain, problem.length, problem.platform
     x = chain.in_size
     noise = noise or Noise()
-    rng = noise.generator()
+    rng = noise.generator() if noise.sigma > 0 else None
     dev_factor = noise.device_factors([d.name for d in plat.devices])
     stash_override = schedule.meta.get("stash", {})
     if not isinstance(stash_override, dict) or not all(

@@ -191,6 +191,8 @@ class Platform:
     prefetch: CopyEngine = field(default_factory=lambda: CopyEngine(0.0))
     devices: tuple[Device, ...] = ()
     links: tuple[Link, ...] = ()
+    # name -> Device and (src, dst) -> Link, built once (not fields of the value)
+    _index: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "device_memory", _capacity("device_memory", self.device_memory))
@@ -218,6 +220,9 @@ class Platform:
             seen.add((link.src, link.dst))
         object.__setattr__(self, "devices", devices)
         object.__setattr__(self, "links", links)
+        index = {("device", d.name): d for d in devices}
+        index.update({("link", lk.src, lk.dst): lk for lk in links})
+        object.__setattr__(self, "_index", index)
 
     # Constructors.
     @classmethod
@@ -263,17 +268,22 @@ class Platform:
         return cls(devices=(master, *workers), links=tuple(links))
 
     def device(self, name: str) -> Device:
-        for d in self.devices:
-            if d.name == name:
-                return d
-        raise InvalidProblem(f"unknown device {name!r}; known: {[d.name for d in self.devices]}")
+        found = self._index.get(("device", name))
+        if found is None:
+            known = [d.name for d in self.devices]
+            raise InvalidProblem(f"unknown device {name!r}; known: {known}")
+        return found
 
     def link(self, src: str, dst: str) -> Link:
         """The link src -> dst; InvalidProblem if there is none."""
-        for link in self.links:
-            if link.src == src and link.dst == dst:
-                return link
-        raise InvalidProblem(f"no link {src}->{dst} on this platform")
+        found = self._index.get(("link", src, dst))
+        if found is None:
+            raise InvalidProblem(f"no link {src}->{dst} on this platform")
+        return found
+
+    def find_link(self, src: str, dst: str) -> Link | None:
+        """The link src -> dst, or None."""
+        return self._index.get(("link", src, dst))
 
     def with_bandwidth(self, bandwidth: float) -> Platform:
         """The same platform with both copy engines at ``bandwidth`` bytes/s."""

@@ -113,6 +113,7 @@ def best_1f1b(
     max_candidates: int = 200_000,
     slots: int = 500,
     budget: int | None = None,
+    progress=None,
 ) -> tuple:
     """(period, mapping, recompute per stage, bytes per micro-batch per stage, exact).
 
@@ -129,6 +130,9 @@ def best_1f1b(
     x = problem.chain.in_size
     best = (math.inf, None, None, None)
     seen, complete = 0, True
+    P = len(devs)
+    total = sum(math.perm(P, S) * math.comb(L - 1, S - 1) for S in range(1, min(P, L) + 1))
+    total = min(total, max_candidates)
     for S in range(1, min(len(devs), L) + 1):
         for order in itertools.permutations(devs, S):
             for cuts in compositions(L, S):
@@ -136,6 +140,8 @@ def best_1f1b(
                 if seen > max_candidates:
                     complete = False
                     break
+                if progress is not None and seen % 500 == 0:
+                    progress(seen / total, f"pipeline_1f1b: {seen} of {total} candidates")
                 stages = []
                 for p in range(S):
                     got = costs.stage(cuts[p], cuts[p + 1], order[p], min(S - p, m), budget)
@@ -196,9 +202,12 @@ def pipeline_1f1b(
     *,
     max_candidates: int = 200_000,
     slots: int = 500,
+    progress=None,
 ) -> PipelineSchedule:
     """``budget`` (bytes, optional) bounds every device besides its own memory."""
-    period, mapping, rec, per_mb, exact = best_1f1b(problem, max_candidates, slots, budget)
+    period, mapping, rec, per_mb, exact = best_1f1b(
+        problem, max_candidates, slots, budget, progress
+    )
     s = _schedule(problem, mapping, rec, per_mb)
     meta = {**s.meta, "method": "pipeline_1f1b", "period": period, "recompute": rec,
             "microbatches": problem.microbatches, "exact": exact}  # fmt: skip

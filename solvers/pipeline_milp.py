@@ -209,6 +209,7 @@ def milp_mapping(
     time_limit: float | None = None,
     max_replicas: int | None = None,
     budget: int | None = None,
+    progress=None,
 ) -> tuple[float, Mapping, dict]:
     """(objective, mapping, info) of the MILP; raises Infeasible.
 
@@ -216,6 +217,8 @@ def milp_mapping(
     ``time_limited`` and, when time-limited, ``lower_bound`` (seconds per item; the
     solver's bound on the optimum of the model).
     """
+    start = time.perf_counter()
+    deadline = None if time_limit is None else start + float(time_limit)
     P = len(problem.platform.devices)
     R = 1 if not replicate else min(P, max_replicas or P)
     m, ivs = _build(problem, R, budget)
@@ -225,12 +228,13 @@ def milp_mapping(
     scale = problem.work(0, problem.length) / max(d.speed for d in problem.platform.devices)
     scale = scale if scale > 0 else 1.0
     highs = _highs_model(m, n, scale)
-    deadline = None if time_limit is None else time.perf_counter() + float(time_limit)
-    start = time.perf_counter()
     rounds, limited = 0, False
     while True:
         if deadline is not None:
             highs.setOptionValue("time_limit", max(0.01, deadline - time.perf_counter()))
+        if progress is not None:
+            done = 0.0 if deadline is None else (time.perf_counter() - start) / time_limit
+            progress(min(done, 1.0), f"pipeline_milp: solve {rounds + 1} ({len(m.lo)} rows)")
         highs.setOptionValue("presolve", "choose")
         highs.run()
         status = highs.getModelStatus()
@@ -320,12 +324,15 @@ def pipeline_milp(
     replicate: bool = True,
     time_limit: float | None = None,
     max_replicas: int | None = None,
+    progress=None,
 ):
     """``budget`` (bytes, optional) bounds every device besides its own memory.
     ``time_limit`` (seconds) bounds the whole solve; an answer found under it is the
     best mapping found (``meta["time_limited"]``, ``meta["lower_bound"]``), not an
     optimum. ``max_replicas`` restricts the model (the answer is exact for it)."""
-    obj, mapping, info = milp_mapping(problem, replicate, time_limit, max_replicas, budget)
+    obj, mapping, info = milp_mapping(
+        problem, replicate, time_limit, max_replicas, budget, progress
+    )
     # the model's period of the mapping, recomputed (the MILP's T carries its tolerances)
     model_period = evaluate(problem, mapping, pairs="all").period
     meta = {"model_period": model_period, "milp": {**info, "objective": obj},

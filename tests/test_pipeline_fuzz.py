@@ -30,7 +30,7 @@ from schedir.pipeline import (
 )
 from schedir.pipeline_sim import simulate_pipeline
 
-INFERENCE_CASES = 240
+INFERENCE_CASES = 200
 TRAINING_CASES = 60
 
 
@@ -119,8 +119,9 @@ def test_every_inference_method_fits_the_simulator_and_exact_ones_match_brute_fo
             options = {"items": 12} if not entry.exact and method != "pipeline_greedy" else {}
             try:
                 schedule = entry.function(pb, budget, **options)
-            except solvers.Infeasible:
+            except solvers.Infeasible as err:
                 assert not entry.exact or arg is None, (method, best, arg)
+                assert err.min_budget is None  # no pipeline method computes a least budget
                 continue
             _simulated_fits(pb, schedule, budget)
             assert schedule.meta["exact"] is entry.exact
@@ -128,9 +129,6 @@ def test_every_inference_method_fits_the_simulator_and_exact_ones_match_brute_fo
                 assert arg is not None, method
                 period = schedule.meta.get("model_period", schedule.meta["period"])
                 assert period == pytest.approx(best, rel=1e-6), (method, period, best)
-                if period != best:
-                    print("DIFF", method, period, best)
-    print(counts)
     assert min(counts.values()) >= 10, counts
 
 
@@ -155,7 +153,6 @@ def test_1f1b_fits_the_simulator_and_is_optimal_with_unlimited_memory():
             )
             assert schedule.meta["period"] == pytest.approx(best, rel=1e-9)
             assert schedule.meta["exact"] is True
-    print("1f1b solved", solved)
     assert solved >= 20
 
 

@@ -183,3 +183,39 @@ def test_dp_charges_the_senders_of_a_replicated_interval():
     assert period == exhaustive(pb)[0]
     trace = simulate_pipeline(pb, solvers.get("pipeline_dp", pb).function(pb))
     assert max(trace.device_peak.values()) <= 20
+
+
+def test_a_time_limited_milp_says_so_and_keeps_to_its_limit():
+    import time
+
+    pb = random_problem(random.Random(5), L=8, P=5, memory=True)
+    calls = []
+    start = time.perf_counter()
+    try:
+        s = solvers.get("pipeline_milp", pb).function(
+            pb, time_limit=1.0, progress=lambda f, msg: calls.append((f, msg))
+        )
+    except solvers.Infeasible as err:  # no incumbent within the limit: said so, no least budget
+        assert "time limit" in str(err) and err.min_budget is None
+    else:
+        trace = simulate_pipeline(pb, s)
+        assert all(trace.device_peak[u] <= pb.platform.device(u).memory or
+                   pb.platform.device(u).memory is None for u in trace.device_peak)  # fmt: skip
+        if s.meta.get("time_limited"):
+            assert s.meta["exact"] is False
+            assert s.meta.get("lower_bound", 0) <= s.meta["model_period"] * (1 + 1e-6)
+        else:
+            assert s.meta["exact"] is True
+    assert time.perf_counter() - start < 1.0 + 2.0  # the limit, plus building the model
+    assert calls and all(0 <= f <= 1 for f, _ in calls)
+
+
+def test_1f1b_cut_short_is_not_called_exact():
+    chain = schedir.load("examples/chain_small.json")
+    devs = [schedir.Device(f"g{u}") for u in range(3)]
+    pb = schedir.PipelineProblem(chain, [0] * chain.length,
+                                 schedir.Platform.fully_connected(devs, 1e4), 4, True)  # fmt: skip
+    full = solvers.get("pipeline_1f1b", pb).function(pb)
+    short = solvers.get("pipeline_1f1b", pb).function(pb, max_candidates=5)
+    assert full.meta["exact"] is True and short.meta["exact"] is False
+    assert short.meta["period"] >= full.meta["period"] - 1e-12
