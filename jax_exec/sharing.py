@@ -159,7 +159,7 @@ def find_sharing(stages: Sequence[Any]) -> Sharing:
     index: dict[int, tuple[int, int]] = {}  # id(unit) -> (owner, index among owned units)
     for j, (stage, named_units) in enumerate(zip(stages, named, strict=True)):
         mine = {id(u) for _, u in named_units if first[id(u)][0] == j}
-        drops = len(mine) < len(named_units)
+        drops = any(first[id(u)][0] != j for _, u in named_units)  # NNX only (Linen refused)
         p = stage.params.filter(lambda _, v, mine=mine: id(v) in mine) if drops else stage.params
         owned.append(p if drops else None)
         own_units = jax.tree_util.tree_leaves(p, is_leaf=_is_variable)

@@ -121,19 +121,28 @@ def _refuse_state_change(name: str, before: dict, after: dict, module: nnx.Modul
         )
 
 
-def _nnx_stage(index: int, layer: nnx.Module) -> Stage:
-    graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
-    name = f"{index}:{type(layer).__name__}"
+def pure_apply(name: str, graphdef: Any) -> Callable[..., Any]:
+    """``apply(params, rest, *inputs)`` of an NNX module split into ``graphdef``.
 
-    def apply(p: Any, r: Any, a: jax.Array) -> jax.Array:
+    Refuses (TypeError naming ``name`` and the variable) a module that changes its
+    state while running; used by the stage list and usable by any executor.
+    """
+
+    def apply(p: Any, r: Any, *inputs: Any) -> Any:
         # copy: an eager call must not write into the user's module before refusing it.
         module = nnx.merge(graphdef, p, r, copy=True)
         before = _state_values(module)
-        out = module(a)
+        out = module(*inputs)
         _refuse_state_change(name, before, _state_values(module), module)
         return out
 
-    return Stage(name, params, rest, apply, ("nnx", graphdef), "nnx")
+    return apply
+
+
+def _nnx_stage(index: int, layer: nnx.Module) -> Stage:
+    graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
+    name = f"{index}:{type(layer).__name__}"
+    return Stage(name, params, rest, pure_apply(name, graphdef), ("nnx", graphdef), "nnx")
 
 
 def _linen_stage(index: int, module: Any, variables: Any) -> Stage:

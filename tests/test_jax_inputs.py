@@ -155,3 +155,38 @@ def test_linen_layers():
         np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, atol=1e-6)
         for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+class LinenNormed(nn.Module):
+    train: bool = False
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.BatchNorm(use_running_average=not self.train)(nn.Dense(8)(x))
+
+
+def test_linen_state_read_at_call_time_shared_arrays_and_training_refused():
+    x = jax.random.normal(jax.random.key(0), (4, 8))
+    y = jax.random.normal(jax.random.key(1), (4, 8))
+    module = LinenNormed()
+    variables = module.init(jax.random.key(2), x)
+    ops = [F_all(0), Loss(), B(0)]
+    step = jax_exec.value_and_grad([(module, variables)], mse_loss, ops)
+    step(x, y)
+    variables["batch_stats"] = jax.tree.map(lambda v: v + 1.0, variables["batch_stats"])
+
+    def plain(params):
+        return mse_loss(module.apply({**variables, "params": params}, x), y)
+
+    want_loss, want = jax.value_and_grad(plain)(variables["params"])
+    loss, grads = step(x, y)
+    result = jax_exec.run([(module, variables)], mse_loss, ops, x, y)
+    for got_loss, got in ((loss, grads), (result.loss, result.grads)):
+        np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, atol=1e-6)
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    with pytest.raises(TypeError, match="hold the same parameter array"):
+        jax_exec.profile([(module, variables), (module, variables)], mse_loss, x, y)
+    training = LinenNormed(train=True)
+    with pytest.raises(Exception, match="batch_stats.*immutable"):
+        jax_exec.run([(training, variables)], mse_loss, ops, x, y)

@@ -265,6 +265,8 @@ def test_state_is_read_at_call_time_on_both_paths():
     assert_matches(layers, loss, grads, want_loss, want)
     result = jax_exec.run(layers, mse_loss, ops, x, y)
     assert_matches(layers, result.loss, result.grads, want_loss, want)
+    chain = jax_exec.profile(layers, mse_loss, x, y, timing="flops")
+    assert result.resident_bytes == schedir.simulate_chain(chain, ops).resident
     np.testing.assert_allclose(lowered.loss(params, x, y), want_loss, rtol=RTOL)  # state now
     old_state = lowered.state()  # an explicit state argument is used as given
     layers[2].key.value = jax.random.key(5)
