@@ -9,6 +9,8 @@
 - :func:`value_and_grad` / :func:`lower`: the compiled path, nested ``jax.checkpoint``.
 - :func:`saved_activations` / :func:`expected_activations`: check the compiled path by
   the residuals JAX saves.
+- :func:`split_layers` / :func:`as_stages`: what a stage list is (anything else is
+  refused), shared parameters, state (docs/jax_exec.md, "What the stage list accepts").
 """
 
 from jax_exec.graph_profile import profile_graph
@@ -26,7 +28,7 @@ from jax_exec.offload_lowering import lower_offload, offload_residuals, offload_
 from jax_exec.planning import plan
 from jax_exec.profile import profile
 from jax_exec.runtime import RunResult, run
-from jax_exec.stages import Stage, as_stages
+from jax_exec.stages import Stage, StageList, as_stages, split_layers
 from jax_exec.tree import parse_tree
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "Residual",
     "RunResult",
     "Stage",
+    "StageList",
     "as_stages",
     "expected_activations",
     "lower",
@@ -51,6 +54,7 @@ __all__ = [
     "run",
     "run_graph",
     "saved_activations",
+    "split_layers",
     "value_and_grad",
 ]
 

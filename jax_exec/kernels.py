@@ -28,7 +28,7 @@ from typing import Any
 import jax
 from jax.extend.core import Literal
 
-from jax_exec.stages import Stage, as_spec, check_loss, spec_bytes
+from jax_exec.stages import Stage, as_spec, check_loss, output_spec, spec_bytes
 
 
 @dataclass(frozen=True)
@@ -222,8 +222,8 @@ def find_constants(closed: Any, consts: dict[int, Any]) -> None:
 
 
 def _build(stage: Stage, a_spec: jax.ShapeDtypeStruct) -> StageFunctions:
-    out = jax.eval_shape(stage.apply, stage.params, stage.rest, a_spec)
-    as_spec(f"layer {stage.name}'s output", out)  # one array, or a clear error
+    # One floating-point array, or a clear error; a stateful layer is refused here.
+    output_spec(stage, jax.eval_shape(stage.apply, stage.params, stage.rest, a_spec))
     found: dict[str, Any] = {}
     consts: dict[int, Any] = {}  # index among the new leaves -> constant value
 

@@ -38,7 +38,15 @@ from jax._src.ad_checkpoint import saved_residuals
 from jax.ad_checkpoint import checkpoint_name
 
 from jax_exec.kernels import stage_functions
-from jax_exec.stages import Stage, activation_specs, as_stages, check_loss, spec_bytes
+from jax_exec.stages import (
+    LayerWatch,
+    Stage,
+    StageList,
+    activation_specs,
+    check_loss,
+    spec_bytes,
+    split_layers,
+)
 from jax_exec.tree import (
     Empty,
     LossNode,
@@ -70,14 +78,15 @@ def _to(space, tree):
 
 
 def _recorded(stage: Stage, offload_in: bool = False, offload_out: bool = False):
-    """Stage ``stage`` as a recording forward: ``F_all`` keeps exactly ``abar``.
+    """Stage ``stage`` as a recording forward ``(params, rest, a) -> out``: keeps exactly ``abar``.
 
     A ``jax.custom_vjp`` whose residuals are the stage input, its output and the new
     residuals of its ``jax.vjp`` (the profiler's ``abar``); the backward applies the
     vjp closure rebuilt from them, so nothing is recomputed and the gradients are
-    those of plain autodiff. With ``offload_in`` the residual input, with
-    ``offload_out`` the output and new residuals (the next node's input ``abar``) are
-    put in host memory, and back for the backward.
+    those of plain autodiff. ``rest`` (the layer's other state) is an argument, read
+    when the step runs, and gets no gradient. With ``offload_in`` the residual input,
+    with ``offload_out`` the output and new residuals (the next node's input ``abar``)
+    are put in host memory, and back for the backward.
     """
     host, device = jax.memory.Space.Host, jax.memory.Space.Device
 
@@ -85,22 +94,23 @@ def _recorded(stage: Stage, offload_in: bool = False, offload_out: bool = False)
         return stage_functions(stage, jax.ShapeDtypeStruct(a.shape, a.dtype))
 
     @jax.custom_vjp
-    def recorded(params: Any, a: jax.Array) -> jax.Array:
-        return functions(a).fwd(params, stage.rest, a)
+    def recorded(params: Any, rest: Any, a: jax.Array) -> jax.Array:
+        return functions(a).fwd(params, rest, a)
 
-    def recorded_fwd(params: Any, a: jax.Array):
-        out, new = functions(a).rec(params, stage.rest, a)
+    def recorded_fwd(params: Any, rest: Any, a: jax.Array):
+        out, new = functions(a).rec(params, rest, a)
         kept_a = _to(host, a) if offload_in else a
         kept = _to(host, (out, new)) if offload_out else (out, new)
-        return out, (params, kept_a, *kept)
+        return out, (params, rest, kept_a, *kept)
 
     def recorded_bwd(residuals: tuple, d_out: jax.Array):
-        params, a, out, new = residuals
+        params, rest, a, out, new = residuals
         if offload_in:
             a = _to(device, a)
         if offload_out:
             out, new = _to(device, (out, new))
-        return functions(a).bwd(params, stage.rest, a, out, new, d_out)
+        d_params, d_a = functions(a).bwd(params, rest, a, out, new, d_out)
+        return d_params, None, d_a  # None: the state is constant
 
     recorded.defvjp(recorded_fwd, recorded_bwd)
     return recorded
@@ -123,24 +133,26 @@ def _lower_node(
     pos: int = 0,
     names: list | None = None,
 ) -> Callable:
-    """``(params, a_i, y) -> a_{t+1}`` (or the loss) for the subtree ``node``.
+    """``(params, rests, a_i, y) -> a_{t+1}`` (or the loss) for the subtree ``node``.
 
+    ``params`` and ``rests`` hold every layer's full parameters and its state.
     ``node`` starts at chain op ``pos``; the nodes starting at a position in
     ``offloaded`` have their input offloaded to host memory (the checkpoint names are
     appended to ``names``): see :mod:`jax_exec.offload_lowering`.
     """
     if isinstance(node, Empty):
-        return lambda params, a, y: a
+        return lambda params, rests, a, y: a
     if isinstance(node, LossNode):
         checkpointed_loss = jax.checkpoint(loss_fn, prevent_cse=True)
-        return lambda params, a, y: checkpointed_loss(a, y)
+        return lambda params, rests, a, y: checkpointed_loss(a, y)
     if isinstance(node, Record):
         rest_off = pos + 1 in offloaded and isinstance(node.rest, Record | Segment)
         recorded = _recorded(stages[node.index], pos in offloaded, rest_off)
-        rest = _lower_node(stages, node.rest, loss_fn, offloaded, pos + 1, names)
+        after = _lower_node(stages, node.rest, loss_fn, offloaded, pos + 1, names)
+        k = node.index
 
-        def record(params: Params, a: jax.Array, y: Any) -> Any:
-            return rest(params, recorded(params[node.index], a), y)
+        def record(params: Params, rests: Params, a: jax.Array, y: Any) -> Any:
+            return after(params, rests, recorded(params[k], rests[k], a), y)
 
         return record
     if isinstance(node, Segment):
@@ -149,29 +161,36 @@ def _lower_node(
         after = _lower_node(stages, node.after, loss_fn, offloaded, after_pos, names)
         inside_pos = after_pos + _sizes(node.after)
         inside = _lower_node(stages, node.inside, loss_fn, offloaded, inside_pos, names)
+        name = f"schedir_in{pos}" if pos in offloaded else None
+        if name is not None and names is not None:
+            names.append(name)
 
-        if pos in offloaded:  # the input is saved in pinned_host memory, nothing else
-            name = f"schedir_in{pos}"
-            if names is not None:
-                names.append(name)
-
-            def region(sub_params: Params, a: jax.Array) -> jax.Array:
+        def region(sub_params: Params, sub_rests: Params, a: jax.Array) -> jax.Array:
+            if name is not None:  # the input is saved in pinned_host memory, nothing else
                 a = checkpoint_name(a, name)
-                return inside([None] * start + list(sub_params), a, None)
+            pad = [None] * start  # the state is a constant here as in records: no gradient
+            return inside(pad + list(sub_params), pad + _constant(list(sub_rests)), a, None)
 
-            checkpointed = jax.checkpoint(region, policy=_offload_policy(name), prevent_cse=True)
-        else:
+        policy = None if name is None else _offload_policy(name)
+        checkpointed = jax.checkpoint(region, policy=policy, prevent_cse=True)
 
-            def region(sub_params: Params, a: jax.Array) -> jax.Array:
-                return inside([None] * start + list(sub_params), a, None)
-
-            checkpointed = jax.checkpoint(region, prevent_cse=True)
-
-        def segment(params: Params, a: jax.Array, y: Any) -> Any:
-            return after(params, checkpointed(list(params[start:stop]), a), y)
+        def segment(params: Params, rests: Params, a: jax.Array, y: Any) -> Any:
+            out = checkpointed(list(params[start:stop]), list(rests[start:stop]), a)
+            return after(params, rests, out, y)
 
         return segment
     raise TypeError(f"not a schedule tree node: {node!r}")  # pragma: no cover
+
+
+def _constant(tree: Any) -> Any:
+    """The state as a constant of the loss: no gradient flows into it."""
+
+    def stop(v: Any) -> Any:
+        dtype = getattr(v, "dtype", None)
+        inexact = dtype is not None and jax.numpy.issubdtype(dtype, jax.numpy.inexact)
+        return jax.lax.stop_gradient(v) if inexact else v
+
+    return jax.tree_util.tree_map(stop, tree)
 
 
 @dataclass(frozen=True)
@@ -179,24 +198,64 @@ class Lowered:
     """A schedule lowered onto a model.
 
     Attributes:
-        loss: ``loss(params, x, y) -> scalar``, pure and differentiable; its autodiff
-            follows the schedule. ``params`` is a list with one parameter pytree per
-            layer (``nnx.State`` for NNX), as :meth:`params` returns.
         tree: the schedule's tree.
-        stages: the layers in pure form (parameters as read when lowering).
+        body: ``(full params, states, x, y) -> loss``, the schedule's structure.
+        model: the layers, split once (:class:`jax_exec.stages.StageList`).
+
+    :meth:`loss` is ``loss(params, x, y, state=None)``, pure and differentiable; its
+    autodiff follows the schedule. ``params`` is a list with one parameter pytree per
+    layer (``nnx.State`` for NNX), as :meth:`params` returns; a parameter several
+    layers read (tied weights) is only in the first of them, and its gradient there is
+    the sum over its uses. ``state`` is the layers' non-trainable state, as
+    :meth:`state` returns; None reads the layers' state when ``loss`` is called
+    (under ``jax.jit``: when it is traced, so pass it as an argument to follow
+    changes).
     """
 
-    loss: Callable[[Params, jax.Array, Any], jax.Array]
     tree: Node
-    stages: tuple[Stage, ...]
+    body: Callable[[Params, Params, jax.Array, Any], jax.Array]
+    model: StageList
+
+    @property
+    def stages(self) -> tuple[Stage, ...]:
+        """The layers in pure form."""
+        return self.model.stages
+
+    def loss(self, params: Params, x: jax.Array, y: Any, state: Params | None = None) -> jax.Array:
+        """The loss of the model at ``params`` (and ``state``), following the schedule."""
+        n = len(self.model.stages)
+        if len(params) != n:
+            raise ValueError(f"params has {len(params)} entries, the model {n} layers")
+        rests = self.model.state() if state is None else list(state)
+        if len(rests) != n:
+            raise ValueError(f"state has {len(rests)} entries, the model {n} layers")
+        return self.body(self.model.expand(list(params)), rests, x, y)
 
     def params(self) -> list:
-        """The parameters as read when lowering (one pytree per layer)."""
-        return [s.params for s in self.stages]
+        """The parameters now (a copy: one pytree per layer, shared ones once)."""
+        return jax.tree_util.tree_map(lambda v: v, self.model.params())
 
-    def value_and_grad(self, params: Params, x: jax.Array, y: Any) -> tuple[jax.Array, list]:
-        """``(loss, grads)`` of :attr:`loss` at ``params``; jit-able."""
-        return jax.value_and_grad(self.loss)(list(params), x, y)
+    def state(self) -> list:
+        """The layers' non-trainable state now (a copy: one pytree per layer)."""
+        return jax.tree_util.tree_map(lambda v: v, self.model.state())
+
+    def value_and_grad(
+        self, params: Params, x: jax.Array, y: Any, state: Params | None = None
+    ) -> tuple[jax.Array, list]:
+        """``(loss, grads)`` of :meth:`loss` at ``params``; jit-able."""
+        return jax.value_and_grad(self.loss)(list(params), x, y, state)
+
+
+def lower_model(
+    model: StageList,
+    loss_fn: Callable,
+    chain_ops: Schedule | Sequence,
+    offloaded: frozenset[int] | set[int] = frozenset(),
+    names: list | None = None,
+) -> tuple[Node, Callable]:
+    """(tree, body) of a chain schedule on split layers; see :func:`lower`."""
+    tree = parse_tree(chain_ops, len(model.stages))
+    return tree, _lower_node(model.stages, tree, loss_fn, offloaded, 0, names)
 
 
 def lower(layers: Sequence[Any], loss_fn: Callable, schedule: Schedule | Sequence) -> Lowered:
@@ -205,18 +264,11 @@ def lower(layers: Sequence[Any], loss_fn: Callable, schedule: Schedule | Sequenc
     Use ``lowered.loss(params, x, y)`` in place of the model's loss in any training
     loop (e.g. with optax: ``jax.value_and_grad(lowered.loss)``). Raises
     :class:`schedir.InvalidSchedule` for a schedule of another chain length, an invalid
-    one, or one that is not tree-shaped.
+    one, or one that is not tree-shaped, and TypeError for layers that are not a chain
+    (:mod:`jax_exec.stages`).
     """
-    stages = tuple(as_stages(layers))
-    tree = parse_tree(schedule, len(stages))
-    body = _lower_node(stages, tree, loss_fn)
-
-    def loss(params: Params, x: jax.Array, y: Any) -> jax.Array:
-        if len(params) != len(stages):
-            raise ValueError(f"params has {len(params)} entries, the model {len(stages)} layers")
-        return body(list(params), x, y)
-
-    return Lowered(loss, tree, stages)
+    model = split_layers(layers)
+    return Lowered(*lower_model(model, loss_fn, schedule), model)
 
 
 def value_and_grad(
@@ -225,10 +277,14 @@ def value_and_grad(
     """A jit-able ``f(x, y) -> (loss, grads)`` following ``schedule``.
 
     ``grads`` holds one parameter pytree per layer (``nnx.State`` of ``nnx.Param`` for
-    NNX layers). Parameters are read from ``layers`` at every call, so the step follows
-    model updates (``nnx.update``); under an outer ``jax.jit`` they are read once, at
-    tracing. Gradients equal those of ``jax.value_and_grad`` of the plain model.
-    Schedules with copy ops (``rotor_offload``) are lowered with host offload
+    NNX layers; a parameter several layers read is in the first of them, its gradient
+    summed over its uses). The layers are split once; their parameters and other state
+    are read at every call (arguments of the jitted step), so the step follows model
+    updates (``nnx.update``, an optimizer); under an outer ``jax.jit`` they are read
+    once, at tracing. A change of the layers' structure (``model.eval()``, a
+    reassigned submodule or Variable) splits and lowers them again. Gradients equal
+    those of ``jax.value_and_grad`` of the plain model. Schedules with copy ops
+    (``rotor_offload``) are lowered with host offload
     (``jax_exec.offload_lowering``: ``checkpoint_name`` and
     ``save_and_offload_only_these_names``).
     """
@@ -237,16 +293,26 @@ def value_and_grad(
     if has_copies(schedule.ops if hasattr(schedule, "ops") else schedule):
         from jax_exec.offload_lowering import lower_offload
 
-        return jitted_step(layers, lower_offload(layers, loss_fn, schedule))
-    return jitted_step(layers, lower(layers, loss_fn, schedule))
+        return jitted_step(layers, lambda model: lower_offload(model, loss_fn, schedule))
+    return jitted_step(layers, lambda model: Lowered(*lower_model(model, loss_fn, schedule), model))
 
 
-def jitted_step(layers: Sequence[Any], lowered: Lowered) -> Callable:
-    """``f(x, y) -> (loss, grads)``: ``lowered`` jitted, parameters read from ``layers``."""
-    step = jax.jit(lowered.value_and_grad)
+def jitted_step(layers: Sequence[Any], build: Callable[[StageList], Lowered]) -> Callable:
+    """``f(x, y) -> (loss, grads)``: ``build(split layers)`` jitted, values read at each call."""
+    current: dict[str, Any] = {}
+
+    def split_and_build() -> None:
+        model = split_layers(layers)
+        current["model"], current["watch"] = model, LayerWatch(layers)
+        current["step"] = jax.jit(build(model).value_and_grad)
+
+    split_and_build()  # a bad model or schedule fails here, not at the first call
 
     def f(x: jax.Array, y: Any) -> tuple[jax.Array, list]:
-        return step([s.params for s in as_stages(layers)], x, y)
+        if current["watch"].changed():
+            split_and_build()
+        model = current["model"]
+        return current["step"](model.params(), x, y, model.state())
 
     return f
 
@@ -268,25 +334,34 @@ class Residual:
 
 
 def saved_activations(lowered: Lowered, x: jax.Array, y: Any) -> list[Residual]:
-    """Residuals saved at the top level of ``lowered.loss``, parameters and y left out.
+    """Residuals saved at the top level of ``lowered.loss``; parameters, state, y left out.
 
     Uses ``jax._src.ad_checkpoint.saved_residuals``, the function behind
     ``jax.ad_checkpoint.print_saved_residuals``. The input x counts (it is a[0]).
     """
-
-    def step(params: Params, x: jax.Array, y: Any) -> jax.Array:
-        return lowered.loss(params, x, y)
-
     out = []
-    for aval, source in saved_residuals(step, lowered.params(), x, y):
-        if source == "from a literal" or source.startswith(
-            ("from the argument params", "from the argument y")
-        ):
+    for aval, source in top_residuals(lowered, x, y):
+        if is_model_input(source):
             continue
         shape = tuple(int(d) for d in aval.shape)
         spec = jax.ShapeDtypeStruct(shape, aval.dtype)
         out.append(Residual(shape, str(aval.dtype), spec_bytes(spec), source))
     return out
+
+
+def top_residuals(lowered: Lowered, x: jax.Array, y: Any) -> list:
+    """``(aval, source)`` of every residual saved at the top level of ``lowered.loss``."""
+
+    def step(params: Params, state: Params, x: jax.Array, y: Any) -> jax.Array:
+        return lowered.loss(params, x, y, state)
+
+    return saved_residuals(step, lowered.params(), lowered.state(), x, y)
+
+
+def is_model_input(source: str) -> bool:
+    """Whether a residual is a literal, a parameter, the state or y (not an activation)."""
+    prefixes = ("from the argument params", "from the argument state", "from the argument y")
+    return source == "from a literal" or source.startswith(prefixes)
 
 
 def expected_activations(
@@ -298,7 +373,7 @@ def expected_activations(
     and the new residuals of stage k-1 (as the profiler counts them). Compare with
     ``Counter((r.shape, r.dtype) for r in saved_activations(...))``.
     """
-    stages = as_stages(layers)
+    stages = split_layers(layers).stages
     specs = activation_specs(stages, x)
     check_loss(loss_fn, specs[-1], y)
     ops = check_schedule(schedule, len(stages))

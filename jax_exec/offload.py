@@ -29,7 +29,7 @@ import jax
 
 from jax_exec.kernels import chain_kernels, loss_kernel
 from jax_exec.runtime import _Buffers
-from jax_exec.stages import as_stages
+from jax_exec.stages import split_layers
 from jax_exec.tree import unit_chain
 from schedir import (
     B,
@@ -94,7 +94,8 @@ def run_offload(
     y: Any,
 ) -> OffloadRunResult:
     """Run one training step of ``layers`` following an offload schedule, op by op."""
-    stages = as_stages(layers)
+    model = split_layers(layers)
+    stages = model.stages
     L = len(stages)
     ops = schedule.ops if isinstance(schedule, OffloadSchedule) else OffloadSchedule(schedule).ops
     simulate_offload(OffloadProblem(unit_chain(L), Platform.host_offload(math.inf)), ops)
@@ -197,7 +198,7 @@ def run_offload(
             a.delete()
     return OffloadRunResult(
         loss=loss,
-        grads=grads,
+        grads=model.fold(grads),
         resident_bytes=tuple(resident),
         host_bytes=tuple(hosted),
         op_peak_bytes=tuple(peaks),

@@ -36,15 +36,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-from jax._src.ad_checkpoint import saved_residuals
 
-from jax_exec.lowering import Lowered, Residual, _lower_node, jitted_step
-from jax_exec.stages import as_stages, spec_bytes
-from jax_exec.tree import parse_tree
+from jax_exec.lowering import (
+    Lowered,
+    Residual,
+    is_model_input,
+    jitted_step,
+    lower_model,
+    top_residuals,
+)
+from jax_exec.stages import StageList, spec_bytes, split_layers
 from schedir import Offload, OffloadSchedule, Prefetch, Wait
 from schedir.offload import is_compute
-
-Params = Sequence[Any]
 
 
 def split_schedule(schedule: OffloadSchedule | Sequence) -> tuple[tuple, set[int]]:
@@ -76,7 +79,7 @@ class OffloadLowered(Lowered):
 
 
 def lower_offload(
-    layers: Sequence[Any], loss_fn: Callable, schedule: OffloadSchedule | Sequence
+    layers: Sequence[Any] | StageList, loss_fn: Callable, schedule: OffloadSchedule | Sequence
 ) -> OffloadLowered:
     """Lower an activation-offload schedule onto ``layers`` (module doc).
 
@@ -85,43 +88,30 @@ def lower_offload(
     """
     if any(getattr(op, "buffer", "a")[0] in "wg" for op in getattr(schedule, "ops", schedule)):
         raise TypeError("weight copies (w[k], g[k]) are not lowered; use jax_exec.run")
-    stages = tuple(as_stages(layers))
+    model = layers if isinstance(layers, StageList) else split_layers(layers)
     chain_ops, offloaded = split_schedule(schedule)
-    tree = parse_tree(chain_ops, len(stages))
     names: list = []
-    body = _lower_node(stages, tree, loss_fn, offloaded, 0, names)
-
-    def loss(params: Params, x: jax.Array, y: Any) -> jax.Array:
-        if len(params) != len(stages):
-            raise ValueError(f"params has {len(params)} entries, the model {len(stages)} layers")
-        return body(list(params), x, y)
-
-    return OffloadLowered(loss, tree, stages, frozenset(offloaded), frozenset(names))
+    tree, body = lower_model(model, loss_fn, chain_ops, offloaded, names)
+    return OffloadLowered(tree, body, model, frozenset(offloaded), frozenset(names))
 
 
 def offload_value_and_grad(
     layers: Sequence[Any], loss_fn: Callable, schedule: OffloadSchedule | Sequence
 ) -> Callable[[jax.Array, Any], tuple[jax.Array, list]]:
     """A jit-able ``f(x, y) -> (loss, grads)`` following an activation-offload schedule."""
-    return jitted_step(layers, lower_offload(layers, loss_fn, schedule))
+    return jitted_step(layers, lambda model: lower_offload(model, loss_fn, schedule))
 
 
 def offload_residuals(lowered: Lowered, x: jax.Array, y: Any) -> tuple[list, list]:
     """(device, host) residuals saved at the top level of ``lowered.loss``.
 
-    Parameters and y are left out (as in :func:`jax_exec.saved_activations`); a residual
-    is on the host when its abstract value says so (``float32<host>[...]``, i.e.
-    ``aval.memory_space`` is ``Host``), which JAX reports on CPU too.
+    Parameters, state and y are left out (as in :func:`jax_exec.saved_activations`); a
+    residual is on the host when its abstract value says so (``float32<host>[...]``,
+    i.e. ``aval.memory_space`` is ``Host``), which JAX reports on CPU too.
     """
-
-    def step(params: Params, x: jax.Array, y: Any) -> jax.Array:
-        return lowered.loss(params, x, y)
-
     device, host = [], []
-    for aval, source in saved_residuals(step, lowered.params(), x, y):
-        if source == "from a literal" or source.startswith(
-            ("from the argument params", "from the argument y")
-        ):
+    for aval, source in top_residuals(lowered, x, y):
+        if is_model_input(source):
             continue
         shape = tuple(int(d) for d in aval.shape)
         spec = jax.ShapeDtypeStruct(shape, aval.dtype)

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_exec.kernels import chain_kernels, loss_kernel, median_time
-from jax_exec.stages import as_stages, spec_bytes
+from jax_exec.stages import spec_bytes, split_layers
 from schedir import Chain
 
 TIMINGS = ("measure", "flops")
@@ -57,7 +57,7 @@ def profile(
         raise ValueError(f"timing = {timing!r}: expected one of {', '.join(TIMINGS)}")
     if not flops_per_second > 0:
         raise ValueError(f"flops_per_second = {flops_per_second!r}: expected a positive rate")
-    stages = as_stages(layers)
+    stages = split_layers(layers).stages
     kernels, specs = chain_kernels(stages, x)
     loss_k = loss_kernel(loss_fn, specs[-1], y)
 

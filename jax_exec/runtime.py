@@ -20,7 +20,7 @@ from typing import Any
 import jax
 
 from jax_exec.kernels import chain_kernels, loss_kernel
-from jax_exec.stages import as_stages
+from jax_exec.stages import split_layers
 from jax_exec.tree import check_schedule
 from schedir import B, F_all, F_ck, F_n, GraphSchedule, Loss, Schedule
 
@@ -31,7 +31,9 @@ class RunResult:
 
     Attributes:
         loss: the loss value (a scalar array).
-        grads: one parameter-gradient pytree per layer (``nnx.State`` for NNX layers).
+        grads: one parameter-gradient pytree per layer (``nnx.State`` for NNX layers); a
+            parameter several layers read is in the first of them, with the sum of
+            the gradients of its uses.
         peak_bytes: max over the initial state and every op of ``op_peak_bytes``.
         initial_bytes: activation bytes before the first op (a_0).
         resident_bytes: live activation bytes after each op.
@@ -40,7 +42,7 @@ class RunResult:
         op_temp_bytes: temporary bytes of each op's compiled kernel.
         op_times: wall time of each op, seconds (dispatch to completion).
         total_time: wall time of the whole step, seconds.
-        param_bytes: bytes of the parameters (not in the activation figures).
+        param_bytes: bytes of the parameters, each once (not in the activation figures).
         grad_bytes: bytes of the parameter gradients (not in the activation figures).
         batch_bytes: bytes of x and y.
         ops: the ops that ran.
@@ -75,6 +77,9 @@ class _Buffers:
         self.put(("a", 0), (x,))
 
     def put(self, name: tuple[str, int], arrays: tuple[jax.Array, ...]) -> None:
+        # The gradient of an integer input (token ids) is float0, not an array: the
+        # buffer holds nothing.
+        arrays = tuple(arr for arr in arrays if arr.dtype != jax.dtypes.float0)
         self.table[name] = arrays
         for arr in arrays:
             self.nbytes.setdefault(id(arr), int(arr.nbytes))
@@ -132,7 +137,8 @@ def run(
         from jax_exec.offload import run_offload  # copy ops: the runtime with host memory
 
         return run_offload(layers, loss_fn, schedule, x, y)
-    stages = as_stages(layers)
+    model = split_layers(layers)
+    stages = model.stages
     L = len(stages)
     ops = check_schedule(schedule, L)
     x = jax.numpy.asarray(x)
@@ -199,6 +205,7 @@ def run(
     total = time.perf_counter() - step_start
     for name in list(buf.table):  # only d[0] is left: free it, the caller gets grads
         buf.drop(name)
+    grads = model.fold(grads)  # a shared parameter: the sum of its per-layer gradients
 
     return RunResult(
         loss=loss,
@@ -210,7 +217,7 @@ def run(
         op_temp_bytes=tuple(op_temp),
         op_times=tuple(op_times),
         total_time=total,
-        param_bytes=sum(_tree_bytes(s.params) for s in stages),
+        param_bytes=_tree_bytes(model.params()),
         grad_bytes=_tree_bytes(grads),
         batch_bytes=_tree_bytes(x) + _tree_bytes(y),
         ops=ops,
