@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from schedir.chain import Chain
 from schedir.errors import InvalidProblem, InvalidSchedule
-from schedir.graph_ops import Compute, Free
+from schedir.graph_ops import Compute, Free, parse_graph_op
 
 NODE_KINDS = ("input", "forward", "backward")
 FORMAT = "schedir.graph"
@@ -436,6 +436,29 @@ def chain_ops_to_graph(chain: Chain, ops: Iterable) -> tuple:
         else:
             raise InvalidSchedule(f"op {step}: {op!r} is not a chain op")
     return tuple(out)
+
+
+def dropped_recorded_inputs(chain: Chain, ops: Iterable) -> tuple[int, ...]:
+    """Stages k at which a graph schedule of :func:`chain_to_graph` (chain) uses the
+    freedom no chain op has (docs/graphs.md, "Graph methods against rotor"): a B{k}
+    reads an a_{k+1} (F{k}) computed while a_k was resident, and a_k was freed in
+    between. (The chain's ``F_all(k)`` keeps its input until ``B(k)``; ``F_n(k)``
+    drops it but makes an a[k+1] that ``B(k)`` cannot read.)"""
+    w = chain_nodes(chain)
+    last: dict[int, int] = {}
+    freed: dict[int, list[int]] = {}
+    stages = []
+    ops = [parse_graph_op(op) if isinstance(op, str) else op for op in getattr(ops, "ops", ops)]
+    for t, op in enumerate(ops):
+        if isinstance(op, Compute):
+            last[op.node] = t
+            if op.node in w.d[:-1]:
+                k = w.d.index(op.node)
+                if any(last[w.fwd[k]] < f < t for f in freed.get(w.a[k], [])):
+                    stages.append(k)
+        else:
+            freed.setdefault(op.node, []).append(t)
+    return tuple(stages)
 
 
 # ------------------------------------------------------- graphs from forward DAGs
