@@ -49,21 +49,33 @@ class Node:
 
 
 def _size(where: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    """An exact non-negative int (any Python int; a float only if whole and finite)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        size = int(value)
+    elif (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and math.isfinite(float(value))
+        and float(value).is_integer()
+    ):
+        size = int(value)
+    else:
         raise InvalidProblem(f"{where} = {value!r}: sizes must be integers (bytes)")
-    if not math.isfinite(float(value)) or float(value) != int(value):
-        raise InvalidProblem(f"{where} = {value!r}: sizes must be integers (bytes)")
-    if value < 0:
+    if size < 0:
         raise InvalidProblem(f"{where} = {value!r}: sizes must be non-negative")
-    return int(value)
+    return size
 
 
 def _cost(where: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise InvalidProblem(f"{where} = {value!r}: costs must be real numbers (seconds)")
-    if not math.isfinite(float(value)) or value < 0:
+    try:
+        cost = float(value)
+    except OverflowError:
+        raise InvalidProblem(f"{where} = {value!r}: too large for a float (seconds)") from None
+    if not math.isfinite(cost) or cost < 0:
         raise InvalidProblem(f"{where} = {value!r}: costs must be finite and non-negative")
-    return float(value)
+    return cost
 
 
 def _check_cost_sum(nodes: Sequence[Node]) -> None:

@@ -28,12 +28,12 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import scipy.sparse as sp
 
-from schedir import Compute, Free, Graph, GraphSchedule, simulate_graph
+from schedir import Compute, Free, Graph, GraphSchedule, InvalidProblem, simulate_graph
 from solvers.registry import Infeasible, register
 
 SOLVER = "HIGHS"
@@ -49,6 +49,8 @@ class CheckmateModel:
         stages: ``stages[t]`` = C[t], the node stage t must compute.
         r_index: (t, i) -> column of R[t,i] in x; ``s_index``: (t, i) -> column of S[t,i].
         cost: objective coefficients (seconds) over x.
+        unit: bytes per memory unit of the rows (U, sizes, tmp, budget): the greatest
+            common divisor of the sizes and temporaries, so the rows are exact and small.
     """
 
     graph: Graph
@@ -65,16 +67,30 @@ class CheckmateModel:
     A_eq: sp.csr_matrix
     G_eq: sp.csr_matrix
     b_eq: np.ndarray
+    unit: int = 1
 
     def b_ub_at(self, budget: float) -> np.ndarray:
+        """The right-hand sides at ``budget`` bytes: in memory units, rounded down for an
+        integer budget (exact: every memory row is a whole number of units)."""
         b = self.b_ub.copy()
-        b[self.budget_rows] = budget
+        b[self.budget_rows] = budget // self.unit if isinstance(budget, int) else budget / self.unit
         return b
 
 
 def build_model(graph: Graph) -> CheckmateModel:
-    """Checkmate's frontier-advancing MILP of ``graph`` (budget left symbolic)."""
-    nodes = graph.nodes
+    """Checkmate's frontier-advancing MILP of ``graph`` (budget left symbolic).
+
+    Raises InvalidProblem when the memory rows, in units of the sizes' greatest common
+    divisor, exceed 2**53 (HiGHS's doubles would round them)."""
+    unit = math.gcd(*(n.size for n in graph.nodes), *(n.tmp for n in graph.nodes)) or 1
+    top = budget_cap(graph) // unit
+    if top > 2**53:
+        raise InvalidProblem(
+            f"checkmate_milp: sizes of up to {max(n.size for n in graph.nodes)} bytes give "
+            f"memory rows of {top} units of {unit} bytes, beyond 2**53: HiGHS's doubles "
+            f"cannot hold them exactly"
+        )
+    nodes = [replace(n, size=n.size // unit, tmp=n.tmp // unit) for n in graph.nodes]
     C = graph.computed
     T = len(C)
     pos = {i: t for t, i in enumerate(C)}
@@ -190,6 +206,7 @@ def build_model(graph: Graph) -> CheckmateModel:
         graph, tuple(C), {(t, i): c for (kd, t, i, *_), c in cols.items() if kd == "R"},
         {(t, i): c for (kd, t, i, *_), c in cols.items() if kd == "S"},
         nx, nu, cost, A_ub, G_ub, b_ub, np.asarray(budget_rows, dtype=int), A_eq, G_eq, b_eq,
+        unit,
     )  # fmt: skip
 
 
@@ -398,8 +415,8 @@ def least_budget(model: CheckmateModel, deadline: Deadline) -> LeastBudget:
     lower = None if res.bound is None else max(0, math.ceil(res.bound - 1e-6))
     if res.x is None:
         return LeastBudget(None, lower, None)
-    upper = math.ceil(res.objective - 1e-6)
-    lower = upper if lower is None else min(lower, upper)
+    upper = math.ceil(res.objective - 1e-6) * model.unit
+    lower = upper if lower is None else min(lower * model.unit, upper)
     least = LeastBudget(upper if res.optimal else None, lower, upper, res.x)
     if res.optimal:
         _LEAST[model.graph] = least

@@ -186,6 +186,17 @@ def test_residual_node_costs_a_forward() -> None:
     assert simulate(g, ops).op_peak[:2] == (need, need)
 
 
+def test_sizes_are_exact_integers_costs_floats() -> None:
+    big = 10**400
+    assert Graph((Node("a", 1.0, big),)).nodes[0].size == big
+    assert Graph((Node("a", 1.0, 2.0**70),)).nodes[0].size == 2**70
+    for bad in (1.5, float("nan"), float("inf")):
+        with pytest.raises(InvalidProblem, match="size.*integers"):
+            Graph((Node("a", 1.0, bad),))
+    with pytest.raises(InvalidProblem, match=r"nodes\[0\] \(a\)\.cost.*too large"):
+        Graph((Node("a", big, 1),))
+
+
 def test_costs_whose_sums_overflow_are_refused() -> None:
     with pytest.raises(InvalidProblem, match=r"nodes\[\*\]\.cost.*overflow"):
         Graph((Node("a", 1e308, 1), Node("b", 1e308, 1, (0,))))

@@ -13,7 +13,7 @@ from brute_force import brute_force_optimum
 from graph_cases import random_dag
 
 import solvers
-from schedir import Chain, Compute, Free, Graph, chain_to_graph, simulate
+from schedir import Chain, Compute, Free, Graph, InvalidProblem, chain_to_graph, simulate
 from schedir.graph import build_graph, dropped_recorded_inputs, skip_graph
 from solvers.checkmate_lp import checkmate_lp
 from solvers.checkmate_milp import checkmate_milp
@@ -339,3 +339,23 @@ def test_milp_is_exact_whatever_the_time_unit() -> None:
             continue
         got = simulate(tiny, checkmate_milp(tiny, budget)).makespan
         assert got == pytest.approx(want * 1e-7, rel=1e-6)
+
+
+def test_milp_rows_in_exact_units() -> None:
+    """The MILP's memory rows are in units of the sizes' greatest common divisor: the
+    same least budget in bytes at any scale; sizes beyond exact doubles are refused."""
+    base = skip_graph(4, skip=2, seed=3)
+    least = None
+    for scale in (1, 4096, 10**18):
+        g = Graph(tuple(dataclasses.replace(n, size=n.size * scale, tmp=n.tmp * scale)
+                        for n in base.nodes))  # fmt: skip
+        with pytest.raises(solvers.Infeasible) as info:
+            checkmate_milp(g, 0)
+        assert info.value.min_budget % scale == 0
+        least = least or info.value.min_budget
+        assert info.value.min_budget == least * scale
+        assert simulate(g, checkmate_milp(g, least * scale)).peak_memory <= least * scale
+    odd = Graph(tuple(dataclasses.replace(n, size=n.size * 10**18 + 1) for n in base.nodes))
+    with pytest.raises(InvalidProblem, match="checkmate_milp.*2\\*\\*53"):
+        checkmate_milp(odd, 10**30)
+    assert simulate(odd, solvers.solve(odd, 10**22, method="dtr")).peak_memory <= 10**22
