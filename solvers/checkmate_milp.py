@@ -28,6 +28,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -496,14 +497,20 @@ def schedule_from_s(graph: Graph, keep: np.ndarray) -> tuple:
     description="Checkmate's frontier-advancing MILP (Jain et al. 2020), HiGHS",
 )
 def checkmate_milp(
-    graph: Graph, budget: int, *, time_limit: float | None = 60.0, mip_rel_gap: float = 1e-6
+    graph: Graph,
+    budget: int,
+    *,
+    time_limit: float | None = 60.0,
+    mip_rel_gap: float = 1e-6,
+    progress: Callable[[float, str], None] | None = None,
 ) -> GraphSchedule:
     """The optimal schedule of Checkmate's model under ``budget`` bytes.
 
     ``time_limit`` (seconds, None: none) bounds the whole call, every HiGHS solve
     included. When it stops HiGHS, the best incumbent is returned with
     ``meta["exact"] = False``, ``meta["time_limited"] = True`` and
-    ``meta["lower_bound"]`` (seconds, HiGHS's dual bound). HiGHS's presolve has
+    ``meta["lower_bound"]`` (seconds, HiGHS's dual bound). ``progress(fraction,
+    message)``, if given, hears of each HiGHS solve. HiGHS's presolve has
     declared feasible instances infeasible, so its "infeasible" is believed only when
     the least budget of the model, found by a MILP minimizing the budget solved
     without presolve (:func:`least_budget`), is above ``budget``; otherwise the
@@ -517,10 +524,18 @@ def checkmate_milp(
     """
     deadline = Deadline(time_limit)
     model = build_model(graph)
+
+    def say(message: str) -> None:  # one line per HiGHS solve: each may take a while
+        if progress is not None:
+            done = 0.0 if time_limit is None else 1 - (deadline.left() or 0) / time_limit
+            progress(min(1.0, done), message)
+
+    say(f"MILP: {model.nx} binaries, {model.A_ub.shape[0] + model.A_eq.shape[0]} rows")
     capped = min(budget, budget_cap(graph))  # the same problem, and a float
     res = solve_model(model, capped, integer=True, time_limit=deadline.left(),
                       mip_rel_gap=mip_rel_gap)  # fmt: skip
     if res.x is None:
+        say(f"HiGHS: {res.status}; the least budget, without presolve")
         limit = f"time_limit={time_limit}s"
         if not res.infeasible:
             raise _infeasible(
@@ -532,6 +547,7 @@ def checkmate_milp(
         # presolve, is above the budget.
         least = least_budget(model, deadline)
         if least.upper is not None and least.upper <= budget:
+            say("presolve was wrong: solving again without it")
             res = solve_model(model, capped, integer=True, time_limit=deadline.left(),
                               mip_rel_gap=mip_rel_gap, presolve=False,
                               start=least.solution)  # fmt: skip

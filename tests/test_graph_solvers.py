@@ -267,6 +267,9 @@ def test_presolve_infeasible_is_confirmed() -> None:
     with pytest.raises(solvers.Infeasible) as info:
         solvers.solve(g, 23, method="checkmate_milp")
     assert info.value.min_budget == 24
+    heard = []
+    checkmate_milp(g, 24, progress=lambda fraction, message: heard.append(message))
+    assert heard and all(isinstance(m, str) for m in heard)
     g = random_dag(57, 7, regime="plain")
     for budget in (32, 33, 34, 35):
         assert solvers.solve(g, budget, method="checkmate_milp").meta["peak_memory"] <= budget
