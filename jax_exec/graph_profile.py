@@ -8,9 +8,10 @@ the layout of :func:`schedir.graph.forward_backward_graph`, with residual nodes 
 models as graphs"):
 
 - one ``input`` node per model input (bytes of the array);
-- per module v, in order: ``v`` (forward; its output), then ``R{v}`` when v's
-  ``jax.vjp`` has *new* residuals (not an input, a parameter or the output: the
-  residual arrays themselves, from :mod:`jax_exec.kernels`' classification);
+- per module v, in order: ``R{v}`` when v's ``jax.vjp`` has *new* residuals (not an
+  input, a parameter or the output: the residual arrays themselves, from
+  :mod:`jax_exec.kernels`' classification; its kernel runs the forward again and keeps
+  them), then ``v`` (forward; its output);
 - ``loss`` (reads the last node; its output is the gradient of the model output);
 - per module v, in reverse order: ``B{v}`` (reads ``B{u}`` for every module u that
   reads v, or ``loss`` for the last node; v; ``R{v}``; v's inputs). Its output is the
@@ -20,11 +21,12 @@ models as graphs"):
 Every node is one compiled kernel (:func:`node_kernels`), which the runtime
 (:func:`jax_exec.graph_run.run_graph`) runs for ``Compute``; sizes are the exact bytes
 of the arrays it returns, ``tmp`` its ``memory_analysis()`` temporary bytes, ``cost``
-its measured median time or FLOPs / ``flops_per_second``.
+the median time of its ``Compute`` in the runtime or its FLOPs / ``flops_per_second``.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,9 +44,8 @@ from jax_exec.kernels import (
     loss_kernel,
     split_residuals,
 )
-from jax_exec.kernels import median_time as _median_time
 from jax_exec.stages import as_spec, spec_bytes
-from schedir import Graph, Node
+from schedir import Compute, Graph, Node
 
 TIMINGS = ("measure", "flops")
 
@@ -312,16 +313,7 @@ def _layout(dk: DagKernels, input_names: Sequence[str]) -> list[dict]:
         spec.append({"name": n, "kind": "input", "size": size[n], "tmp": 0, "inputs": []})
     for node in dk.dag:
         k = dk.kernels[node.name]
-        spec.append(
-            {
-                "name": node.name,
-                "kind": "forward",
-                "size": size[node.name],
-                "tmp": k.fwd.temp_bytes,
-                "inputs": list(node.inputs),
-            }
-        )
-        if k.functions.recipe.new:
+        if k.functions.recipe.new:  # before v: computing R{v} then v peaks lowest
             spec.append(
                 {
                     "name": residual_name(node.name),
@@ -331,6 +323,15 @@ def _layout(dk: DagKernels, input_names: Sequence[str]) -> list[dict]:
                     "inputs": list(node.inputs),
                 }
             )
+        spec.append(
+            {
+                "name": node.name,
+                "kind": "forward",
+                "size": size[node.name],
+                "tmp": k.fwd.temp_bytes,
+                "inputs": list(node.inputs),
+            }
+        )
     last = dk.dag[-1].name
     spec.append(
         {"name": "loss", "kind": "backward", "size": size[last], "tmp": dk.loss.temp_bytes,
@@ -369,15 +370,18 @@ def profile_graph(
         loss_fn: ``loss_fn(out, y)`` -> scalar, ``out`` the last node's output.
         inputs: ``name -> array``, the model inputs (their shapes fix the sizes).
         y: the target.
-        timing: ``"measure"`` (median wall time of ``repeats`` runs after warm-up,
+        timing: ``"measure"`` (per node, the median of its ``Compute`` in the op-by-op
+            runtime over ``repeats`` runs of every node once, after a warm-up run;
             seconds) or ``"flops"`` (``cost_analysis()`` FLOPs / ``flops_per_second``).
 
     Raises:
         TypeError / ValueError: a malformed model, a node output that is not one array,
-            a loss that is not a scalar, an unknown ``timing``.
+            a loss that is not a scalar, an unknown ``timing``, ``repeats`` < 1.
     """
     if timing not in TIMINGS:
         raise ValueError(f"timing = {timing!r}: expected one of {', '.join(TIMINGS)}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats = {repeats!r}: expected an int >= 1")
     if not flops_per_second > 0:
         raise ValueError(f"flops_per_second = {flops_per_second!r}: expected a positive rate")
     dk = dag_kernels(nodes, loss_fn, inputs, y)
@@ -391,22 +395,28 @@ def profile_graph(
             cost[backward_name(node.name)] = k.bwd.flops / flops_per_second
         cost["loss"] = dk.loss.flops / flops_per_second
     else:
-        vals = {n: jnp.asarray(a) for n, a in inputs.items()}
-        for node in dk.dag:
-            k = dk.kernels[node.name]
-            ins = tuple(vals[i] for i in node.inputs)
-            args = (node.params, node.rest, ins)
-            cost[node.name] = _median_time(k.fwd.call, *args, repeats=repeats)
-            new = k.res.call(*args)
-            cost[residual_name(node.name)] = _median_time(k.res.call, *args, repeats=repeats)
-            out = k.fwd.call(*args)
-            cots = (jnp.ones_like(out),) * max(1, len(dk.users[node.name]))
-            bargs = (*args, out, new, cots)
-            cost[backward_name(node.name)] = _median_time(k.bwd.call, *bargs, repeats=repeats)
-            vals[node.name] = out
-        last = vals[dk.dag[-1].name]
-        cost["loss"] = _median_time(dk.loss.call, last, y, repeats=repeats)
+        cost.update(_measure(dk, spec, inputs, y, repeats))
     return _graph(spec, cost)
+
+
+def _measure(
+    dk: DagKernels, spec: list[dict], inputs: Mapping[str, Any], y: Any, repeats: int
+) -> dict[str, float]:
+    """Seconds per node: the median, over ``repeats`` runs of every node once in order
+    (after one warm-up run), of its ``Compute`` as the runtime executes it (dispatch,
+    kernel, wait), so that a schedule's makespan predicts the runtime's time."""
+    from jax_exec.graph_run import execute  # graph_run imports this module
+
+    graph = _graph(spec, {s["name"]: 0.0 for s in spec})
+    ops = tuple(Compute(i) for i in graph.computed)
+    arrays = {n: jnp.asarray(a) for n, a in inputs.items()}
+    times: dict[int, list[float]] = {i: [] for i in graph.computed}
+    for run in range(repeats + 1):
+        result = execute(dk, graph, ops, arrays, y)
+        if run:
+            for op, t in zip(ops, result.op_times, strict=True):
+                times[op.node].append(t)
+    return {graph.nodes[i].name: statistics.median(t) for i, t in times.items()}
 
 
 def _graph(spec: list[dict], cost: Mapping[str, float]) -> Graph:
@@ -513,6 +523,23 @@ class Block(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.down(jax.nn.gelu(self.up(self.norm(x))))
+
+
+def sequential_dag(
+    layers: Sequence[nnx.Module], input_name: str = "x"
+) -> dict[str, tuple[nnx.Module, list[str]]]:
+    """A sequence of modules as a DAG model (``layer0`` reads ``input_name``, ``layer{k}``
+    reads ``layer{k-1}``): the chain case. Its profile has the layout of
+    :func:`schedir.chain_to_graph` (``layer{k}`` for ``F{k}``, ``Rlayer{k}`` for
+    ``R{k}``), with each node's own kernel cost."""
+    if not layers:
+        raise ValueError("layers is empty: a model needs at least one layer")
+    nodes: dict[str, tuple[nnx.Module, list[str]]] = {}
+    prev = input_name
+    for k, layer in enumerate(layers):
+        nodes[f"layer{k}"] = (layer, [prev])
+        prev = f"layer{k}"
+    return nodes
 
 
 def residual_dag(

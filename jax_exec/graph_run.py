@@ -16,7 +16,10 @@ node is a buffer of explicit arrays (layout in :mod:`jax_exec.graph_profile`):
 (``Array.delete()``). After every op the live bytes of the arrays held are measured
 (distinct arrays, ``nbytes``), so they equal ``simulate_graph(graph, schedule)
 .resident`` exactly, and each op's measured need (live bytes right after a compute +
-its kernel's temporary bytes) equals the simulator's ``op_peak``.
+its kernel's temporary bytes) equals the simulator's ``op_peak``. Each ``Compute``
+launches exactly one kernel, the node's (``GraphRunResult.op_kernels``), and
+``profile_graph(timing="measure")`` times nodes through :func:`execute` itself, so a
+node's cost is what its ``Compute`` takes here.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 import jax
 
 from jax_exec.graph_profile import (
+    DagKernels,
     backward_name,
     check_graph,
     dag_kernels,
@@ -44,7 +48,11 @@ class GraphRunResult(RunResult):
     """What one op-by-op training step of a DAG model did: the fields of
     :class:`jax_exec.RunResult`, with ``grads`` a dict ``module name -> nnx.State``,
     bytes counted over graph node buffers, and for a ``Free`` op ``op_peak_bytes`` the
-    live bytes after it (its temporary is 0)."""
+    live bytes after it (its temporary is 0). ``op_kernels``: per op, the kernel it
+    launched (``"fwd v"``, ``"res v"``, ``"bwd v"``, ``"loss"``; None for a ``Free``):
+    exactly one per ``Compute``, the one whose cost the graph's node has."""
+
+    op_kernels: tuple[str | None, ...] = ()
 
 
 class _Buffers:
@@ -74,6 +82,107 @@ class _Buffers:
                 self.nbytes.pop(id(arr), None)
                 if id(arr) not in self.keep:
                     arr.delete()
+
+
+def node_roles(graph: Graph, dk: DagKernels) -> dict[int, tuple[str, str]]:
+    """What ``Compute(i)`` launches, per graph node: ``(kernel, module name)`` with
+    kernel ``"fwd"``, ``"res"``, ``"bwd"`` or ``"loss"`` (module name "")."""
+    index = {node.name: i for i, node in enumerate(graph.nodes)}
+    role: dict[int, tuple[str, str]] = {}
+    for node in dk.dag:
+        role[index[node.name]] = ("fwd", node.name)
+        if residual_name(node.name) in index:
+            role[index[residual_name(node.name)]] = ("res", node.name)
+        role[index[backward_name(node.name)]] = ("bwd", node.name)
+    role[index["loss"]] = ("loss", "")
+    return role
+
+
+def execute(
+    dk: DagKernels, graph: Graph, ops: tuple, arrays: Mapping[str, jax.Array], y: Any
+) -> GraphRunResult:
+    """Run ``ops`` (valid for ``graph``, the layout of ``dk``'s model) op by op: each
+    ``Compute`` launches its node's one kernel and waits for it, each ``Free`` deletes
+    the node's arrays; times and live bytes are measured per op."""
+    index = {node.name: i for i, node in enumerate(graph.nodes)}
+    dag = {node.name: node for node in dk.dag}
+    role = node_roles(graph, dk)
+    last = dk.dag[-1].name
+
+    buf = _Buffers()
+    for n, a in arrays.items():
+        buf.put(index[n], (a,), owned=False)
+    grads: dict[str, Any] = {name: None for name in dag}
+    loss = None
+    initial = buf.bytes()
+    resident, op_peak, op_temp, op_times, op_kernels = [], [], [], [], []
+    step_start = time.perf_counter()
+    for op in ops:
+        start = time.perf_counter()
+        i = op.node
+        if isinstance(op, Compute):
+            kind, name = role[i]
+            if kind == "loss":
+                loss, d = dk.loss.call(buf.table[index[last]][0], y)
+                out: tuple = (d,)
+                temp = dk.loss.temp_bytes
+            else:
+                node, k = dag[name], dk.kernels[name]
+                ins = tuple(buf.table[index[j]][0] for j in node.inputs)
+                args = (node.params, node.rest, ins)
+                if kind == "fwd":
+                    out, temp = (k.fwd.call(*args),), k.fwd.temp_bytes
+                elif kind == "res":
+                    out, temp = tuple(k.res.call(*args)), k.res.temp_bytes
+                else:
+                    users = dk.users[name]
+                    if users:
+                        cots = tuple(
+                            buf.table[index[backward_name(u)]][dag[u].inputs.index(name)]
+                            for u in users
+                        )
+                    else:
+                        cots = buf.table[index["loss"]]
+                    r = index.get(residual_name(name))
+                    new = buf.table[r] if r is not None else ()
+                    grads[name], d_ins = k.bwd.call(*args, buf.table[index[name]][0], new, cots)
+                    out, temp = tuple(d_ins), k.bwd.temp_bytes
+            jax.block_until_ready(out)
+            op_times.append(time.perf_counter() - start)
+            op_kernels.append(f"{kind} {name}" if name else kind)
+            buf.put(i, out)
+            need = buf.bytes() + temp
+        elif isinstance(op, Free):
+            buf.drop(i)
+            op_times.append(time.perf_counter() - start)
+            op_kernels.append(None)
+            temp = 0
+            need = buf.bytes()
+        else:  # pragma: no cover - GraphSchedule rejects foreign ops
+            raise TypeError(f"not a graph op: {op!r}")
+        op_temp.append(temp)
+        op_peak.append(need)
+        resident.append(buf.bytes())
+    total = time.perf_counter() - step_start
+    for i in list(buf.table):  # what the schedule left (gradients of the inputs): free it
+        buf.drop(i)
+
+    return GraphRunResult(
+        loss=loss,
+        grads=grads,
+        peak_bytes=max([initial, *op_peak]),
+        initial_bytes=initial,
+        resident_bytes=tuple(resident),
+        op_peak_bytes=tuple(op_peak),
+        op_temp_bytes=tuple(op_temp),
+        op_times=tuple(op_times),
+        total_time=total,
+        param_bytes=sum(_tree_bytes(node.params) for node in dk.dag),
+        grad_bytes=_tree_bytes(list(grads.values())),
+        batch_bytes=_tree_bytes(list(arrays.values())) + _tree_bytes(y),
+        ops=ops,
+        op_kernels=tuple(op_kernels),
+    )
 
 
 def run_graph(
@@ -109,87 +218,4 @@ def run_graph(
     else:
         check_graph(graph, dk, list(arrays))
     simulate_graph(graph, ops)  # every op valid, the step complete, or a clear error
-
-    index = {node.name: i for i, node in enumerate(graph.nodes)}
-    dag = {node.name: node for node in dk.dag}
-    # What each graph node's Compute does: (kind, module name).
-    role: dict[int, tuple[str, str]] = {}
-    for name in dag:
-        role[index[name]] = ("fwd", name)
-        if residual_name(name) in index:
-            role[index[residual_name(name)]] = ("res", name)
-        role[index[backward_name(name)]] = ("bwd", name)
-    role[index["loss"]] = ("loss", "")
-    last = dk.dag[-1].name
-
-    buf = _Buffers()
-    for n, a in arrays.items():
-        buf.put(index[n], (a,), owned=False)
-    grads: dict[str, Any] = {name: None for name in dag}
-    loss = None
-    initial = buf.bytes()
-    resident, op_peak, op_temp, op_times = [], [], [], []
-    step_start = time.perf_counter()
-    for op in ops:
-        start = time.perf_counter()
-        i = op.node
-        if isinstance(op, Compute):
-            kind, name = role[i]
-            if kind == "loss":
-                loss, d = dk.loss.call(buf.table[index[last]][0], y)
-                out: tuple = (d,)
-                temp = dk.loss.temp_bytes
-            else:
-                node, k = dag[name], dk.kernels[name]
-                ins = tuple(buf.table[index[j]][0] for j in node.inputs)
-                args = (node.params, node.rest, ins)
-                if kind == "fwd":
-                    out, temp = (k.fwd.call(*args),), k.fwd.temp_bytes
-                elif kind == "res":
-                    out, temp = tuple(k.res.call(*args)), k.res.temp_bytes
-                else:
-                    users = dk.users[name]
-                    if users:
-                        cots = tuple(
-                            buf.table[index[backward_name(u)]][dag[u].inputs.index(name)]
-                            for u in users
-                        )
-                    else:
-                        cots = buf.table[index["loss"]]
-                    r = index.get(residual_name(name))
-                    new = buf.table[r] if r is not None else ()
-                    grads[name], d_ins = k.bwd.call(*args, buf.table[index[name]][0], new, cots)
-                    out, temp = tuple(d_ins), k.bwd.temp_bytes
-            jax.block_until_ready(out)
-            op_times.append(time.perf_counter() - start)
-            buf.put(i, out)
-            need = buf.bytes() + temp
-        elif isinstance(op, Free):
-            buf.drop(i)
-            op_times.append(time.perf_counter() - start)
-            temp = 0
-            need = buf.bytes()
-        else:  # pragma: no cover - GraphSchedule rejects foreign ops
-            raise TypeError(f"not a graph op: {op!r}")
-        op_temp.append(temp)
-        op_peak.append(need)
-        resident.append(buf.bytes())
-    total = time.perf_counter() - step_start
-    for i in list(buf.table):  # what the schedule left (gradients of the inputs): free it
-        buf.drop(i)
-
-    return GraphRunResult(
-        loss=loss,
-        grads=grads,
-        peak_bytes=max([initial, *op_peak]),
-        initial_bytes=initial,
-        resident_bytes=tuple(resident),
-        op_peak_bytes=tuple(op_peak),
-        op_temp_bytes=tuple(op_temp),
-        op_times=tuple(op_times),
-        total_time=total,
-        param_bytes=sum(_tree_bytes(node.params) for node in dk.dag),
-        grad_bytes=_tree_bytes(list(grads.values())),
-        batch_bytes=_tree_bytes(list(arrays.values())) + _tree_bytes(y),
-        ops=ops,
-    )
+    return execute(dk, graph, ops, arrays, y)

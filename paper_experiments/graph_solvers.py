@@ -3,9 +3,12 @@
 On chains (as graphs, with rotor on the chain itself) and on graphs with skip
 connections of growing size, at several budgets (``fraction`` f: budget =
 least + f * (peak - least), between DTR's least budget and the store-all peak),
-record solve time and makespan overhead (makespan / store-all time - 1) of
-checkmate_milp, checkmate_lp, dtr, chen_sqrt, store_all and, on chains, rotor.
-Writes ``graph_solvers.csv`` and ``graph_solvers.png`` under ``--out``.
+record solve time and makespan overhead (makespan / store-all time - 1; on chains
+the chain's store-all time, for every method) of checkmate_milp, checkmate_lp, dtr,
+chen_sqrt, store_all and, on chains, rotor (``model="tight"``, the exact optimum of
+persistent chain schedules). Writes ``graph_solvers.csv`` and ``graph_solvers.png``
+under ``--out``. ``--chain-table`` prints docs/graphs.md's table of rotor against the
+graph methods on chains instead.
 
     python paper_experiments/graph_solvers.py --quick
 """
@@ -24,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import solvers  # noqa: E402
 from schedir import Chain, Graph, chain_to_graph, simulate  # noqa: E402
-from schedir.graph import skip_graph  # noqa: E402
+from schedir.graph import dropped_recorded_inputs, skip_graph  # noqa: E402
 from solvers.checkmate_lp import checkmate_lp  # noqa: E402
 from solvers.checkmate_milp import checkmate_milp  # noqa: E402
 from solvers.dtr import dtr, dtr_min_budget  # noqa: E402
@@ -35,13 +38,15 @@ from solvers.graph_baselines import (  # noqa: E402
 )
 
 FIELDS = ["family", "size", "nodes", "fraction", "budget", "method", "status", "makespan",
-          "overhead", "solve_time", "peak", "extra"]  # fmt: skip
+          "overhead", "solve_time", "peak", "exact", "extra"]  # fmt: skip
 
 
-def make_chain(L: int, seed: int) -> Chain:
+def make_chain(L: int, seed: int, residuals: bool = True) -> Chain:
+    """A random chain: fwd 1-3 s, bwd 2-6 s, sizes 4-19 bytes, residuals 1-9 bytes per
+    stage (none without ``residuals``)."""
     rng = np.random.default_rng(seed)
     x = [int(v) for v in rng.integers(4, 20, L + 1)]
-    extra = rng.integers(1, 10, L)
+    extra = rng.integers(1, 10, L) if residuals else np.zeros(L, dtype=int)
     return Chain.from_rotor(
         [round(float(v), 3) for v in rng.uniform(1, 3, L)],
         [round(float(v), 3) for v in rng.uniform(2, 6, L + 1)],
@@ -62,7 +67,7 @@ def run_graph(g: Graph, budget: int, time_limit: float, chain: Chain | None) -> 
         "store_all": lambda: store_all_graph(g, budget),
     }
     if chain is not None:
-        methods["rotor"] = lambda: solvers.solve(chain, budget, method="rotor")
+        methods["rotor"] = lambda: solvers.solve(chain, budget, method="rotor", model="tight")
     for name, fn in methods.items():
         start = time.perf_counter()
         try:
@@ -81,6 +86,7 @@ def run_graph(g: Graph, budget: int, time_limit: float, chain: Chain | None) -> 
                 "makespan": trace.makespan,
                 "peak": trace.peak_memory,
                 "solve_time": elapsed,
+                "exact": s.meta.get("exact", ""),
                 "extra": s.meta.get(extra) if extra else "",
             }
         )
@@ -116,12 +122,45 @@ def scale_rows(limit: float) -> list[dict]:
     return rows
 
 
+def chain_table() -> None:
+    """Rotor (tight) against checkmate_milp and dtr on the chain's graph: markdown."""
+    print("| L | residuals | budget | rotor | MILP | DTR | MILP drops an input | MILP time |")
+    print("|---|---|---|---|---|---|---|---|")
+    for L in (4, 6, 8):
+        for res in (False, True):
+            chain = make_chain(L, seed=L, residuals=res)
+            g = chain_to_graph(chain)
+            top = solvers.solve(chain, 10**9, method="store_all").meta["peak_memory"]
+            for f in (1.0, 0.8, 0.6):
+                b = int(top * f)
+                got, drops, milp_time = {}, "-", 0.0
+                for method in ("rotor", "checkmate_milp", "dtr"):
+                    problem, opts = (chain, {"model": "tight"}) if method == "rotor" else (g, {})
+                    start = time.perf_counter()
+                    try:
+                        s = solvers.solve(problem, b, method=method, **opts)
+                        got[method] = f"{s.meta['makespan']:.3f}"
+                        if method == "checkmate_milp":
+                            drops = "yes" if dropped_recorded_inputs(chain, s.ops) else "no"
+                    except solvers.Infeasible:
+                        got[method] = "inf"
+                    if method == "checkmate_milp":
+                        milp_time = time.perf_counter() - start
+                print(f"| {L} | {'yes' if res else 'no'} | {b} | {got['rotor']} | "
+                      f"{got['checkmate_milp']} | {got['dtr']} | {drops} | {milp_time:.1f} s |",
+                      flush=True)  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (used by the tests)")
     ap.add_argument("--out", default="results/graph_solvers", help="output directory")
     ap.add_argument("--time-limit", type=float, default=None, help="MILP time limit, s")
+    ap.add_argument("--chain-table", action="store_true", help="print docs/graphs.md's table")
     args = ap.parse_args(argv)
+    if args.chain_table:
+        chain_table()
+        return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.quick:
@@ -141,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
         top = simulate(g, store_all_graph_ops(g)).peak_memory
         if chain is not None:
             top = max(top, solvers.solve(chain, 10**12, method="store_all").meta["peak_memory"])
-        base = g.store_all_time()
+        base = g.store_all_time() if chain is None else chain.store_all_time()
         least = dtr_min_budget(g)  # >= the MILP's least budget
         for fraction in fractions:
             budget = int(least + fraction * (top - least))

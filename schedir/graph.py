@@ -6,10 +6,10 @@ once freed), ``"forward"`` or ``"backward"`` (the backward nodes are part of the
 graph, as in Checkmate: Jain et al., "Checkmate: Breaking the memory wall with optimal
 tensor rematerialization", MLSys 2020). Exact semantics: ``docs/graphs.md``.
 
-:func:`chain_to_graph` converts a :class:`~schedir.chain.Chain` to a Graph with the
-chain's memory semantics (as far as one-output nodes allow, see its docstring), and
-:func:`chain_ops_to_graph` translates any chain schedule into a graph schedule that
-the graph simulator accepts with the same makespan and no larger peak.
+:func:`chain_to_graph` converts a :class:`~schedir.chain.Chain` to a Graph whose nodes
+cost what running them costs (one-output nodes: the recording forward is two nodes, see
+its docstring), and :func:`chain_ops_to_graph` translates any chain schedule into a
+graph schedule that the graph simulator accepts with no larger peak.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from schedir.chain import Chain
 from schedir.errors import InvalidProblem, InvalidSchedule
-from schedir.graph_ops import Compute, Free
+from schedir.graph_ops import Compute, Free, parse_graph_op
 
 NODE_KINDS = ("input", "forward", "backward")
 FORMAT = "schedir.graph"
@@ -49,21 +49,49 @@ class Node:
 
 
 def _size(where: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    """An exact non-negative int (any Python int; a float only if whole and finite)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        size = int(value)
+    elif (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and math.isfinite(float(value))
+        and float(value).is_integer()
+    ):
+        size = int(value)
+    else:
         raise InvalidProblem(f"{where} = {value!r}: sizes must be integers (bytes)")
-    if not math.isfinite(float(value)) or float(value) != int(value):
-        raise InvalidProblem(f"{where} = {value!r}: sizes must be integers (bytes)")
-    if value < 0:
+    if size < 0:
         raise InvalidProblem(f"{where} = {value!r}: sizes must be non-negative")
-    return int(value)
+    return size
 
 
 def _cost(where: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise InvalidProblem(f"{where} = {value!r}: costs must be real numbers (seconds)")
-    if not math.isfinite(float(value)) or value < 0:
+    try:
+        cost = float(value)
+    except OverflowError:
+        raise InvalidProblem(f"{where} = {value!r}: too large for a float (seconds)") from None
+    if not math.isfinite(cost) or cost < 0:
         raise InvalidProblem(f"{where} = {value!r}: costs must be finite and non-negative")
-    return float(value)
+    return cost
+
+
+def _check_cost_sum(nodes: Sequence[Node]) -> None:
+    """Refuse costs whose sums overflow: a schedule may compute each node up to once per
+    node (Checkmate's stages), so ``len(nodes) * fsum(costs)`` must be a finite float."""
+    try:
+        total = math.fsum(n.cost for n in nodes)
+    except OverflowError:
+        total = math.inf
+    if not math.isfinite(total * len(nodes)):
+        worst = max(range(len(nodes)), key=lambda i: nodes[i].cost)
+        raise InvalidProblem(
+            f"nodes[*].cost: the costs sum to {total!r} seconds (largest: nodes[{worst}] "
+            f"({nodes[worst].name}).cost = {nodes[worst].cost!r}); with {len(nodes)} nodes "
+            f"makespans would overflow a float: use a larger time unit"
+        )
 
 
 def _find_cycle(edges: list[list[int]]) -> list[int] | None:
@@ -148,6 +176,7 @@ class Graph:
                     tmp=_size(f"{where}.tmp", node.tmp),
                 )
             )
+        _check_cost_sum(nodes)
         cycle = _find_cycle([list(node.inputs) for node in nodes])
         if cycle is not None:
             path = " <- ".join(nodes[i].name for i in cycle)
@@ -281,57 +310,48 @@ def chain_nodes(chain: Chain) -> ChainNodes:
     L = chain.length
     fwd, res, i = [], [], 1
     for k in range(L):
-        fwd.append(i)
-        i += 1
         if chain.saved_size[k] > chain.in_size[k + 1]:
             res.append(i)
             i += 1
         else:
             res.append(None)
+        fwd.append(i)
+        i += 1
     loss = i
     d = [loss + (L - k) for k in range(L)] + [loss]
     return ChainNodes(a=(0, *fwd), fwd=tuple(fwd), res=tuple(res), d=tuple(d))
 
 
 def chain_to_graph(chain: Chain) -> Graph:
-    """The graph of a chain, with the chain's memory semantics (docs/semantics.md).
+    """The graph of a chain: every node costs what running it costs (docs/graphs.md).
 
-    Nodes, in this order: ``a0`` (input, x_0 bytes); for each stage k < L, ``F{k}``
-    (cost fwd_time[k], size x_{k+1}, tmp fwd_tmp[k], reads a_k) and, when
-    s_k > x_{k+1}, ``R{k}`` (stage k's residuals: cost 0, size s_k - x_{k+1}, tmp
-    fwd_tmp[k], reads a_k and a_{k+1}); ``loss`` (cost fwd_time[L] + bwd_time[L],
-    size x_L, tmp bwd_tmp[L], reads a_L); then ``B{k}`` for k = L-1 .. 0 (cost
-    bwd_time[k], size x_k, tmp bwd_tmp[k], reads d_{k+1}, a_{k+1}, R{k}, a_k).
+    Nodes, in this order: ``a0`` (input, x_0 bytes); for each stage k < L, when
+    s_k > x_{k+1}, ``R{k}`` (stage k's residuals: reads a_k, size s_k - x_{k+1}, cost
+    fwd_time[k], tmp fwd_tmp[k] + x_{k+1}), then ``F{k}`` (reads a_k, size x_{k+1},
+    cost fwd_time[k], tmp fwd_tmp[k]); ``loss`` (reads a_L, size x_L, cost
+    fwd_time[L] + bwd_time[L], tmp bwd_tmp[L]); then ``B{k}`` for k = L-1 .. 0 (reads
+    d_{k+1}, a_{k+1}, R{k}, a_k; size x_k, cost bwd_time[k], tmp bwd_tmp[k]).
 
-    The chain's ``abar[k+1]`` is the pair (F{k}, R{k}): a recording forward F_all(k)
-    is F{k} then R{k}, same time and same peak. One-output nodes cannot say "a_{k+1}
-    together with the residuals, for the time of one forward", so the residuals cost 0
-    given a_k and a_{k+1}: the graph model is a *relaxation* of the chain model (every
-    chain schedule maps to a graph schedule of equal makespan and no larger peak, see
-    :func:`chain_ops_to_graph`), and a graph schedule may regenerate R{k} for free
-    while a_k and a_{k+1} are resident, which a chain schedule pays fwd_time[k] for.
-    When every s_k <= x_{k+1} there are no R nodes and this gap disappears. When
-    s_k < x_{k+1} (not a real profile) the graph's abar is x_{k+1} > s_k bytes.
+    A node has one output, so the chain's recording forward ``F_all(k)``, which makes
+    a_{k+1} *and* the residuals in one run, is two nodes here, each a run of stage k's
+    forward: ``R{k}`` runs the forward and keeps only the residuals, its output a_{k+1}
+    living as a temporary (hence tmp fwd_tmp[k] + x_{k+1}: the chain's F_all needs s_k
+    + fwd_tmp[k] on top of what is resident, and so does ``R{k}``, and then ``F{k}``).
+    Computing R{k} then F{k} therefore has F_all's peak and costs one more forward;
+    :func:`chain_ops_to_graph` translates every chain schedule this way. When s_k <=
+    x_{k+1} there is no R{k}: a_{k+1} is all stage k's backward reads (when s_k <
+    x_{k+1}, not a real profile, the graph's abar is x_{k+1} > s_k bytes).
     """
     L = chain.length
     x = chain.in_size
     where = chain_nodes(chain)
     nodes = [Node("a0", 0.0, x[0], (), "input", 0)]
     for k in range(L):
-        nodes.append(
-            Node(f"F{k}", chain.fwd_time[k], x[k + 1], (where.a[k],), "forward", chain.fwd_tmp[k])
-        )
+        fwd, tmp = chain.fwd_time[k], chain.fwd_tmp[k]
         if where.res[k] is not None:
-            nodes.append(
-                Node(
-                    f"R{k}",
-                    0.0,
-                    chain.saved_size[k] - x[k + 1],
-                    (where.a[k], where.fwd[k]),
-                    "forward",
-                    chain.fwd_tmp[k],
-                )
-            )
+            residuals = chain.saved_size[k] - x[k + 1]
+            nodes.append(Node(f"R{k}", fwd, residuals, (where.a[k],), "forward", tmp + x[k + 1]))
+        nodes.append(Node(f"F{k}", fwd, x[k + 1], (where.a[k],), "forward", tmp))
     nodes.append(
         Node(
             "loss",
@@ -356,12 +376,14 @@ def chain_to_graph(chain: Chain) -> Graph:
 def chain_ops_to_graph(chain: Chain, ops: Iterable) -> tuple:
     """Translate a chain op sequence into graph ops on :func:`chain_to_graph` (chain).
 
-    A chain buffer is a set of graph nodes (``a[k]``: {a_k}; ``abar[k]``: {F{k-1},
-    R{k-1}}; ``d[k]``: {d_k}); a graph node is resident while some resident chain
-    buffer contains it, computed when it becomes so and freed when it stops being so.
-    The result has the chain schedule's makespan (less when the chain recomputes a node
-    the graph still holds) and a peak no larger. Raises :class:`InvalidSchedule` on
-    ops the chain simulator would reject for missing inputs.
+    A chain buffer is a set of graph nodes (``a[k]``: {a_k}; ``abar[k]``: {R{k-1},
+    F{k-1}}; ``d[k]``: {d_k}); a graph node is resident while some resident chain
+    buffer contains it, computed when it becomes so (R before F) and freed when it
+    stops being so. The result has a peak no larger than the chain schedule's and its
+    makespan plus fwd_time[k] for every ``F_all(k)`` that computes both R{k} and F{k}
+    (the graph runs stage k's forward twice where the chain records in one run), less
+    when the chain recomputes a node the graph still holds. Raises
+    :class:`InvalidSchedule` on ops the chain simulator would reject for missing inputs.
     """
     from schedir.ops import B, F_all, F_ck, F_n, Loss
 
@@ -374,7 +396,7 @@ def chain_ops_to_graph(chain: Chain, ops: Iterable) -> tuple:
             return (w.a[k],)
         if kind == "d":
             return (w.d[k],)
-        return tuple(i for i in (w.fwd[k - 1], w.res[k - 1]) if i is not None)
+        return tuple(i for i in (w.res[k - 1], w.fwd[k - 1]) if i is not None)
 
     count: dict[int, int] = {0: 1}
     chain_res: set[tuple[str, int]] = {("a", 0)}
@@ -426,6 +448,29 @@ def chain_ops_to_graph(chain: Chain, ops: Iterable) -> tuple:
         else:
             raise InvalidSchedule(f"op {step}: {op!r} is not a chain op")
     return tuple(out)
+
+
+def dropped_recorded_inputs(chain: Chain, ops: Iterable) -> tuple[int, ...]:
+    """Stages k at which a graph schedule of :func:`chain_to_graph` (chain) uses the
+    freedom no chain op has (docs/graphs.md, "Graph methods against rotor"): a B{k}
+    reads an a_{k+1} (F{k}) computed while a_k was resident, and a_k was freed in
+    between. (The chain's ``F_all(k)`` keeps its input until ``B(k)``; ``F_n(k)``
+    drops it but makes an a[k+1] that ``B(k)`` cannot read.)"""
+    w = chain_nodes(chain)
+    last: dict[int, int] = {}
+    freed: dict[int, list[int]] = {}
+    stages = []
+    ops = [parse_graph_op(op) if isinstance(op, str) else op for op in getattr(ops, "ops", ops)]
+    for t, op in enumerate(ops):
+        if isinstance(op, Compute):
+            last[op.node] = t
+            if op.node in w.d[:-1]:
+                k = w.d.index(op.node)
+                if any(last[w.fwd[k]] < f < t for f in freed.get(w.a[k], [])):
+                    stages.append(k)
+        else:
+            freed.setdefault(op.node, []).append(t)
+    return tuple(stages)
 
 
 # ------------------------------------------------------- graphs from forward DAGs

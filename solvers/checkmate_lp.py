@@ -16,20 +16,29 @@ from __future__ import annotations
 import numpy as np
 
 from schedir import Graph, GraphSchedule, InvalidSchedule, simulate_graph
-from solvers.checkmate_milp import SOLVER, build_model, s_matrix, schedule_from_s, solve_model
+from solvers.checkmate_milp import (
+    SOLVER,
+    Deadline,
+    budget_cap,
+    build_model,
+    s_matrix,
+    schedule_from_s,
+    solve_model,
+)
 from solvers.registry import Infeasible, register
 
 
 def lp_bound(graph: Graph, budget: int, time_limit: float | None = None) -> float | None:
     """The LP relaxation's optimum at ``budget`` (seconds); None if the LP is infeasible."""
-    return solve_model(build_model(graph), budget, integer=False, time_limit=time_limit).objective
+    capped = min(budget, budget_cap(graph))
+    return solve_model(build_model(graph), capped, integer=False, time_limit=time_limit).bound
 
 
 @register(
     "checkmate_lp",
     problem=Graph,
     exact=False,
-    description="Checkmate's LP relaxation (cvxpy + HiGHS) with threshold and randomized rounding",
+    description="Checkmate's LP relaxation (HiGHS) with threshold and randomized rounding",
 )
 def checkmate_lp(
     graph: Graph,
@@ -43,20 +52,25 @@ def checkmate_lp(
 ) -> GraphSchedule:
     """Round the LP relaxation (solved at ``fraction`` * ``budget`` and at ``budget``).
 
-    Raises :class:`Infeasible` when no rounding fits: ``min_budget`` is None (rounding
-    is not monotone in the budget) and the message gives the least peak seen.
+    ``time_limit`` (seconds) bounds both LP solves together; ``meta["lp_bound"]`` is
+    None when the LP at the full budget was not solved to optimality (then
+    ``meta["time_limited"]`` is True). Raises :class:`Infeasible` when no rounding
+    fits: ``min_budget`` is None (rounding is not monotone in the budget, the least
+    budget is not known) and the message gives the least peak seen.
     """
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction = {fraction!r}: expected 0 < fraction <= 1")
+    deadline = Deadline(time_limit)
     model = build_model(graph)
-    full = solve_model(model, budget, integer=False, time_limit=time_limit)
+    capped = min(budget, budget_cap(graph))  # the same problem, and a float
+    full = solve_model(model, capped, integer=False, time_limit=deadline.left())
     if full.x is None:
         raise Infeasible(
             "checkmate_lp", budget, None, f"the LP relaxation is {full.status} at this budget"
         )
     sources = [("full", full)]
-    if fraction < 1:
-        scaled = solve_model(model, fraction * budget, integer=False, time_limit=time_limit)
+    if fraction < 1 and not deadline.passed():
+        scaled = solve_model(model, fraction * capped, integer=False, time_limit=deadline.left())
         if scaled.x is not None:
             sources.insert(0, (f"x{fraction}", scaled))
     rng = np.random.default_rng(seed)
@@ -88,16 +102,17 @@ def checkmate_lp(
             "checkmate_lp",
             budget,
             None,
-            f"none of {tried} roundings fits; least peak {least_peak}, LP bound {full.objective}",
+            f"none of {tried} roundings fits; least peak {least_peak}, LP bound {full.bound}",
         )
-    return GraphSchedule(
-        best[1],
-        {
-            "solver": f"cvxpy / {SOLVER} (LP)",
-            "lp_bound": full.objective,
-            "fraction": fraction,
-            "rounding": best[2],
-            "roundings_tried": tried,
-            "lp_time": sum(s.time for _, s in sources),
-        },
-    )
+    meta = {
+        "exact": False,
+        "solver": f"{SOLVER} (LP)",
+        "lp_bound": full.bound,
+        "fraction": fraction,
+        "rounding": best[2],
+        "roundings_tried": tried,
+        "lp_time": sum(s.time for _, s in sources),
+    }
+    if not full.optimal:
+        meta["time_limited"] = True
+    return GraphSchedule(best[1], meta)

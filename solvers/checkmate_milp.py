@@ -17,7 +17,7 @@ stage t). Constraints (inputs of the graph: S[0,i] = 1, never computed)::
     1 - FREE[t,i,k] <= hazards(t,i,k) <= kappa (1 - FREE[t,i,k])
 
 minimizing sum cost_i R[t,i]. The model is built as sparse matrices and handed to
-cvxpy (HiGHS); :mod:`solvers.checkmate_lp` solves its LP relaxation. A solution's S
+HiGHS (highspy); :mod:`solvers.checkmate_lp` solves its LP relaxation. A solution's S
 is turned into ops by :func:`schedule_from_s` (the least recomputation given S,
 Checkmate's "solve R given S"), which the simulator then judges.
 """
@@ -25,14 +25,16 @@ Checkmate's "solve R given S"), which the simulator then judges.
 from __future__ import annotations
 
 import math
+import os
+import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
-import cvxpy as cp
 import numpy as np
 import scipy.sparse as sp
 
-from schedir import Compute, Free, Graph, GraphSchedule, simulate_graph
+from schedir import Compute, Free, Graph, GraphSchedule, InvalidProblem, simulate_graph
 from solvers.registry import Infeasible, register
 
 SOLVER = "HIGHS"
@@ -48,6 +50,8 @@ class CheckmateModel:
         stages: ``stages[t]`` = C[t], the node stage t must compute.
         r_index: (t, i) -> column of R[t,i] in x; ``s_index``: (t, i) -> column of S[t,i].
         cost: objective coefficients (seconds) over x.
+        unit: bytes per memory unit of the rows (U, sizes, tmp, budget): the greatest
+            common divisor of the sizes and temporaries, so the rows are exact and small.
     """
 
     graph: Graph
@@ -64,16 +68,30 @@ class CheckmateModel:
     A_eq: sp.csr_matrix
     G_eq: sp.csr_matrix
     b_eq: np.ndarray
+    unit: int = 1
 
     def b_ub_at(self, budget: float) -> np.ndarray:
+        """The right-hand sides at ``budget`` bytes: in memory units, rounded down for an
+        integer budget (exact: every memory row is a whole number of units)."""
         b = self.b_ub.copy()
-        b[self.budget_rows] = budget
+        b[self.budget_rows] = budget // self.unit if isinstance(budget, int) else budget / self.unit
         return b
 
 
 def build_model(graph: Graph) -> CheckmateModel:
-    """Checkmate's frontier-advancing MILP of ``graph`` (budget left symbolic)."""
-    nodes = graph.nodes
+    """Checkmate's frontier-advancing MILP of ``graph`` (budget left symbolic).
+
+    Raises InvalidProblem when the memory rows, in units of the sizes' greatest common
+    divisor, exceed 2**53 (HiGHS's doubles would round them)."""
+    unit = math.gcd(*(n.size for n in graph.nodes), *(n.tmp for n in graph.nodes)) or 1
+    top = budget_cap(graph) // unit
+    if top > 2**53:
+        raise InvalidProblem(
+            f"checkmate_milp: sizes of up to {max(n.size for n in graph.nodes)} bytes give "
+            f"memory rows of {top} units of {unit} bytes, beyond 2**53: HiGHS's doubles "
+            f"cannot hold them exactly"
+        )
+    nodes = [replace(n, size=n.size // unit, tmp=n.tmp // unit) for n in graph.nodes]
     C = graph.computed
     T = len(C)
     pos = {i: t for t, i in enumerate(C)}
@@ -189,12 +207,25 @@ def build_model(graph: Graph) -> CheckmateModel:
         graph, tuple(C), {(t, i): c for (kd, t, i, *_), c in cols.items() if kd == "R"},
         {(t, i): c for (kd, t, i, *_), c in cols.items() if kd == "S"},
         nx, nu, cost, A_ub, G_ub, b_ub, np.asarray(budget_rows, dtype=int), A_eq, G_eq, b_eq,
+        unit,
     )  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Solved:
-    """A cvxpy solve of the model: status, objective (seconds), x, and HiGHS's info."""
+    """One HiGHS solve of the model.
+
+    Attributes:
+        status: ``"optimal"``, ``"infeasible"``, ``"time_limit"`` or HiGHS's name of
+            another model status.
+        objective: seconds (bytes when minimizing the budget) of the solution, or None.
+        x: the columns of the solution (the model's x, then u), or None.
+        mip_gap, bound: HiGHS's relative gap and dual bound (a lower bound of the
+            optimum, same unit as ``objective``), None when unknown.
+        time: seconds HiGHS ran.
+        presolve: whether HiGHS's presolve was on (it is turned off to confirm an
+            infeasibility, see :func:`solve_confirmed`).
+    """
 
     status: str
     objective: float | None
@@ -202,6 +233,54 @@ class Solved:
     mip_gap: float | None
     bound: float | None
     time: float
+    presolve: bool = True
+
+    @property
+    def infeasible(self) -> bool:
+        return self.x is None and self.status == "infeasible"
+
+    @property
+    def optimal(self) -> bool:
+        return self.x is not None and self.status == "optimal"
+
+
+def _status(model_status) -> str:
+    import highspy
+
+    names = {
+        highspy.HighsModelStatus.kOptimal: "optimal",
+        highspy.HighsModelStatus.kInfeasible: "infeasible",
+        # the model is bounded (binaries, non-negative costs): never unbounded
+        highspy.HighsModelStatus.kUnboundedOrInfeasible: "infeasible",
+        highspy.HighsModelStatus.kTimeLimit: "time_limit",
+    }
+    return names.get(model_status, str(model_status).rsplit(".", 1)[-1])
+
+
+_BANNER_SILENCED = False
+
+
+def _new_highs():
+    """A quiet ``highspy.Highs``. HiGHS prints a banner on stdout when the process
+    creates its first solver, before any option applies: that first one is created with
+    stdout (fd 1) sent to /dev/null."""
+    global _BANNER_SILENCED
+    import highspy
+
+    if not _BANNER_SILENCED:
+        sys.stdout.flush()
+        saved, null = os.dup(1), os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, 1)
+            highspy.Highs()
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+            os.close(null)
+        _BANNER_SILENCED = True
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    return h
 
 
 def solve_model(
@@ -212,55 +291,144 @@ def solve_model(
     time_limit: float | None = None,
     mip_rel_gap: float = 1e-6,
     minimize_budget: bool = False,
+    presolve: bool = True,
+    start: np.ndarray | None = None,
 ) -> Solved:
     """Solve the MILP (``integer``) or its LP relaxation at ``budget`` with HiGHS.
 
-    ``minimize_budget`` instead minimizes the budget itself (for ``min_budget``).
+    ``minimize_budget`` instead minimizes the budget itself (for ``min_budget``; one
+    more column, the budget, in the budget rows); ``presolve=False`` turns HiGHS's
+    presolve off; ``time_limit`` is in seconds; ``start``: a solution's columns (x
+    then u) to start from.
     """
-    if SOLVER not in cp.installed_solvers():  # pragma: no cover - highspy is a dependency
-        raise RuntimeError("cvxpy cannot find HiGHS: install highspy")
-    scale = 1.0 if minimize_budget else float(np.abs(model.cost).sum()) or 1.0
-    x = cp.Variable(model.nx, boolean=True) if integer else cp.Variable(model.nx)
-    u = cp.Variable(model.nu, nonneg=True)
-    cons = [model.A_eq @ x + model.G_eq @ u == model.b_eq]
+    import highspy
+
+    inf = highspy.kHighsInf
+    nx, nu = model.nx, model.nu
+    ub_rows = sp.hstack([model.A_ub, model.G_ub], format="csr")
+    rhs = model.b_ub_at(float(budget))
+    extra = 0
     if minimize_budget:
-        m = cp.Variable(nonneg=True)
-        sel = np.zeros(len(model.b_ub))
-        sel[model.budget_rows] = 1.0
-        cons.append(model.A_ub @ x + model.G_ub @ u <= model.b_ub + cp.multiply(sel, m))
-        objective = cp.Minimize(m)
+        sel = np.zeros((len(model.b_ub), 1))
+        sel[model.budget_rows, 0] = -1.0
+        ub_rows = sp.hstack([ub_rows, sp.csr_matrix(sel)], format="csr")
+        rhs = model.b_ub.copy()
+        rhs[model.budget_rows] = 0.0
+        extra = 1
+    eq_rows = sp.hstack([model.A_eq, model.G_eq, sp.csr_matrix((len(model.b_eq), extra))])
+    a = sp.vstack([eq_rows, ub_rows], format="csc")
+    a.eliminate_zeros()
+    # Costs are seconds (often 1e-7..1e-5): scale them to O(1), else HiGHS's absolute
+    # gap and feasibility tolerances (1e-6) swallow whole recomputations.
+    scale = 1.0 if minimize_budget else float(np.abs(model.cost).sum()) or 1.0
+    cost = np.zeros(nx + nu + extra)
+    if minimize_budget:
+        cost[-1] = 1.0
     else:
-        cons.append(model.A_ub @ x + model.G_ub @ u <= model.b_ub_at(float(budget)))
-        # Costs are seconds (often 1e-7..1e-5): scale them to O(1), else HiGHS's absolute
-        # gap and feasibility tolerances (1e-6) swallow whole recomputations.
-        objective = cp.Minimize((model.cost / scale) @ x)
-    if not integer:
-        cons += [x >= 0, x <= 1]
-    prob = cp.Problem(objective, cons)
-    opts: dict = {}
-    if time_limit is not None:
-        opts["time_limit"] = float(time_limit)
+        cost[:nx] = model.cost / scale
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = nx + nu + extra, a.shape[0]
+    lp.col_cost_ = cost
+    lp.col_lower_ = np.zeros(nx + nu + extra)
+    lp.col_upper_ = np.concatenate([np.ones(nx), np.full(nu + extra, inf)])
+    lp.row_lower_ = np.concatenate([model.b_eq, np.full(len(rhs), -inf)])
+    lp.row_upper_ = np.concatenate([model.b_eq, rhs])
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = lp.num_col_, lp.num_row_
+    lp.a_matrix_.start_ = a.indptr
+    lp.a_matrix_.index_ = a.indices
+    lp.a_matrix_.value_ = a.data
     if integer:
-        opts["mip_rel_gap"] = float(mip_rel_gap)
-    start = time.perf_counter()
-    prob.solve(solver=cp.HIGHS, **opts)
-    elapsed = time.perf_counter() - start
-    info = prob.solver_stats.extra_stats if prob.solver_stats is not None else None
+        lp.integrality_ = [highspy.HighsVarType.kInteger] * nx + [
+            highspy.HighsVarType.kContinuous
+        ] * (nu + extra)
+    h = _new_highs()
+    h.setOptionValue("presolve", "on" if presolve else "off")
+    if time_limit is not None:
+        h.setOptionValue("time_limit", max(float(time_limit), 1e-3))
+    if integer:
+        h.setOptionValue("mip_rel_gap", float(mip_rel_gap))
+    h.passModel(lp)
+    if start is not None:
+        sol = highspy.HighsSolution()
+        sol.col_value = list(start[: nx + nu]) + [0.0] * extra
+        sol.value_valid = True
+        h.setSolution(sol)
+    h.run()
+    status = _status(h.getModelStatus())
+    info = h.getInfo()
+    has = info.primal_solution_status == 2 and status in ("optimal", "time_limit")
     gap = bound = None
-    if integer and info is not None:
-        gap = float(getattr(info, "mip_gap", math.nan))
-        bound = float(getattr(info, "mip_dual_bound", math.nan)) * scale
-    has = prob.status in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE, cp.USER_LIMIT) and x.value is not None
-    if has and info is not None and integer and getattr(info, "primal_solution_status", 2) != 2:
-        has = False
+    if integer:
+        gap = float(info.mip_gap) if math.isfinite(info.mip_gap) else None
+        if math.isfinite(info.mip_dual_bound):
+            bound = float(info.mip_dual_bound) * scale
+    elif status == "optimal":
+        bound = float(info.objective_function_value) * scale
+    x = np.asarray(h.getSolution().col_value[: nx + nu], dtype=float) if has else None
     return Solved(
-        status=prob.status,
-        objective=float(prob.value) * scale if has else None,
-        x=np.asarray(x.value, dtype=float) if has else None,
+        status=status,
+        objective=float(info.objective_function_value) * scale if has else None,
+        x=x,
         mip_gap=gap,
         bound=bound,
-        time=elapsed,
+        time=float(h.getRunTime()),
+        presolve=presolve,
     )
+
+
+class Deadline:
+    """The time left of a ``time_limit`` (seconds; None: no limit) shared by several solves."""
+
+    def __init__(self, time_limit: float | None) -> None:
+        self.end = None if time_limit is None else time.perf_counter() + float(time_limit)
+
+    def left(self) -> float | None:
+        return None if self.end is None else max(0.0, self.end - time.perf_counter())
+
+    def passed(self) -> bool:
+        return self.end is not None and time.perf_counter() >= self.end
+
+
+@dataclass(frozen=True)
+class LeastBudget:
+    """The least budget of the model (bytes) when proven (``value``), else the bounds
+    known (``lower``, ``upper``; None when unknown), and a solution at ``upper``."""
+
+    value: int | None
+    lower: int | None
+    upper: int | None
+    solution: np.ndarray | None = None
+
+
+_LEAST: dict[Graph, LeastBudget] = {}  # proven least budgets, by graph
+
+
+def least_budget(model: CheckmateModel, deadline: Deadline) -> LeastBudget:
+    """The least budget at which the MILP has a solution: the optimum of the MILP that
+    minimizes the budget, solved *without* HiGHS's presolve (which has declared
+    feasible instances infeasible); under a time limit, the bounds known. Proven
+    values are remembered per graph."""
+    if model.graph in _LEAST:
+        return _LEAST[model.graph]
+    res = solve_model(model, 0, integer=True, time_limit=deadline.left(),
+                      minimize_budget=True, presolve=False)  # fmt: skip
+    lower = None if res.bound is None else max(0, math.ceil(res.bound - 1e-6))
+    if res.x is None:
+        return LeastBudget(None, lower, None)
+    upper = math.ceil(res.objective - 1e-6) * model.unit
+    lower = upper if lower is None else min(lower * model.unit, upper)
+    least = LeastBudget(upper if res.optimal else None, lower, upper, res.x)
+    if res.optimal:
+        _LEAST[model.graph] = least
+    return least
+
+
+def budget_cap(graph: Graph) -> int:
+    """A budget (bytes) that no memory row of the model can reach: every output counted
+    twice (computed while resident) plus the largest temporary. Budgets above it are
+    the same problem, so solvers cap there before converting to float."""
+    return 2 * sum(n.size for n in graph.nodes) + max(n.tmp for n in graph.nodes)
 
 
 def s_matrix(model: CheckmateModel, xvalue: np.ndarray) -> np.ndarray:
@@ -326,45 +494,112 @@ def schedule_from_s(graph: Graph, keep: np.ndarray) -> tuple:
     "checkmate_milp",
     problem=Graph,
     exact=True,
-    description="Checkmate's frontier-advancing MILP (Jain et al. 2020), cvxpy + HiGHS",
+    description="Checkmate's frontier-advancing MILP (Jain et al. 2020), HiGHS",
 )
 def checkmate_milp(
-    graph: Graph, budget: int, *, time_limit: float | None = 60.0, mip_rel_gap: float = 1e-6
+    graph: Graph,
+    budget: int,
+    *,
+    time_limit: float | None = 60.0,
+    mip_rel_gap: float = 1e-6,
+    progress: Callable[[float, str], None] | None = None,
 ) -> GraphSchedule:
     """The optimal schedule of Checkmate's model under ``budget`` bytes.
 
-    ``time_limit`` (seconds, None: none) bounds HiGHS; then the best incumbent is
-    returned and ``meta["mip_gap"]`` says how far from optimal it may be. Raises
-    :class:`Infeasible` with ``min_budget`` = the least budget of the model (a second
-    MILP minimizing the budget) when nothing fits.
+    ``time_limit`` (seconds, None: none) bounds the whole call, every HiGHS solve
+    included. When it stops HiGHS, the best incumbent is returned with
+    ``meta["exact"] = False``, ``meta["time_limited"] = True`` and
+    ``meta["lower_bound"]`` (seconds, HiGHS's dual bound). ``progress(fraction,
+    message)``, if given, hears of each HiGHS solve. HiGHS's presolve has
+    declared feasible instances infeasible, so its "infeasible" is believed only when
+    the least budget of the model, found by a MILP minimizing the budget solved
+    without presolve (:func:`least_budget`), is above ``budget``; otherwise the
+    budget is solved again without presolve, from that solution.
+
+    Raises :class:`Infeasible`: with ``min_budget`` = the least budget of the model
+    when it is proven; else with ``min_budget`` None and what is known of it in the
+    message and in the attributes ``least_budget_lower`` and ``least_budget_upper``
+    (bytes, or None), e.g. when the time limit stops the search or no schedule was
+    found in time.
     """
+    deadline = Deadline(time_limit)
     model = build_model(graph)
-    res = solve_model(model, budget, integer=True, time_limit=time_limit, mip_rel_gap=mip_rel_gap)
+
+    def say(message: str) -> None:  # one line per HiGHS solve: each may take a while
+        if progress is not None:
+            done = 0.0 if time_limit is None else 1 - (deadline.left() or 0) / time_limit
+            progress(min(1.0, done), message)
+
+    say(f"MILP: {model.nx} binaries, {model.A_ub.shape[0] + model.A_eq.shape[0]} rows")
+    capped = min(budget, budget_cap(graph))  # the same problem, and a float
+    res = solve_model(model, capped, integer=True, time_limit=deadline.left(),
+                      mip_rel_gap=mip_rel_gap)  # fmt: skip
     if res.x is None:
-        if res.status == cp.USER_LIMIT:
-            raise Infeasible(
-                "checkmate_milp", budget, None, f"no incumbent within time_limit={time_limit}s"
+        say(f"HiGHS: {res.status}; the least budget, without presolve")
+        limit = f"time_limit={time_limit}s"
+        if not res.infeasible:
+            raise _infeasible(
+                budget,
+                LeastBudget(None, None, None),
+                f"no schedule found within {limit}; the budget may be feasible",
             )
-        least = solve_model(
-            model, budget, integer=True, time_limit=time_limit, minimize_budget=True
-        )
-        lo = None if least.objective is None else math.ceil(least.objective - 1e-6)
-        raise Infeasible("checkmate_milp", budget, lo, f"HiGHS status {res.status}")
+        # HiGHS's "infeasible" is believed only if the least budget, found without
+        # presolve, is above the budget.
+        least = least_budget(model, deadline)
+        if least.upper is not None and least.upper <= budget:
+            say("presolve was wrong: solving again without it")
+            res = solve_model(model, capped, integer=True, time_limit=deadline.left(),
+                              mip_rel_gap=mip_rel_gap, presolve=False,
+                              start=least.solution)  # fmt: skip
+            if res.x is None:  # out of time: the least-budget solution fits
+                x = least.solution
+                res = Solved("time_limit", float(model.cost @ x[: model.nx]), x, None, None,
+                             res.time, presolve=False)  # fmt: skip
+        elif least.value is not None:
+            raise _infeasible(budget, least, "the least budget of Checkmate's model")
+        elif least.lower is not None and least.lower > budget:
+            raise _infeasible(budget, least, f"{limit} reached before the least budget "
+                              "was proven")  # fmt: skip
+        else:
+            raise _infeasible(budget, least, f"no schedule found within {limit} (HiGHS with "
+                              "presolve says infeasible, not confirmed in time)")  # fmt: skip
     ops = schedule_from_s(graph, s_matrix(model, res.x))
     trace = simulate_graph(graph, ops)
     if trace.peak_memory > budget:  # pragma: no cover - extraction never exceeds U
         raise RuntimeError(f"checkmate_milp: extracted peak {trace.peak_memory} > {budget}")
-    return GraphSchedule(
-        ops,
-        {
-            "solver": f"cvxpy {cp.__version__} / {SOLVER}",
-            "milp_objective": res.objective,
-            "mip_gap": res.mip_gap,
-            "mip_bound": res.bound,
-            "optimal": res.status == cp.OPTIMAL,
-            "status": res.status,
-            "milp_time": res.time,
-            "variables": {"binary": model.nx, "continuous": model.nu},
-            "constraints": model.A_ub.shape[0] + model.A_eq.shape[0],
-        },
-    )
+    meta = {
+        "exact": res.optimal,
+        "solver": _solver_name(),
+        "milp_objective": res.objective,
+        "mip_gap": res.mip_gap,
+        "mip_bound": res.bound,
+        "optimal": res.optimal,
+        "status": res.status,
+        "presolve": res.presolve,
+        "milp_time": res.time,
+        "variables": {"binary": model.nx, "continuous": model.nu},
+        "constraints": model.A_ub.shape[0] + model.A_eq.shape[0],
+    }
+    if not res.optimal:
+        meta["time_limited"] = True
+        if res.bound is not None:
+            meta["lower_bound"] = res.bound
+    return GraphSchedule(ops, meta)
+
+
+def _solver_name() -> str:
+    from importlib.metadata import version
+
+    return f"{SOLVER} (highspy {version('highspy')})"
+
+
+def _infeasible(budget: int, least: LeastBudget, detail: str) -> Infeasible:
+    """Infeasible with ``min_budget`` only when proven; the bounds as attributes (and in
+    the message) otherwise."""
+    if least.value is None and (least.lower is not None or least.upper is not None):
+        lo = "?" if least.lower is None else least.lower
+        hi = "?" if least.upper is None else least.upper
+        detail += f"; the least budget of the model is in [{lo}, {hi}]"
+    err = Infeasible("checkmate_milp", budget, least.value, detail)
+    err.least_budget_lower, err.least_budget_upper = least.lower, least.upper
+    return err

@@ -76,7 +76,7 @@ def chen_sqrt_graph_ops(graph: Graph, segment: int | None = None) -> tuple:
 
 
 def _fixed(name: str, graph: Graph, budget: int, ops: tuple, meta: dict) -> GraphSchedule:
-    return fixed_schedule(name, graph, GraphSchedule(ops, meta), budget)
+    return fixed_schedule(name, graph, GraphSchedule(ops, {"exact": False, **meta}), budget)
 
 
 @register(

@@ -135,14 +135,19 @@ def random_chain_schedule(rng: np.random.Generator, chain: Chain) -> list:
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 10**6), st.integers(1, 6), st.booleans())
-def test_chain_schedules_translate_exactly(seed: int, L: int, residuals: bool) -> None:
+def test_chain_schedules_translate(seed: int, L: int, residuals: bool) -> None:
+    """Every chain schedule runs on the chain's graph with a peak no larger; the graph
+    pays one more forward per recording forward of a stage with residuals (R{k} and
+    F{k} each run the forward), and nothing else."""
     rng = np.random.default_rng(seed)
     chain = random_chain(rng, L, residuals)
     graph = chain_to_graph(chain)
     ops = random_chain_schedule(rng, chain)
     ct = simulate_chain(chain, ops)
     gt = simulate(graph, chain_ops_to_graph(chain, ops))
-    assert gt.makespan == pytest.approx(ct.makespan)
+    has_res = [chain.saved_size[k] > chain.in_size[k + 1] for k in range(L)]
+    extra = sum(chain.fwd_time[op.index] for op in ops if type(op) is F_all and has_res[op.index])
+    assert gt.makespan == pytest.approx(ct.makespan + extra)
     assert gt.peak_memory <= ct.peak_memory
 
 
@@ -150,16 +155,55 @@ def test_chain_to_graph_layout() -> None:
     chain = Chain.from_rotor([1, 2], [3, 4, 1], [10, 20, 30], [0, 25, 30], [1, 2], [3, 4, 5])
     g = chain_to_graph(chain)
     names = [n.name for n in g.nodes]
-    assert names == ["a0", "F0", "R0", "F1", "loss", "B1", "B0"]
+    assert names == ["a0", "R0", "F0", "F1", "loss", "B1", "B0"]
     w = chain_nodes(chain)
-    assert w.res == (2, None) and w.d == (6, 5, 4)
-    assert g.nodes[2].size == 5 and g.nodes[2].cost == 0
+    assert w.res == (1, None) and w.fwd == (2, 3) and w.d == (6, 5, 4)
     assert g.nodes[4].cost == 1 and g.nodes[4].tmp == 5
-    assert g.store_all_time() == chain.store_all_time()
+    assert [g.nodes[j].name for j in g.nodes[6].inputs] == ["B1", "F0", "R0", "a0"]
+    # the recording forward is two runs of the forward: F_all(0) costs one more forward
+    assert g.store_all_time() == chain.store_all_time() + chain.fwd_time[0]
     store_all = [F_all(0), F_all(1), Loss(), B(1), B(0)]
     ct = simulate_chain(chain, store_all)
     gt = simulate(g, chain_ops_to_graph(chain, store_all))
-    assert (gt.makespan, gt.peak_memory) == (ct.makespan, ct.peak_memory)
+    assert (gt.makespan, gt.peak_memory) == (ct.makespan + chain.fwd_time[0], ct.peak_memory)
+
+
+def test_residual_node_costs_a_forward() -> None:
+    """Issue 11, item 4: R{k} is a run of stage k's forward that keeps the residuals
+    (its output a_{k+1} a temporary): it costs fwd_time[k], reads only a_k, and needs
+    what F_all(k) needs (s_k + fwd_tmp[k] above what is resident)."""
+    chain = Chain.from_rotor([1.5, 2.0], [3, 4, 1], [10, 20, 30], [0, 25, 40], [1, 2], [3, 4, 5])
+    g = chain_to_graph(chain)
+    for k in range(chain.length):
+        r = g.nodes[g.index(f"R{k}")]
+        assert r.cost == chain.fwd_time[k]
+        assert [g.nodes[j].name for j in r.inputs] == [f"F{k - 1}" if k else "a0"]
+        assert r.size + r.tmp == chain.saved_size[k] + chain.fwd_tmp[k]
+    # F_all(0) alone: the chain needs x0 + s0 + fwd_tmp0; the graph (R0 then F0) as much
+    need = chain.in_size[0] + chain.saved_size[0] + chain.fwd_tmp[0]
+    ops = chain_ops_to_graph(chain, [F_all(0), F_all(1), Loss(), B(1), B(0)])
+    assert ops[:2] == (Compute(g.index("R0")), Compute(g.index("F0")))
+    assert simulate(g, ops).op_peak[:2] == (need, need)
+
+
+def test_sizes_are_exact_integers_costs_floats() -> None:
+    big = 10**400
+    assert Graph((Node("a", 1.0, big),)).nodes[0].size == big
+    assert Graph((Node("a", 1.0, 2.0**70),)).nodes[0].size == 2**70
+    for bad in (1.5, float("nan"), float("inf")):
+        with pytest.raises(InvalidProblem, match="size.*integers"):
+            Graph((Node("a", 1.0, bad),))
+    with pytest.raises(InvalidProblem, match=r"nodes\[0\] \(a\)\.cost.*too large"):
+        Graph((Node("a", big, 1),))
+
+
+def test_costs_whose_sums_overflow_are_refused() -> None:
+    with pytest.raises(InvalidProblem, match=r"nodes\[\*\]\.cost.*overflow"):
+        Graph((Node("a", 1e308, 1), Node("b", 1e308, 1, (0,))))
+    with pytest.raises(InvalidProblem, match="overflow"):  # the sum of one use is finite
+        Graph((Node("a", 1e308, 1), Node("b", 0.5e308, 1, (0,))))
+    g = Graph((Node("a", 1e300, 1), Node("b", 1e300, 1, (0,))))
+    assert g.store_all_time() == 2e300
 
 
 def test_forward_backward_graph_of_sequence_is_chain_layout() -> None:

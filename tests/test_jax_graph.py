@@ -9,6 +9,7 @@ exactly; the measured peak never exceeds the budget.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 import jax
@@ -18,15 +19,18 @@ import pytest
 from flax import nnx
 
 import jax_exec
+import jax_exec.graph_profile as gp
 import schedir
 import solvers
 from jax_exec.graph_profile import (
     Add,
+    Block,
     Concat,
     dag_loss,
     dag_params,
     profile_graph,
     residual_dag,
+    sequential_dag,
 )
 from jax_exec.graph_run import run_graph
 from jax_exec.models import mse_loss
@@ -96,7 +100,7 @@ def test_layout(model):
     g = model["graph"]
     names = [n.name for n in g.nodes]
     assert names == [
-        "x", "embed", "block0", "Rblock0", "add0", "block1", "Rblock1", "add1", "cat", "head",
+        "x", "embed", "Rblock0", "block0", "add0", "Rblock1", "block1", "add1", "cat", "head",
         "loss", "Bhead", "Bcat", "Badd1", "Bblock1", "Badd0", "Bblock0", "Bembed",
     ]  # fmt: skip
     node = {n.name: n for n in g.nodes}
@@ -155,6 +159,78 @@ def test_recompute_and_free_inputs(model):
     result = check_run(model["nodes"], g, ops, model["inputs"], model["y"], model["ref"])
     assert result.resident_bytes[-1] == g.nodes[i["Bembed"]].size
     assert not model["inputs"]["x"].is_deleted()  # the caller's array is never deleted
+
+
+def count_launches(monkeypatch) -> Counter:
+    """Wrap every cached node kernel and loss kernel so that each launch is counted:
+    ``counts[(kind, cache key)]``, kind "fwd", "res", "bwd" or "loss"."""
+    import jax_exec.kernels as kernels
+
+    counts: Counter = Counter()
+
+    def counted(kernel, key):
+        def call(*args):
+            counts[key] += 1
+            return kernel.call(*args)
+
+        return replace(kernel, call=call)
+
+    for key, k in list(gp._KERNELS.items()):
+        wrapped = {kind: counted(getattr(k, kind), (kind, key)) for kind in ("fwd", "res", "bwd")}
+        monkeypatch.setitem(gp._KERNELS, key, replace(k, **wrapped))
+    for key, k in list(kernels._LOSS_CACHE.items()):
+        monkeypatch.setitem(kernels._LOSS_CACHE, key, counted(k, ("loss", key)))
+    return counts
+
+
+def test_every_compute_launches_its_nodes_kernel(model, monkeypatch):
+    """Issue 11, item 4: op by op, a schedule runs exactly the kernels the simulator
+    priced: one launch per Compute (counted by wrapping the compiled kernels), of that
+    node's kernel, and the costs of the launched kernels sum to the makespan."""
+    import jax_exec.kernels as kernels
+
+    g, nodes = model["graph"], model["nodes"]
+    schedule = solvers.solve(g, model["least"], method="dtr")  # with recomputations
+    dk = gp.dag_kernels(nodes, mse_loss, model["inputs"], model["y"])
+    cache = {id(k): key for key, k in gp._KERNELS.items()}
+    (loss_key,) = [key for key, k in kernels._LOSS_CACHE.items() if k is dk.loss]
+    kernel_of, flops, label = {"loss": ("loss", loss_key)}, {"loss": dk.loss.flops}, {}
+    for node in dk.dag:
+        k, key = dk.kernels[node.name], cache[id(dk.kernels[node.name])]
+        for kind, name in (("fwd", node.name), ("res", "R" + node.name), ("bwd", "B" + node.name)):
+            kernel_of[name], flops[name] = (kind, key), getattr(k, kind).flops
+            label[name] = f"{kind} {node.name}"
+    label["loss"] = "loss"
+    computed = [g.nodes[op.node].name for op in schedule.ops if isinstance(op, schedir.Compute)]
+    assert len(computed) > len(g.computed)  # some nodes run twice
+    counts = count_launches(monkeypatch)
+    result = run_graph(nodes, mse_loss, g, schedule, model["inputs"], model["y"])
+    assert counts == Counter(kernel_of[name] for name in computed)  # modules may share kernels
+    assert [k for k in result.op_kernels if k is not None] == [label[n] for n in computed]
+    # costs (timing="flops") are the launched kernels' FLOPs: their sum is the makespan
+    spent = sum(flops[name] for name in computed) / 1e10
+    assert spent == pytest.approx(schedir.simulate(g, schedule).makespan, rel=1e-9)
+
+
+def test_sequential_model_is_the_chain_case():
+    """A sequence of modules profiled as a DAG has chain_to_graph's layout (names aside):
+    same kinds, edges, sizes. The chain's graph charges R{k} the whole forward and the
+    forward's temporaries plus a_{k+1}; the residual kernel that runs costs no more: the
+    chain's graph is never cheaper than what runs."""
+    rngs = nnx.Rngs(0)
+    layers = [nnx.Linear(8, 16, rngs=rngs), Block(16, 32, rngs=rngs), Block(16, 32, rngs=rngs),
+              nnx.Linear(16, 4, rngs=rngs)]  # fmt: skip
+    x, y = jnp.ones((8, 8)), jnp.zeros((8, 4))
+    chain_graph = schedir.chain_to_graph(jax_exec.profile(layers, mse_loss, x, y, timing="flops"))
+    dag_graph = profile_graph(sequential_dag(layers), mse_loss, {"x": x}, y, timing="flops")
+    assert len(chain_graph) == len(dag_graph)
+    for a, b in zip(chain_graph.nodes, dag_graph.nodes, strict=True):
+        assert (a.kind, a.size, a.inputs) == (b.kind, b.size, b.inputs), (a.name, b.name)
+        if a.name.startswith("R"):
+            assert a.cost >= b.cost > 0 and a.tmp >= b.tmp
+        else:
+            assert (a.cost, a.tmp) == pytest.approx((b.cost, b.tmp)), (a.name, b.name)
+    assert sum(n.name.startswith("R") for n in dag_graph.nodes) == 2
 
 
 def test_run_dispatches_graph_schedules(model):
