@@ -44,7 +44,7 @@ from jax_exec.kernels import (
     loss_kernel,
     split_residuals,
 )
-from jax_exec.stages import as_spec, spec_bytes
+from jax_exec.stages import as_spec, pure_apply, spec_bytes
 from schedir import Compute, Graph, Node
 
 TIMINGS = ("measure", "flops")
@@ -115,12 +115,11 @@ def as_dag(nodes: Mapping[str, Any], input_names: Sequence[str]) -> list[DagNode
                     f"earlier nodes; nodes are given in topological order)"
                 )
         graphdef, params, rest = nnx.split(module, nnx.Param, ...)
-
-        def apply(p: Any, r: Any, *xs: jax.Array, _g: Any = graphdef) -> jax.Array:
-            return nnx.merge(_g, p, r)(*xs)
-
+        # pure_apply refuses a module that changes its state while running.
+        apply = pure_apply(name, graphdef)
         out.append(DagNode(name, ins, params, rest, apply, ("nnx", graphdef, len(ins))))
         seen.add(name)
+    _refuse_shared_params(out)
     read = {i for node in out for i in node.inputs}
     dead = [node.name for node in out[:-1] if node.name not in read]
     if dead:
@@ -129,6 +128,24 @@ def as_dag(nodes: Mapping[str, Any], input_names: Sequence[str]) -> list[DagNode
             f"node's output goes to the loss"
         )
     return out
+
+
+def _refuse_shared_params(dag: Sequence[DagNode]) -> None:
+    """A parameter read by two nodes would get one partial gradient per node: refuse it."""
+    owner: dict[int, str] = {}
+    for node in dag:
+        for leaf in jax.tree_util.tree_leaves(node.params, is_leaf=_is_variable):
+            first = owner.setdefault(id(leaf), node.name)
+            if first != node.name:
+                raise TypeError(
+                    f"nodes {first!r} and {node.name!r} share a parameter (tied weights): a "
+                    f"DAG model gives one parameter pytree per node, which would train the "
+                    f"copies apart; tie weights inside one node's module"
+                )
+
+
+def _is_variable(x: Any) -> bool:
+    return isinstance(x, nnx.Variable)
 
 
 def users_of(dag: Sequence[DagNode]) -> dict[str, list[str]]:

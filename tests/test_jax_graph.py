@@ -310,3 +310,19 @@ def test_deeper_dag_every_method():
             except solvers.Infeasible:
                 continue
             check_run(nodes, g, schedule, inputs, y, ref, budget)
+
+
+def test_dag_nodes_that_change_state_or_share_parameters_are_refused():
+    """A DAG node with BatchNorm in training mode, or a parameter read by two nodes,
+    is refused with the node named (never run with frozen state or split gradients)."""
+    rngs = nnx.Rngs(0)
+    x = {"x": jnp.ones((4, 3))}
+    y = jnp.ones((4, 3))
+    bn = nnx.Sequential(nnx.Linear(3, 3, rngs=rngs), nnx.BatchNorm(3, rngs=rngs))
+    with pytest.raises(TypeError, match="changes its state"):
+        profile_graph({"a": (bn, ["x"])}, mse_loss, x, y, timing="flops")
+    first = nnx.Linear(3, 3, rngs=rngs)
+    second = nnx.Linear(3, 3, rngs=rngs)
+    second.kernel = first.kernel  # tied weights across two nodes
+    with pytest.raises(TypeError, match="share a parameter"):
+        profile_graph({"a": (first, ["x"]), "b": (second, ["a"])}, mse_loss, x, y)
