@@ -142,7 +142,9 @@ def offload_milp(
     an Infeasible. Under ``time_limit`` the answer may be an incumbent:
     ``meta["exact"]`` is then False and ``meta["time_limited"]`` True.
     """
-    budget = check_budget(problem, budget)
+    check_budget(problem, budget)
+    # a finite MILP: nothing needs more than recording every stage
+    budget = min(budget, problem.chain.in_size[0] + Model.of(problem).store_all_need())
     L = problem.chain.length
     if L > max_stages:
         raise ValueError(f"offload_milp: {L} stages > max_stages = {max_stages}; use rotor_offload")

@@ -301,15 +301,13 @@ def slot_for(problem: OffloadProblem, max_units: int, slots: int) -> tuple[int, 
     return max(-(-need // slots), unit), False
 
 
-def check_budget(problem: OffloadProblem, budget: int, *, cap: bool = True) -> int:
-    """``budget`` if the device can hold it (InvalidProblem otherwise); with ``cap``,
-    capped at the chain's largest no-recomputation need (nothing needs more)."""
+def check_budget(problem: OffloadProblem, budget: int) -> int:
+    """``budget`` if the device can hold it; InvalidProblem otherwise. (The tables clip
+    memory at their width in Python integers: any budget is exact.)"""
     device = problem.platform.device_memory
     if device is not None and budget > device:
         raise InvalidProblem(f"budget {budget} exceeds platform.device_memory = {device} bytes")
-    if not cap:
-        return budget
-    return min(budget, problem.chain.in_size[0] + Model.of(problem).store_all_need())
+    return budget
 
 
 def host_fits(problem: OffloadProblem, ops: tuple) -> str | None:

@@ -474,7 +474,7 @@ def weight_offload(
         raise InvalidProblem("weight_offload needs OffloadProblem(..., weight_size=...)")
     if algorithm not in ("auto", "milp", "greedy"):
         raise ValueError(f"algorithm = {algorithm!r}: expected 'auto', 'milp' or 'greedy'")
-    budget = min(check_budget(problem, budget, cap=False), _everything(problem))
+    budget = min(check_budget(problem, budget), _everything(problem))
     host = problem.platform.host_memory
     total = 2 * sum(problem.weight_size[: problem.chain.length]) + problem.weight_size[-1]
     if host is not None and total > host:

@@ -11,7 +11,7 @@ import random
 import pytest
 from brute_force import brute_force_optimum
 from chain_strategies import REGIMES, chains, random_chain
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import schedir
@@ -108,7 +108,7 @@ def check_tight_against_brute_force(regime: str, seed: int, count: int) -> int:
 
 @pytest.mark.parametrize("regime", REGIMES)
 def test_tight_model_equals_brute_force_in_every_regime(regime):
-    assert check_tight_against_brute_force(regime, REGIMES.index(regime), 7) > 30
+    assert check_tight_against_brute_force(regime, REGIMES.index(regime), 7) > 20
 
 
 @pytest.mark.slow
@@ -158,6 +158,8 @@ def test_min_budget_is_the_least_feasible_budget(chain):
 
 @settings(max_examples=30, deadline=None)
 @given(chains())
+@example(NOT_MONOTONE)
+@example(SMALL_ABAR)
 def test_default_rotor_is_monotone_in_the_budget(chain):
     least, top = min_memory(chain), no_recompute_budget(chain)
     step = max(1, (top + 2 - least) // 40)
