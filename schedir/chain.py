@@ -64,15 +64,21 @@ def _largest(chain, names: tuple[str, ...]) -> str:
     return f"{name}[{k}] = {getattr(chain, name)[k]!r}"
 
 
+def scaled_sum(factor: float, values) -> float:
+    """``factor * fsum(values)`` in seconds, inf when it overflows a float."""
+    try:
+        return factor * math.fsum(values)
+    except OverflowError:
+        return math.inf
+
+
 def _check_totals(chain) -> None:
     """Refuse values whose sums overflow: a makespan must be a finite float and every
     sum of sizes an int64 (docs/semantics.md)."""
     L = len(chain.fwd_time) - 1
-    try:  # every forward at most L + 1 times (a persistent schedule), every backward once;
-        # x4: room for the DP's partial sums
-        bound = 4 * ((L + 1) * math.fsum(chain.fwd_time) + math.fsum(chain.bwd_time))
-    except OverflowError:
-        bound = math.inf
+    # every forward at most L + 1 times (a persistent schedule), every backward once; x4:
+    # room for the DP's partial sums
+    bound = scaled_sum(4 * (L + 1), chain.fwd_time) + scaled_sum(4, chain.bwd_time)
     if not math.isfinite(bound):
         raise InvalidProblem(
             f"fwd_time, bwd_time: times too large, a makespan would overflow a float "

@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from schedir.chain import MAX_TOTAL_SIZE, SIZE_FIELDS, Chain, _as_size
+from schedir.chain import MAX_TOTAL_SIZE, SIZE_FIELDS, Chain, _as_size, scaled_sum
 from schedir.errors import InvalidProblem, InvalidSchedule
 from schedir.io import FORMATS
 from schedir.ops import OP_TYPES, B, F_all, F_ck, F_n, Loss, parse_op
@@ -161,11 +161,8 @@ class OffloadProblem:
         for name in ("offload", "prefetch"):
             engine = getattr(self.platform, name)
             times = [engine.time(v) for v in sizes]
-            finite = [t for t in times if math.isfinite(t)]
-            try:  # every buffer copied at most once per node of a schedule tree
-                total = 4 * (2 * L + 2) * math.fsum(finite)
-            except OverflowError:
-                total = math.inf
+            # every buffer copied at most once per node of a schedule tree
+            total = scaled_sum(4 * (2 * L + 2), [t for t in times if math.isfinite(t)])
             if not math.isfinite(total):
                 raise InvalidProblem(
                     f"platform.{name}: bandwidth {engine.bandwidth!r} B/s, latency "

@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from schedir import Chain
 from solvers._chain_tree import Record, Split, record_first, tree_ops
@@ -35,8 +36,10 @@ class Needs:
     """Memory each move needs besides its sub-chain's input, per model (exact integers).
 
     ``leaf(i)``: C(., i, i); ``record(i, t)``: recording stage i's own ops (its child
-    adds s_i + need(i+1, t)); ``segment(i, t)[k]``: the forward segment of a split at
-    j = i + 1 + k (its children add x_j + need(j, t) and need(i, j-1)).
+    adds s_i + need(i+1, t)); ``inner(i)[k] + x_{t+1}``: the forward segment of a split
+    at j = i + 1 + k (its children add x_j + need(j, t) and need(i, j-1));
+    ``threshold(i, t)``: rotor's bound on every move (published model, and the tight
+    model where it is implied). The segment and bound tables are (L+1) x (L+1) ints.
     """
 
     def __init__(self, chain: Chain, tight: bool):
@@ -49,7 +52,12 @@ class Needs:
                      for i in range(L + 1)]  # fmt: skip
         if tight:  # the loss holds d_L and its temporary (the simulator's Loss)
             self.base[L] = x[L] + btmp[L]
-        self._inner: dict[int, np.ndarray] = {}
+        self._inner: np.ndarray | None = None
+        self._bound: np.ndarray | None = None
+        # Where every abar holds its a (s_k >= x_{k+1}), rotor's bound on (i, t) is
+        # implied by the moves' own needs (docs/chain_solvers.md): DPs apply it to (i, t)
+        # as a whole; elsewhere (tight model) each split is masked by its own segment.
+        self.masked = tight and any(s[k] < x[k + 1] for k in range(L))
 
     def leaf(self, i: int) -> int:
         return self.base[i]
@@ -67,31 +75,63 @@ class Needs:
             return self.base[i]
         return max(self.x[t + 1] + c.saved_size[i] + c.fwd_tmp[i], self.backward(i))
 
+    def _hankel(self) -> np.ndarray:
+        """``h[i, q] = pair[i + q]`` (0 past the end), a read-only view."""
+        n = len(self.pair)
+        padded = np.concatenate([self.pair, np.zeros(n + 2, dtype=np.int64)])
+        return as_strided(padded, shape=(n, n), strides=(8, 8), writeable=False)
+
+    @property
+    def inner_matrix(self) -> np.ndarray:
+        """``[i, k]``: the segment of a split of i at i + 1 + k, without d_{t+1}: F_ck(i)
+        for k = 0; for k >= 1 F_all(i) first if abar_{i+1} is smaller (tight model)."""
+        if self._inner is None:
+            c = self.chain
+            n = c.length + 1
+            x = np.asarray(self.x + (0,), dtype=np.int64)
+            ftmp = np.asarray(c.fwd_tmp + (0,), dtype=np.int64)
+            saved = np.asarray(c.saved_size, dtype=np.int64)
+            y = np.minimum(x[1 : n + 1], saved) if self.tight else x[1 : n + 1]
+            head = np.maximum(y + ftmp[:n], y + x[2 : n + 2] + ftmp[1 : n + 1])
+            inner = np.empty((n, n), dtype=np.int64)
+            inner[:, 0] = x[1 : n + 1] + ftmp[:n]
+            if n > 1:
+                inner[:, 1] = head
+                running = np.maximum.accumulate(self._hankel()[:, 2:n], axis=1)
+                np.maximum(head[:, None], running, out=inner[:, 2:n])
+            self._inner = inner
+        return self._inner
+
     def inner(self, i: int) -> np.ndarray:
-        """``inner(i)[k]``: the segment of a split of i at i + 1 + k, without d_{t+1}."""
-        if i not in self._inner:
-            c, x = self.chain, self.x
-            L = c.length
-            first = [x[i + 1] + c.fwd_tmp[i]]
-            if i + 2 <= L:  # j >= i + 2: the segment may start with F_all (abar_{i+1})
-                y = min(x[i + 1], c.saved_size[i]) if self.tight else x[i + 1]
-                head = max(y + c.fwd_tmp[i], y + x[i + 2] + c.fwd_tmp[i + 1])
-                first += np.maximum.accumulate(
-                    np.concatenate([[head], self.pair[i + 2 : L]])
-                ).tolist()
-            self._inner[i] = np.asarray(first, dtype=np.int64)
-        return self._inner[i]
+        return self.inner_matrix[i]
+
+    @property
+    def bound_matrix(self) -> np.ndarray:
+        """``[i, n]``: rotor's bound on (i, i + n) without d_{t+1}: x_{i+1} + fwd_tmp_i
+        and every x_k + x_{k+1} + fwd_tmp_k for i < k < i + n."""
+        if self._bound is None:
+            c = self.chain
+            n = c.length + 1
+            first = np.asarray([self.x[i + 1] + c.fwd_tmp[i] for i in range(n)], dtype=np.int64)
+            bound = np.empty((n, n), dtype=np.int64)
+            bound[:, 0] = first
+            if n > 1:
+                running = np.maximum.accumulate(self._hankel()[:, 1 : n - 1], axis=1)
+                bound[:, 1] = first
+                np.maximum(first[:, None], running, out=bound[:, 2:n])
+            self._bound = bound
+        return self._bound
 
     def threshold(self, i: int, t: int) -> int:
-        """Published model only: rotor's bound on every move of (i, t)."""
-        inner = int(self.pair[i + 1 : t].max(initial=-1))
-        return self.x[t + 1] + max(self.x[i + 1] + self.chain.fwd_tmp[i], inner)
+        """Rotor's bound on every move of (i, t)."""
+        return self.x[t + 1] + int(self.bound_matrix[i, t - i])
 
 
 def table_bytes(chain: Chain, max_memory: int) -> int:
-    """Bytes of the two float64 tables for m = 0..max_memory (plus one scratch block)."""
+    """Bytes of the two float64 tables for m = 0..max_memory (plus one scratch block),
+    and of the (L+1) x (L+1) integer tables of needs."""
     n = chain.length + 1
-    return FLOAT_BYTES * (n * (n + 1) + n) * (max_memory + 1)
+    return FLOAT_BYTES * ((n * (n + 1) + n) * (max_memory + 1) + 3 * n * n)
 
 
 @dataclass(frozen=True)
@@ -172,9 +212,7 @@ def build_table(chain: Chain, budget: int, *, tight: bool = True, progress=None)
     scratch = np.empty((L + 1, width))
     columns = np.arange(width)
     total_work, done = (L + 1) * (L + 2) * (L + 3) // 6, 0
-    # Where every abar holds its a (s_k >= x_{k+1}), rotor's bound on (i, t) is implied
-    # by the moves' own needs (docs/chain_solvers.md): one plain min, then the bound.
-    masked = tight and any(s[k] < x[k + 1] for k in range(L))
+    masked = needs.masked  # else one plain min over the splits, then rotor's bound
     for i in range(L, -1, -1):
         row = np.full((L + 1 - i, width), np.inf)
         row[0, min(needs.leaf(i), width) :] = fwd[i] + bwd[i]
@@ -231,41 +269,54 @@ def _best_split(block: np.ndarray, segment: np.ndarray, columns: np.ndarray) -> 
     return best
 
 
-def least_memory(chain: Chain, tight: bool) -> tuple[list, list, Needs]:
-    """need[i][t - i]: least m with C(m, i, t) < inf; shifted[t][j] = x_j + need(j, t).
+def least_memory(chain: Chain, tight: bool) -> tuple[np.ndarray, Needs]:
+    """``need[i, t]`` (t >= i): the least m with C(m, i, t) < inf, and the model's Needs.
 
-    The same recursion as the table with (max, min) in place of (+, min): exact in
-    integers, O(L^3) with numpy over the split point.
+    The same recursion as the table with (max, min) in place of (+, min), exact in
+    integers. Sub-chains of one length n are done at once: their splits are strided
+    views of ``need`` (need(i, i+k) and need(i+1+k, i+n) for every i and k), so O(L)
+    numpy calls for O(L^3 / 6) element operations (and 2 (L+1)^2 integers).
     """
     L = chain.length
+    size = L + 1
     needs = Needs(chain, tight)
-    x, s = needs.x, chain.saved_size
-    need: list = [None] * (L + 1)
-    shifted = [np.zeros(t + 1, dtype=np.int64) for t in range(L + 1)]
-    for i in range(L, -1, -1):
-        row = np.zeros(L + 1 - i, dtype=np.int64)
-        row[0] = needs.leaf(i)
-        inner = needs.inner(i)
-        for t in range(i + 1, L + 1):
-            n = t - i
-            record = max(needs.record(i, t), s[i] + int(need[i + 1][n - 1]))
-            if tight:
-                segment = x[t + 1] + inner[:n]
-                split = np.maximum(np.maximum(shifted[t][i + 1 : t + 1], row[0:n]), segment)
-                row[n] = min(record, int(split.min()))
-            else:
-                split = int(np.maximum(shifted[t][i + 1 : t + 1], row[0:n]).min())
-                row[n] = max(needs.threshold(i, t), min(record, split))
-        need[i] = row
-        for t in range(i, L + 1):
-            shifted[t][i] = x[i] + row[t - i]
-    return need, shifted, needs
+    arrays = chain.arrays()
+    x, s = arrays["in_size"], arrays["saved_size"]
+    ftmp, btmp = arrays["fwd_tmp"], arrays["bwd_tmp"]
+    need = np.zeros((size, size), dtype=np.int64)
+    by_end = np.zeros((size, size), dtype=np.int64)  # its transpose, for contiguous reads
+    row, col = need.strides
+    need[np.arange(size), np.arange(size)] = needs.base
+    by_end[np.arange(size), np.arange(size)] = needs.base
+    base = np.asarray(needs.base, dtype=np.int64)
+    for n in range(1, size):
+        m = size - n  # sub-chains (i, i + n), i = 0..m-1
+        ends = x[n + 1 : n + 1 + m]  # x_{t+1}
+        left = as_strided(need, shape=(m, n), strides=(row + col, col))  # need(i, i+k)
+        right = as_strided(by_end[n:, 1:], shape=(m, n), strides=(row + col, col))
+        inputs = as_strided(x[1:], shape=(m, n), strides=(8, 8))  # x_{i+1+k}
+        split = right + inputs
+        np.maximum(split, left, out=split)
+        if needs.masked:
+            np.maximum(split, ends[:, None] + needs.inner_matrix[:m, :n], out=split)
+        child = as_strided(need[1:, n:], shape=(m,), strides=(row + col,))  # need(i+1, t)
+        if tight:
+            backward = x[:m] + x[1 : m + 1] + s[:m] + btmp[:m]
+            own = np.maximum(ends + s[:m] + ftmp[:m], backward)
+        else:
+            own = base[:m]
+        value = np.minimum(np.maximum(own, s[:m] + child), split.min(axis=1))
+        if not needs.masked:
+            np.maximum(value, ends + needs.bound_matrix[:m, n], out=value)
+        as_strided(need[:, n:], shape=(m,), strides=(row + col,))[:] = value
+        as_strided(by_end[n:, :], shape=(m,), strides=(row + col,))[:] = value
+    return need, needs
 
 
 def min_memory(chain: Chain, *, tight: bool = True) -> int:
     """The least budget (including x_0) at which the DP (of that model) finds a schedule."""
-    need, _, _ = least_memory(chain, tight)
-    return int(chain.in_size[0] + need[0][chain.length])
+    need, _ = least_memory(chain, tight)
+    return int(chain.in_size[0] + need[0, chain.length])
 
 
 def min_memory_ops(chain: Chain, budget: int, *, tight: bool = True) -> tuple:
@@ -275,23 +326,28 @@ def min_memory_ops(chain: Chain, budget: int, *, tight: bool = True) -> tuple:
     splits at the farthest feasible point. Used when a discretized solve finds
     nothing although the byte budget is feasible.
     """
-    need, shifted, needs = least_memory(chain, tight)
+    need, needs = least_memory(chain, tight)
     s, x = chain.saved_size, needs.x
+    xs = np.asarray(x, dtype=np.int64)
 
     def choose(i: int, t: int, m: int):
-        n = t - i
-        if m >= max(needs.record(i, t), s[i] + int(need[i + 1][n - 1])):
+        if m >= max(needs.record(i, t), s[i] + int(need[i + 1, t])):
             return Record(m - s[i])
-        fits = np.maximum(shifted[t][i + 1 : t + 1], need[i][0:n])
-        if tight:
-            fits = np.maximum(fits, x[t + 1] + needs.inner(i)[:n])
-        j = i + 1 + int(np.flatnonzero(fits <= m)[-1])
+        j = i + 1 + int(np.flatnonzero(_split_needs(need, needs, xs, i, t) <= m)[-1])
         return Split(j, m - x[j], m, tight and record_first(chain, i, j))
 
     m = budget - chain.in_size[0]
-    if m < need[0][chain.length]:
+    if m < need[0, chain.length]:
         raise ValueError(f"budget {budget} < min_memory {min_memory(chain, tight=tight)}")
     return tree_ops(chain.length, choose, m)
+
+
+def _split_needs(need: np.ndarray, needs: Needs, xs: np.ndarray, i: int, t: int) -> np.ndarray:
+    """Least memory of the split of (i, t) at each j = i+1..t."""
+    fits = np.maximum(xs[i + 1 : t + 1] + need[i + 1 : t + 1, t], need[i, i:t])
+    if needs.tight:
+        fits = np.maximum(fits, xs[t + 1] + needs.inner(i)[: t - i])
+    return fits
 
 
 def no_recompute_budget(chain: Chain, *, tight: bool = True) -> int:
@@ -323,8 +379,9 @@ def guided_ops(chain: Chain, guide: RotorTable, slot: int, budget: int) -> tuple
     schedule, and as a competitor of the rounded-up table's schedule.
     """
     tight = guide.tight
-    need, shifted, needs = least_memory(chain, tight)
+    need, needs = least_memory(chain, tight)
     x, s = needs.x, chain.saved_size
+    xs = np.asarray(x, dtype=np.int64)
     rows, top = guide.rows, guide.max_memory
     prefix = guide.prefix
 
@@ -332,15 +389,11 @@ def guided_ops(chain: Chain, guide: RotorTable, slot: int, budget: int) -> tuple
         return float(rows[i][t - i, min(-(-m // slot), top)])
 
     def choose(i: int, t: int, m: int):
-        n = t - i
         best, move = math.inf, None
-        if m >= max(needs.record(i, t), s[i] + int(need[i + 1][n - 1])):
+        if m >= max(needs.record(i, t), s[i] + int(need[i + 1, t])):
             best = chain.fwd_time[i] + chain.bwd_time[i] + estimate(i + 1, t, m - s[i])
             move = Record(m - s[i])
-        fits = np.maximum(shifted[t][i + 1 : t + 1], need[i][0:n])
-        if tight:
-            fits = np.maximum(fits, x[t + 1] + needs.inner(i)[:n])
-        for k in np.flatnonzero(fits <= m).tolist():
+        for k in np.flatnonzero(_split_needs(need, needs, xs, i, t) <= m).tolist():
             j = i + 1 + k
             value = prefix[j] - prefix[i] + estimate(j, t, m - x[j]) + estimate(i, j - 1, m)
             if value < best or move is None:
@@ -349,6 +402,6 @@ def guided_ops(chain: Chain, guide: RotorTable, slot: int, budget: int) -> tuple
         return move
 
     m = budget - chain.in_size[0]
-    if m < need[0][chain.length]:
+    if m < need[0, chain.length]:
         raise ValueError(f"budget {budget} < min_memory {min_memory(chain, tight=tight)}")
     return tree_ops(chain.length, choose, m)

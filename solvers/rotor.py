@@ -70,14 +70,15 @@ def plan_grid(chain: Chain, capped: int, *, max_slots: int, slots: int, memory_c
     what bounds ``last`` ("max_slots" or "memory_cap"). Raises MemoryLimit when even
     ``MIN_SLOTS`` slots do not fit.
     """
-    per_unit = table_bytes(chain, 0)  # bytes per tabulated memory value
-    fit = memory_cap // per_unit - 1  # the largest M whose table fits the cap
+    fixed = table_bytes(chain, 0)
+    per_unit = table_bytes(chain, 1) - fixed  # bytes per tabulated memory value
+    fit = (memory_cap - fixed) // per_unit - 1  # the largest M whose table fits the cap
     unit = size_unit(chain)
     width = capped // unit - chain.in_size[0] // unit
     if capped // unit <= max_slots and width <= fit:
         return unit, None
     if fit < MIN_SLOTS:
-        need = per_unit * (MIN_SLOTS + 1)
+        need = table_bytes(chain, MIN_SLOTS)
         raise MemoryLimit(
             f"rotor: the DP table of a {chain.length}-stage chain takes {per_unit} bytes per "
             f"memory slot, {need} bytes for {MIN_SLOTS} slots; memory_cap = {memory_cap} bytes"
@@ -102,7 +103,8 @@ def _discretized(chain, budget, capped, grid, limit, tight, options, rounded=Non
     _, _, lower_bound, _, progress = options
     relaxed = discretize(chain, capped, grid, round_up=False)
     if lower_bound:
-        guide = build_table(relaxed.chain, relaxed.budget, tight=tight, progress=progress)
+        report = None if progress is None else lambda f, text: progress(f, f"lower bound: {text}")
+        guide = build_table(relaxed.chain, relaxed.budget, tight=tight, progress=report)
         bound = guide.value(relaxed.budget)
         ops = guided_ops(chain, guide, relaxed.slot_size, budget)
         how = "guided"

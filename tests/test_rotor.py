@@ -218,11 +218,11 @@ def test_sizes_with_a_common_unit_are_solved_exactly():
 def test_memory_cap_coarsens_the_table_or_refuses():
     chain = scaled(random_chain(random.Random(4), 6, regime="usual"), 1_000, random.Random(1))
     budget = (min_memory(chain) + no_recompute_budget(chain)) // 2
-    per_slot = solvers.rotor.table_bytes(chain, 0)
-    schedule, trace = raw(chain, budget, memory_cap=per_slot * 101)
+    cap = solvers.rotor.table_bytes(chain, 100)  # a table of 100 slots
+    schedule, trace = raw(chain, budget, memory_cap=cap)
     info = schedule.meta["discretization"]
     assert info["slots"] <= 100 and info["limited_by"] == "memory_cap"
-    assert schedule.meta["memory_cap"] == per_slot * 101 and trace.peak_memory <= budget
+    assert schedule.meta["memory_cap"] == cap and trace.peak_memory <= budget
     with pytest.raises(solvers.MemoryLimit, match=r"bytes per memory slot.*memory_cap = 1000"):
         rotor(chain, budget, memory_cap=1000)
     assert rotor(chain, budget).meta["memory_cap"] == solvers.rotor.default_memory_cap()
