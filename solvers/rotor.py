@@ -149,8 +149,9 @@ def _solve(chain, budget, tight, options) -> tuple[tuple, dict]:
         slot = discretize(chain, capped, grid)
         if min_memory(slot.chain, tight=tight) <= slot.budget:
             break
-        if grid >= last:  # rounding up loses the budget at every grid
-            return _discretized(chain, budget, capped, grid, limit, tight, options)
+        if grid >= last:  # rounding up loses the budget at every grid: the relaxation
+            # at the first grid (the precision asked for) bounds and guides
+            return _discretized(chain, budget, capped, min(slots, last), limit, tight, options)
         grid = min(2 * grid, last)
     table = build_table(slot.chain, slot.budget, tight=tight, progress=progress)
     rounded = table.ops(slot.budget), table.value(slot.budget)

@@ -247,3 +247,30 @@ def test_times_that_overflow_are_refused():
                                    [0] * 4)  # fmt: skip
     for method in CHAIN_METHODS:
         assert math.isfinite(solvers.solve(big, 10**6, method).meta["makespan"])
+
+
+def test_tradeoff_of_other_methods_says_what_it_knows():
+    chain = homogeneous_chain(6)
+    budgets = list(range(10, 70, 6))
+    curve = solvers.tradeoff(chain, budgets, "chen_sqrt")
+    for budget, value, exact, bound in zip(
+        curve.budgets, curve.makespans, curve.exact, curve.lower_bounds, strict=True
+    ):
+        assert exact is False and bound == chain.store_all_time() <= value
+        try:
+            expected = schedir.simulate(chain, raw("chen_sqrt")(chain, budget)).makespan
+        except solvers.Infeasible:
+            expected = math.inf
+        assert value == expected
+
+
+@pytest.mark.parametrize("method", ["chen_sqrt", "revolve"])
+def test_long_solvers_report_progress(method):
+    chain = random_chain(random.Random(9), 200, regime="usual")
+    calls = []
+    try:
+        raw(method)(chain, 0)
+    except solvers.Infeasible as err:  # just below the least budget: every count is tried
+        with pytest.raises(solvers.Infeasible):
+            raw(method)(chain, err.min_budget - 1, progress=lambda *a: calls.append(a))
+    assert calls and all(0 <= f <= 1 and isinstance(m, str) for f, m in calls)
