@@ -34,11 +34,13 @@ from solvers.rotor_offload import (
 )
 
 
-def greedy_ops(problem: OffloadProblem, budget: int, slot: int = 1) -> tuple[tuple, tuple]:
+def greedy_ops(
+    problem: OffloadProblem, budget: int, slot: int = 1, progress=None
+) -> tuple[tuple, tuple]:
     """(greedy ops, rotor's ops) at ``budget`` bytes; Infeasible if rotor has none (its
     ``min_budget`` is exact: the greedy succeeds wherever rotor's table does)."""
     plain = replace(problem, platform=problem.platform.with_bandwidth(0.0))
-    table = build_table(plain, slot)  # rotor's values (no offload move is feasible)
+    table = build_table(plain, slot, progress=progress)  # rotor's values (no offload moves)
     if not math.isfinite(table.value(budget)):
         raise Infeasible("offload_greedy", budget, table.min_budget())
     model = Model.of(problem, slot, greedy=True)
@@ -65,13 +67,18 @@ def greedy_ops(problem: OffloadProblem, budget: int, slot: int = 1) -> tuple[tup
     description="offload where transfers hide under compute, rotor remat for the rest",
 )
 def offload_greedy(
-    problem: OffloadProblem, budget: int, *, max_units: int = 3000, slots: int = 500
+    problem: OffloadProblem,
+    budget: int,
+    *,
+    max_units: int = 3000,
+    slots: int = 500,
+    progress=None,
 ) -> OffloadSchedule:
     """Greedy remat + offload schedule (module doc) under ``budget`` device bytes; if the
     host cannot hold its offloads, rotor's schedule (``meta["fallback"] = "rotor"``)."""
     budget = check_budget(problem, budget)
     slot, _ = slot_for(problem, max_units, slots)
-    ops, plain = greedy_ops(problem, budget, slot)
+    ops, plain = greedy_ops(problem, budget, slot, progress)
     meta = {"slot_size": slot, "exact": False}
     note = host_fits(problem, ops)
     if note is not None:

@@ -266,8 +266,11 @@ def emit(model: Model, choose, m0: int, width: int) -> tuple:
     return tuple(ops)
 
 
-def build_table(problem: OffloadProblem, slot: int = 1, *, greedy: bool = False) -> OffloadTable:
-    """The DP table of ``problem`` with sizes rounded up to ``slot`` bytes."""
+def build_table(
+    problem: OffloadProblem, slot: int = 1, *, greedy: bool = False, progress=None
+) -> OffloadTable:
+    """The DP table of ``problem`` with sizes rounded up to ``slot`` bytes;
+    ``progress(fraction, message)`` after each row."""
     model = Model.of(problem, slot, greedy=greedy)
     L = model.L
     W = model.store_all_need() + 1
@@ -288,6 +291,9 @@ def build_table(problem: OffloadProblem, slot: int = 1, *, greedy: bool = False)
                     np.minimum(best, values if values.ndim == 1 else values.min(axis=0), out=best)
         for t in range(i, L + 1):
             right_cols[t][i] = tables[0][i][t - i]
+        if progress is not None:
+            done = 1 - (i * (i + 1)) / ((L + 1) * (L + 2))  # rows of i hold L + 1 - i entries
+            progress(done, f"DP table, {L + 1 - i} of {L + 1} rows, width {W}")
     return OffloadTable(model, slot, (tuple(tables[0]), tuple(tables[1])), tuple(right_cols))
 
 
@@ -323,14 +329,16 @@ def host_fits(problem: OffloadProblem, ops: tuple) -> str | None:
     return None
 
 
-def solve_table(problem, budget, method, slot, exact, *, greedy=False) -> OffloadSchedule:
+def solve_table(
+    problem, budget, method, slot, exact, *, greedy=False, progress=None
+) -> OffloadSchedule:
     """Solve with a table of ``slot`` bytes; rotor's schedule (no offload) when it does
     better or when the host cannot hold the table's offloads."""
     from solvers._rotor_dp import min_memory
     from solvers.rotor import rotor
 
     budget = check_budget(problem, budget)
-    table = build_table(problem, slot, greedy=greedy)
+    table = build_table(problem, slot, greedy=greedy, progress=progress)
     value = table.value(budget)
     meta = {"dp_value": value, "exact": exact and not greedy, "slot_size": slot}
     ops = table.ops(budget) if math.isfinite(value) else None
@@ -372,19 +380,25 @@ def _least_budget(problem, table: OffloadTable, least_rotor: int) -> int | None:
     description="optimal persistent remat + activation offload (DP, Beaumont et al. 2021)",
 )
 def rotor_offload(
-    problem: OffloadProblem, budget: int, *, max_units: int = 3000, slots: int = 500
+    problem: OffloadProblem,
+    budget: int,
+    *,
+    max_units: int = 3000,
+    slots: int = 500,
+    progress=None,
 ) -> OffloadSchedule:
     """Optimal schedule of the offload model (module doc) under ``budget`` device bytes.
 
-    Exact in bytes while the largest store-all need of a sub-chain is at most
-    ``max_units`` bytes; otherwise sizes are rounded up to slots of about 1/``slots``
-    of it (the schedule stays feasible in bytes) and rotor's schedule is returned if it
-    is faster. Never worse than ``rotor(model="tight")`` in exact mode, by construction.
+    Exact (``meta["exact"]``) while the largest store-all need of a sub-chain is at most
+    ``max_units`` units of the sizes' gcd; otherwise sizes are rounded up to slots of
+    about 1/``slots`` of it (the schedule stays feasible in bytes) and rotor's schedule
+    is returned if it is faster. Never worse than ``rotor`` in exact mode, by
+    construction.
     If the host cannot hold the offloaded buffers, the best schedule without offloading
     is returned (``meta["fallback"] = "rotor"``) or Infeasible is raised.
     """
     slot, exact = slot_for(problem, max_units, slots)
-    return solve_table(problem, budget, "rotor_offload", slot, exact)
+    return solve_table(problem, budget, "rotor_offload", slot, exact, progress=progress)
 
 
 def working_set(problem: OffloadProblem) -> int:

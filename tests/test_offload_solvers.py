@@ -303,3 +303,11 @@ def test_exactness_and_huge_budgets():
     assert s.meta["exact"] is False or s.meta.get("fallback") == "rotor"
     with pytest.raises(InvalidProblem, match="offload: bandwidth"):
         OffloadProblem(chain, Platform.host_offload(1e-306))
+
+
+@pytest.mark.parametrize("method", ["rotor_offload", "offload_greedy"])
+def test_table_builds_report_progress(method):
+    problem = OffloadProblem(chains(1, 12, 5)[0], Platform.host_offload(2.0))
+    calls = []
+    raw(method)(problem, 10**6, progress=lambda f, m: calls.append(f))
+    assert calls == sorted(calls) and calls[-1] == 1.0
