@@ -4,7 +4,8 @@ Every generator mixes regimes, so that no solver is only tested where the usual
 inequalities hold:
 
 - ``usual``: saved_size[k] >= in_size[k+1] (abar holds a), small temporaries;
-- ``small_abar``: saved_size[k] <= in_size[k+1], often smaller (abar smaller than a);
+- ``small_abar``: for about half of the stages saved_size[k] < in_size[k+1] (abar
+  smaller than a) where in_size[k+1] > 0, the usual relation for the others;
 - ``zeros``: about half of the sizes and times are 0, saved_size independent of in_size;
 - ``big_tmp``: temporaries up to four times the largest activation;
 - ``loss``: a loss stage with its own fwd_time, saved_size and fwd_tmp (the
@@ -32,8 +33,11 @@ def _build(L: int, regime: str, size, tmp, time) -> Chain:
     x = [maybe_zero(size()) for _ in range(L + 1)]
     if regime in ("usual", "loss"):
         saved = [x[k + 1] + size() for k in range(L)]
-    elif regime == "small_abar":  # at most a's size, often less
-        saved = [min(size(), x[k + 1]) for k in range(L)]
+    elif regime == "small_abar":  # about every other stage: less than a's size (if any)
+        saved = [
+            max(0, min(size(), x[k + 1] - 1)) if size() % 2 else x[k + 1] + size()
+            for k in range(L)
+        ]
     else:
         saved = [maybe_zero(size()) for _ in range(L)]
     scale = 4 if regime == "big_tmp" else 1
