@@ -35,8 +35,7 @@ def _build(L: int, regime: str, size, tmp, time) -> Chain:
         saved = [x[k + 1] + size() for k in range(L)]
     elif regime == "small_abar":  # about every other stage: less than a's size (if any)
         saved = [
-            max(0, min(size(), x[k + 1] - 1)) if size() % 2 else x[k + 1] + size()
-            for k in range(L)
+            max(0, min(size(), x[k + 1] - 1)) if size() % 2 else x[k + 1] + size() for k in range(L)
         ]
     else:
         saved = [maybe_zero(size()) for _ in range(L)]
