@@ -62,7 +62,7 @@ def run(profiles: list[Path], points: int, slots: int, speedup: float) -> tuple[
             problem = OffloadProblem(chain, Platform.host_offload(bw))
             tables[name, bw] = (problem, build_table(problem, slot))
         least = min(t.min_budget() for _, t in tables.values())
-        budgets = sorted({int(b) for b in np.linspace(least, top, points)})
+        budgets = sorted({least + (top - least) * q // (points - 1) for q in range(points)})
         over = {}
         for (name, bw), (problem, table) in tables.items():
             for budget in budgets:

@@ -19,8 +19,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -41,7 +39,8 @@ def run(profiles: list[Path], points: int) -> list[dict]:
         base = chain.store_all_time()
         top = schedir.simulate(chain, store_all_ops(chain)).peak_memory
         least = min_memory(chain)
-        budgets = sorted({int(b) for b in np.linspace(least, top * 1.05, points)})
+        high = top * 105 // 100  # 5% above store-all, in exact integers
+        budgets = sorted({least + (high - least) * q // (points - 1) for q in range(points)})
         for method in METHODS:
             for budget in budgets:
                 try:

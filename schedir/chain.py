@@ -1,8 +1,9 @@
 """The chain problem: L stages in sequence followed by a loss (docs/semantics.md).
 
 All sizes are non-negative integers (bytes, or memory slots once discretized) and all
-times are non-negative finite floats (seconds). Every per-stage field has length
-L + 1; index L is the loss stage.
+times are non-negative finite floats (seconds); values whose sums overflow (a makespan
+beyond the float range, sizes totalling 2**62 bytes or more) are refused. Every
+per-stage field has length L + 1; index L is the loss stage.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from schedir.errors import InvalidProblem
 TIME_FIELDS = ("fwd_time", "bwd_time")
 SIZE_FIELDS = ("in_size", "saved_size", "fwd_tmp", "bwd_tmp")
 FIELDS = TIME_FIELDS + SIZE_FIELDS
+# Solvers add sizes in int64 arrays: every sum of sizes must stay below 2**63.
+MAX_TOTAL_SIZE = 2**62
 
 
 def _as_size(name: str, index: int, value: object) -> int:
@@ -52,6 +55,40 @@ def _as_time(name: str, index: int, value: object) -> float:
     if not math.isfinite(time) or time < 0:
         raise InvalidProblem(f"{name}[{index}] = {value!r}: times must be finite and non-negative")
     return time
+
+
+def _largest(chain, names: tuple[str, ...]) -> str:
+    """``field[k] = value`` of the largest entry among the fields ``names``."""
+    name, k = max(((n, k) for n in names for k in range(len(getattr(chain, n)))),
+                  key=lambda nk: getattr(chain, nk[0])[nk[1]])  # fmt: skip
+    return f"{name}[{k}] = {getattr(chain, name)[k]!r}"
+
+
+def scaled_sum(factor: float, values) -> float:
+    """``factor * fsum(values)`` in seconds, inf when it overflows a float."""
+    try:
+        return factor * math.fsum(values)
+    except OverflowError:
+        return math.inf
+
+
+def _check_totals(chain) -> None:
+    """Refuse values whose sums overflow: a makespan must be a finite float and every
+    sum of sizes an int64 (docs/semantics.md)."""
+    L = len(chain.fwd_time) - 1
+    # every forward at most L + 1 times (a persistent schedule), every backward once; x4:
+    # room for the DP's partial sums
+    bound = scaled_sum(4 * (L + 1), chain.fwd_time) + scaled_sum(4, chain.bwd_time)
+    if not math.isfinite(bound):
+        raise InvalidProblem(
+            f"fwd_time, bwd_time: times too large, a makespan would overflow a float "
+            f"(largest: {_largest(chain, TIME_FIELDS)}); express them in a larger unit"
+        )
+    if sum(sum(getattr(chain, name)) for name in SIZE_FIELDS) >= MAX_TOTAL_SIZE:
+        raise InvalidProblem(
+            f"in_size, saved_size, fwd_tmp, bwd_tmp: sizes too large, their total reaches "
+            f"2**62 (largest: {_largest(chain, SIZE_FIELDS)}); express them in a larger unit"
+        )
 
 
 @dataclass(frozen=True)
@@ -99,6 +136,7 @@ class Chain:
         for name in SIZE_FIELDS:
             values = tuple(_as_size(name, k, v) for k, v in enumerate(getattr(self, name)))
             object.__setattr__(self, name, values)
+        _check_totals(self)
         if self.names is not None:
             if isinstance(self.names, str):
                 raise InvalidProblem(f"names = {self.names!r}: expected a sequence of strings")

@@ -30,12 +30,13 @@ A schedule without copy ops has exactly the chain simulator's makespan and peak.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from schedir.chain import Chain
+from schedir.chain import MAX_TOTAL_SIZE, SIZE_FIELDS, Chain, _as_size, scaled_sum
 from schedir.errors import InvalidProblem, InvalidSchedule
 from schedir.io import FORMATS
 from schedir.ops import OP_TYPES, B, F_all, F_ck, F_n, Loss, parse_op
@@ -133,14 +134,40 @@ class OffloadProblem:
         if not isinstance(self.platform, Platform):
             raise InvalidProblem(f"platform = {self.platform!r}: expected a schedir.Platform")
         if self.weight_size is not None:
+            if isinstance(self.weight_size, str | bytes) or not hasattr(
+                self.weight_size, "__len__"
+            ):
+                raise InvalidProblem(f"weight_size = {self.weight_size!r}: expected a sequence")
             sizes = tuple(self.weight_size)
             n = self.chain.length + 1
             if len(sizes) != n:
                 raise InvalidProblem(f"weight_size has length {len(sizes)}, expected L + 1 = {n}")
-            for k, v in enumerate(sizes):
-                if isinstance(v, bool) or not float(v).is_integer() or v < 0:
-                    raise InvalidProblem(f"weight_size[{k}] = {v!r}: expected bytes >= 0")
-            object.__setattr__(self, "weight_size", tuple(int(v) for v in sizes))
+            sizes = tuple(_as_size("weight_size", k, v) for k, v in enumerate(sizes))
+            chain_total = sum(sum(getattr(self.chain, f)) for f in SIZE_FIELDS)
+            if 2 * sum(sizes) + chain_total >= MAX_TOTAL_SIZE:
+                raise InvalidProblem(
+                    "weight_size: weights and gradients with the chain's sizes reach 2**62 "
+                    "bytes; express sizes in a larger unit"
+                )
+            object.__setattr__(self, "weight_size", sizes)
+        self._check_transfer_times()
+
+    def _check_transfer_times(self) -> None:
+        """Refuse copy engines so slow that a makespan overflows (bandwidth 0 is fine:
+        no copy happens)."""
+        chain = self.chain
+        sizes = [*chain.in_size, *chain.saved_size, *(self.weight_size or ())]
+        L = chain.length
+        for name in ("offload", "prefetch"):
+            engine = getattr(self.platform, name)
+            times = [engine.time(v) for v in sizes]
+            # every buffer copied at most once per node of a schedule tree
+            total = scaled_sum(4 * (2 * L + 2), [t for t in times if math.isfinite(t)])
+            if not math.isfinite(total):
+                raise InvalidProblem(
+                    f"platform.{name}: bandwidth {engine.bandwidth!r} B/s, latency "
+                    f"{engine.latency!r} s: transfer times overflow a makespan"
+                )
 
     def to_dict(self) -> dict:
         d = {"format": "schedir.offload_problem", "version": 1, "chain": self.chain.to_dict()}

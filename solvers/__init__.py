@@ -15,7 +15,15 @@ import importlib as _importlib
 import pkgutil as _pkgutil
 
 from solvers._tradeoff import Tradeoff, tradeoff
-from solvers.registry import Infeasible, Method, available, get, register, solve
+from solvers.registry import (
+    Infeasible,
+    MemoryLimit,
+    Method,
+    available,
+    get,
+    register,
+    solve,
+)
 
 for _module in _pkgutil.iter_modules(__path__):
     if not _module.name.startswith("_") and _module.name != "registry":
@@ -23,6 +31,7 @@ for _module in _pkgutil.iter_modules(__path__):
 
 __all__ = [
     "Infeasible",
+    "MemoryLimit",
     "Method",
     "Tradeoff",
     "available",

@@ -23,13 +23,24 @@ import numpy as np
 
 from schedir import OffloadProblem, OffloadSchedule
 from solvers.registry import Infeasible, register
-from solvers.rotor_offload import INF, Model, build_table, check_budget, emit, slot_for
+from solvers.rotor_offload import (
+    INF,
+    Model,
+    build_table,
+    check_budget,
+    emit,
+    host_fits,
+    slot_for,
+)
 
 
-def greedy_ops(problem: OffloadProblem, budget: int, slot: int = 1) -> tuple:
-    """Ops of the greedy schedule at ``budget`` bytes; Infeasible if rotor has none."""
+def greedy_ops(
+    problem: OffloadProblem, budget: int, slot: int = 1, progress=None
+) -> tuple[tuple, tuple]:
+    """(greedy ops, rotor's ops) at ``budget`` bytes; Infeasible if rotor has none (its
+    ``min_budget`` is exact: the greedy succeeds wherever rotor's table does)."""
     plain = replace(problem, platform=problem.platform.with_bandwidth(0.0))
-    table = build_table(plain, slot)  # rotor's values (no offload move is feasible)
+    table = build_table(plain, slot, progress=progress)  # rotor's values (no offload moves)
     if not math.isfinite(table.value(budget)):
         raise Infeasible("offload_greedy", budget, table.min_budget())
     model = Model.of(problem, slot, greedy=True)
@@ -46,7 +57,7 @@ def greedy_ops(problem: OffloadProblem, budget: int, slot: int = 1) -> tuple:
                 move = (label[0], i + 1 + k) if label[0].startswith("split") else (label[0], None)
         return move
 
-    return emit(model, choose, table.memory(budget), table.width)
+    return emit(model, choose, table.memory(budget), table.width), table.ops(budget)
 
 
 @register(
@@ -56,9 +67,21 @@ def greedy_ops(problem: OffloadProblem, budget: int, slot: int = 1) -> tuple:
     description="offload where transfers hide under compute, rotor remat for the rest",
 )
 def offload_greedy(
-    problem: OffloadProblem, budget: int, *, max_units: int = 3000, slots: int = 500
+    problem: OffloadProblem,
+    budget: int,
+    *,
+    max_units: int = 3000,
+    slots: int = 500,
+    progress=None,
 ) -> OffloadSchedule:
-    """Greedy remat + offload schedule (module doc) under ``budget`` device bytes."""
-    check_budget(problem, budget)
-    slot = slot_for(problem, max_units, slots)
-    return OffloadSchedule(greedy_ops(problem, budget, slot), {"slot_size": slot})
+    """Greedy remat + offload schedule (module doc) under ``budget`` device bytes; if the
+    host cannot hold its offloads, rotor's schedule (``meta["fallback"] = "rotor"``)."""
+    budget = check_budget(problem, budget)
+    slot, _ = slot_for(problem, max_units, slots)
+    ops, plain = greedy_ops(problem, budget, slot, progress)
+    meta = {"slot_size": slot, "exact": False}
+    note = host_fits(problem, ops)
+    if note is not None:
+        ops = plain
+        meta.update(fallback="rotor", note=note)
+    return OffloadSchedule(ops, meta)

@@ -27,7 +27,9 @@ import numpy as np
 
 from schedir import OffloadProblem, OffloadSchedule
 from solvers.registry import Infeasible, register
-from solvers.rotor_offload import Model, check_budget, emit
+from solvers.rotor_offload import Model, build_table, check_budget, emit, slot_for
+
+DP_UNITS = 20_000  # the DP confirms infeasibility when its table has at most this width
 
 
 def tree_moves(model: Model) -> dict:
@@ -41,8 +43,8 @@ def tree_moves(model: Model) -> dict:
     def last(j: int) -> float:
         return bwd[j] + (fwd[L] if j == L else 0.0)
 
-    def bn(j: int) -> int:
-        return x[j] + x[j + 1] + s[j] + bt[j]
+    def bn(j: int) -> int:  # the last op of stage j: B(j), or the loss (d_L, temporary)
+        return x[L] + bt[L] if j == L else x[j] + x[j + 1] + s[j] + bt[j]
 
     moves: dict = {}
     for i in range(L + 1):
@@ -52,7 +54,7 @@ def tree_moves(model: Model) -> dict:
                     continue
                 node = (i, t, kind)
                 if i == t:
-                    need = max(x[i + 1] + s[i] + ft[i], bn(i))
+                    need = bn(i) if i == L else max(x[i + 1] + s[i] + ft[i], bn(i))
                     moves[node] = [("leaf", None, fwd[i] + bwd[i], need, [])]
                     continue
                 out = []
@@ -61,9 +63,12 @@ def tree_moves(model: Model) -> dict:
                     ("record", None, fwd[i] + bwd[i], max(fn, bn(i)), [((i + 1, t, 1), -s[i])])
                 )
                 for j in range(i + 1, t + 1):
-                    seg = x[t + 1] + max(
-                        [x[i + 1] + ft[i]] + [x[k] + x[k + 1] + ft[k] for k in range(i + 1, j)]
-                    )
+                    # F_ck(i) F_n(i+1..j-1), or F_all(i) first when abar[i+1] is smaller
+                    y = min(x[i + 1], s[i]) if j >= i + 2 else x[i + 1]
+                    ops = [y + ft[i]] + [x[k] + x[k + 1] + ft[k] for k in range(i + 1, j)]
+                    if j >= i + 2:
+                        ops[1] = y + x[i + 2] + ft[i + 1]
+                    seg = x[t + 1] + max(ops)
                     cost = sum(fwd[i:j])
                     kids = [((j, t, 0), -x[j]), ((i, j - 1, kind), 0)]
                     out.append(("split", j, cost, seg, kids))
@@ -84,7 +89,8 @@ def tree_moves(model: Model) -> dict:
 
 
 def solve_milp(model: Model, memory: int, *, time_limit: float | None = None):
-    """(value, {node: (label, j)}) of the MILP for ``memory`` units besides x_0; inf if none."""
+    """(value, {node: (label, j)}, status) of the MILP for ``memory`` units besides x_0
+    (value inf and no moves when it has no solution; status is cvxpy's)."""
     import cvxpy as cp
 
     moves = tree_moves(model)
@@ -114,10 +120,10 @@ def solve_milp(model: Model, memory: int, *, time_limit: float | None = None):
     prob = cp.Problem(cp.Minimize(cost @ y), cons)
     opts = {"time_limit": time_limit} if time_limit else {}
     prob.solve(solver=cp.HIGHS, **opts)
-    if prob.status not in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE) or y.value is None:
-        return math.inf, {}
+    if y.value is None:
+        return math.inf, {}, prob.status
     chosen = {n: (mv[0], mv[1]) for (n, mv), v in zip(flat, y.value, strict=True) if v > 0.5}
-    return float(cost @ np.round(y.value)), chosen
+    return float(cost @ np.round(y.value)), chosen, prob.status
 
 
 @register(
@@ -129,18 +135,34 @@ def solve_milp(model: Model, memory: int, *, time_limit: float | None = None):
 def offload_milp(
     problem: OffloadProblem, budget: int, *, max_stages: int = 8, time_limit: float | None = 60.0
 ) -> OffloadSchedule:
-    """Optimal schedule of the rotor_offload model by MILP (exact in bytes; small chains)."""
+    """Optimal schedule of the rotor_offload model by MILP (exact in bytes; small chains).
+
+    Infeasibility is confirmed by the DP (the same model, exact in bytes), which also
+    gives ``min_budget``; a MILP that finds nothing where the DP does is an error, not
+    an Infeasible. Under ``time_limit`` the answer may be an incumbent:
+    ``meta["exact"]`` is then False and ``meta["time_limited"]`` True.
+    """
     check_budget(problem, budget)
+    # a finite MILP: nothing needs more than recording every stage
+    budget = min(budget, problem.chain.in_size[0] + Model.of(problem).store_all_need())
     L = problem.chain.length
     if L > max_stages:
         raise ValueError(f"offload_milp: {L} stages > max_stages = {max_stages}; use rotor_offload")
     model = Model.of(problem)
+    slot, exact = slot_for(problem, DP_UNITS, 1)
+    table = build_table(problem, slot) if exact else None  # the DP, exact in bytes
+    if table is not None and not math.isfinite(table.value(budget)):
+        least = table.min_budget()
+        raise Infeasible("offload_milp", budget, least, "" if least else "no budget fits")
     memory = budget - problem.chain.in_size[0]
-    value, chosen = (
-        (math.inf, {}) if memory < 0 else solve_milp(model, memory, time_limit=time_limit)
-    )
+    value, chosen, status = solve_milp(model, memory, time_limit=time_limit)
+    if not math.isfinite(value) and table is None:
+        raise Infeasible("offload_milp", budget, None, f"the MILP found no schedule ({status})")
     if not math.isfinite(value):
-        raise Infeasible("offload_milp", budget, None, "the MILP has no feasible tree")
+        raise RuntimeError(
+            f"offload_milp: the MILP found no schedule (status {status}) at budget {budget}, "
+            f"where the DP of the same model finds {table.value(budget)} s"
+        )
 
     def choose(i: int, t: int, kind: int, m: int):
         return chosen[i, t, kind]
@@ -151,4 +173,10 @@ def offload_milp(
         memory,
         memory + sum(problem.chain.in_size) + sum(problem.chain.saved_size) + 2,
     )
-    return OffloadSchedule(ops, {"milp_value": value, "exact": True})
+    optimal = status == "optimal"
+    meta = {"milp_value": value, "exact": optimal, "milp_status": status}
+    if not optimal:
+        meta["time_limited"] = True
+        if table is not None:
+            meta["lower_bound"] = table.value(budget)  # the DP's optimum of the same model
+    return OffloadSchedule(ops, meta)

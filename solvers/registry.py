@@ -8,8 +8,12 @@ no solver special-cases any of that.
 
 from __future__ import annotations
 
+import fractions
+import inspect
 import math
 import numbers
+import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,9 +33,17 @@ class Infeasible(ValueError):
 
     def __init__(self, method: str, budget: int, min_budget: int | None, detail: str = ""):
         self.method, self.budget, self.min_budget = method, budget, min_budget
-        least = f"the minimum feasible budget is {min_budget}" if min_budget is not None else ""
-        extra = f" ({detail})" if detail else ""
-        super().__init__(f"{method}: no schedule fits budget {budget}; {least}{extra}")
+        self.detail = detail
+        text = f"{method}: no schedule fits budget {budget}"
+        if min_budget is not None:
+            text += f"; the minimum feasible budget is {min_budget}"
+        if detail:
+            text += f" ({detail})"
+        super().__init__(text)
+
+
+class MemoryLimit(ValueError):
+    """A solver would need more memory than its cap allows; the message says how much."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +56,8 @@ class Method:
         problem: the problem class it reads (``schedir.Chain``, ...).
         exact: whether it returns an optimum of its model.
         description: one line.
+        reports_progress: whether ``function`` takes a ``progress`` keyword (a callable
+            ``(fraction, message)``), which :func:`solve` then passes.
     """
 
     name: str
@@ -51,6 +65,7 @@ class Method:
     problem: type
     exact: bool
     description: str
+    reports_progress: bool = False
 
 
 # One name may serve several problem kinds (e.g. "store_all" on chains and graphs).
@@ -63,7 +78,8 @@ def register(name: str, *, problem: type, exact: bool, description: str):
     def wrap(function: Callable[..., Schedule]) -> Callable[..., Schedule]:
         if (name, problem) in _METHODS:
             raise ValueError(f"solver {name!r} is registered twice for {problem.__name__}")
-        _METHODS[name, problem] = Method(name, function, problem, exact, description)
+        takes = "progress" in inspect.signature(function).parameters
+        _METHODS[name, problem] = Method(name, function, problem, exact, description, takes)
         return function
 
     return wrap
@@ -111,40 +127,128 @@ def fixed_schedule(method: str, problem, schedule: Schedule, budget: int) -> Sch
     return schedule
 
 
+# Floats are exact integers only up to 2**53; beyond, a float budget is a rounded number.
+_EXACT_FLOAT = 2**53
+
+
 def check_budget(budget: object) -> int:
-    """A budget is a non-negative whole number of bytes (or slots)."""
+    """A budget is a non-negative whole number of bytes (or slots), exactly.
+
+    Any Python ``int`` is accepted (also beyond 2**63: solvers cap budgets at their
+    no-recomputation need before numeric work). A float must be integral and at most
+    2**53, where floats stop being exact integers; anything else is refused.
+
+    >>> check_budget(10**30) == 10**30, check_budget(2048.0)
+    (True, 2048)
+    """
     if budget is None:
         raise InvalidProblem("budget = None: this problem needs a memory budget (bytes)")
     if isinstance(budget, bool) or not isinstance(budget, numbers.Real):
         raise InvalidProblem(f"budget = {budget!r}: expected a number of bytes")
-    if not math.isfinite(float(budget)) or float(budget) != int(budget) or budget < 0:
-        raise InvalidProblem(f"budget = {budget!r}: expected a non-negative whole number of bytes")
-    return int(budget)
+    if isinstance(budget, numbers.Integral):
+        value = int(budget)
+    elif isinstance(budget, fractions.Fraction):
+        if budget.denominator != 1:
+            raise InvalidProblem(f"budget = {budget!r}: expected a whole number of bytes")
+        value = int(budget)
+    else:
+        number = float(budget)
+        if not math.isfinite(number) or not number.is_integer():
+            raise InvalidProblem(f"budget = {budget!r}: expected a whole number of bytes")
+        if abs(number) > _EXACT_FLOAT:
+            raise InvalidProblem(
+                f"budget = {budget!r}: a float above 2**53 is not an exact number of bytes; "
+                "give an int"
+            )
+        value = int(number)
+    if value < 0:
+        raise InvalidProblem(f"budget = {budget!r}: expected a non-negative number of bytes")
+    return value
 
 
-def solve(problem, budget: int | None, method: str = "rotor", **options) -> Schedule:
+class _StderrProgress:
+    """``progress=True``: lines on stderr once a solve has run ``delay`` seconds, at most
+    one per ``every`` seconds, and a last line when such a solve ends."""
+
+    def __init__(self, method: str, delay: float = 2.0, every: float = 1.0):
+        self.method, self.delay, self.every = method, delay, every
+        self.start = time.perf_counter()
+        self.last: float | None = None
+        self.lock = threading.Lock()
+
+    def __call__(self, fraction: float, message: str) -> None:
+        now = time.perf_counter()
+        with self.lock:
+            if now - self.start < self.delay:
+                return
+            if self.last is not None and now - self.last < self.every:
+                return
+            self.last = now
+        share = f"{fraction:4.0%} " if math.isfinite(fraction) else ""
+        elapsed = now - self.start
+        print(f"{self.method}: {share}{message} ({elapsed:.0f} s)", file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self.last is not None:
+            elapsed = time.perf_counter() - self.start
+            print(f"{self.method}: done in {elapsed:.1f} s", file=sys.stderr, flush=True)
+
+
+def stderr_progress(name: str) -> _StderrProgress:
+    """The reporter ``progress=True`` stands for: lines on stderr after about 2 s."""
+    return _StderrProgress(name)
+
+
+def _heartbeat(report: _StderrProgress, stop: threading.Event) -> None:
+    """For solvers that report nothing themselves: a line every few seconds."""
+    while not stop.wait(report.delay):
+        report(math.nan, "running")
+
+
+def solve(
+    problem, budget: int | None, method: str = "rotor", progress=False, **options
+) -> Schedule:
     """Solve ``problem`` under ``budget`` bytes with the registered ``method``.
 
     The returned schedule is accepted by ``schedir.simulate`` and by the problem's
     judge (``schedir.simulate.judge``: peak <= budget by default; the devices' own
     capacities for pipeline problems, which take ``budget=None``). Its ``meta`` holds
-    ``method``, ``budget``, ``solve_time`` (seconds), ``options`` and what the judge
-    reports (simulated ``makespan`` and ``peak_memory``; period and latency for
-    pipelines). A method whose answer is not a schedule (a steady-state LP) returns
-    that answer unchecked. Raises :class:`Infeasible` (with ``min_budget``) when
-    nothing fits.
+    ``method``, ``budget``, ``solve_time`` (seconds), ``options``, ``exact`` (whether
+    it is an optimum of the method's model on the sizes as given; the method's
+    registered exactness unless the solver says otherwise) and what the judge reports
+    (simulated ``makespan`` and ``peak_memory``; period and latency for pipelines). A
+    method whose answer is not a schedule (a steady-state LP) returns that answer
+    unchecked. Raises :class:`Infeasible` (with ``min_budget``) when nothing fits.
+
+    ``progress``: ``True`` prints progress lines to stderr for a solve that runs longer
+    than about 2 s; a callable ``progress(fraction, message)`` receives them instead
+    (from solvers that report progress: those taking a ``progress`` keyword).
 
     >>> import schedir, solvers
     >>> chain = schedir.load("examples/chain_small.json")
     >>> s = solvers.solve(chain, 2000, method="rotor")
-    >>> s.meta["peak_memory"] <= 2000
-    True
+    >>> s.meta["peak_memory"] <= 2000, s.meta["exact"]
+    (True, True)
     """
     entry = get(method, problem)
     if budget is not None or type(problem) not in JUDGES:
         budget = check_budget(budget)
+    if not (progress is None or isinstance(progress, bool) or callable(progress)):
+        raise TypeError(f"progress = {progress!r}: expected True, False or a callable")
+    report = _StderrProgress(method) if progress is True else progress or None
+    stop = threading.Event()
+    kwargs = dict(options)
+    if report is not None and entry.reports_progress:
+        kwargs["progress"] = report
+    elif progress is True:
+        threading.Thread(target=_heartbeat, args=(report, stop), daemon=True).start()
     start = time.perf_counter()
-    schedule = entry.function(problem, budget, **options)
+    try:
+        schedule = entry.function(problem, budget, **kwargs)
+    finally:
+        stop.set()
+        if progress is True:
+            report.done()
     solve_time = time.perf_counter() - start
     if not hasattr(schedule, "ops"):  # e.g. a steady-state LP's rates: nothing to simulate
         return schedule
@@ -158,6 +262,7 @@ def solve(problem, budget: int | None, method: str = "rotor", **options) -> Sche
         "budget": budget,
         "solve_time": solve_time,
         "options": options,
+        "exact": entry.exact,
         **schedule.meta,
         **verdict,
     }

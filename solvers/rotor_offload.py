@@ -42,9 +42,8 @@ from schedir import (
     B,
     Chain,
     F_all,
-    F_ck,
-    F_n,
     InvalidProblem,
+    InvalidSchedule,
     Loss,
     Offload,
     OffloadProblem,
@@ -54,6 +53,9 @@ from schedir import (
     simulate_offload,
 )
 from schedir.chain import SIZE_FIELDS
+from schedir.discretize import size_unit
+from solvers._chain_tree import record_first, segment_ops
+from solvers._rotor_dp import Needs
 from solvers.registry import Infeasible, register
 
 INF = math.inf
@@ -96,8 +98,12 @@ class Model:
         object.__setattr__(self, "s", a["saved_size"])
         object.__setattr__(self, "z", (x[: L + 1], np.concatenate([[0], a["saved_size"][:L]])))
         bn = x[: L + 1] + x[1:] + a["saved_size"] + a["bwd_tmp"]
+        bn[L] = x[L] + a["bwd_tmp"][L]  # the loss holds d_L and its temporary (semantics)
         object.__setattr__(self, "bn", bn)
-        object.__setattr__(self, "base", np.maximum(x[1:] + a["saved_size"] + a["fwd_tmp"], bn))
+        base = np.maximum(x[1:] + a["saved_size"] + a["fwd_tmp"], bn)
+        base[L] = bn[L]
+        object.__setattr__(self, "base", base)
+        object.__setattr__(self, "needs", Needs(c, tight=True))
         object.__setattr__(self, "pair", x[:-1] + x[1:] + a["fwd_tmp"])
         object.__setattr__(self, "ftmp", a["fwd_tmp"])
         t = self.times
@@ -135,10 +141,8 @@ class Model:
         rec[ms < max(fn, bn[i])] = INF
         out.append((("record",), rec))
         js = np.arange(i + 1, t + 1)
-        inner = np.maximum.accumulate(
-            np.concatenate([[x[i + 1] + self.ftmp[i]], self.pair[i + 1 : t]])
-        )
-        seg = x[t + 1] + inner  # seg[j - i - 1]: forward segment F_ck(i) .. F_n(j - 1)
+        # seg[j - i - 1]: the forward segment F_ck(i) (or F_all(i)) .. F_n(j - 1)
+        seg = x[t + 1] + self.needs.inner(i)[: t - i]
         right = right_cols[t][i + 1 : t + 1]
         left = C[kind][i][0 : t - i][:, ms]
         fwd = self.prefix[js] - self.prefix[i]
@@ -250,7 +254,7 @@ def emit(model: Model, choose, m0: int, width: int) -> tuple:
                 ops.append(F_all(i))
                 stack += [("emit", B(i)), ("solve", i + 1, t, 1, m - s[i])]
         else:
-            forward = [F_ck(i)] + [F_n(k) for k in range(i + 1, j)]
+            forward = segment_ops(i, j, record_first(model.chain, i, j))
             stack.append(("solve", i, j - 1, kind, m))
             if move == "split_off":
                 ops += [Offload(buf), *forward, Wait(buf)]
@@ -262,8 +266,11 @@ def emit(model: Model, choose, m0: int, width: int) -> tuple:
     return tuple(ops)
 
 
-def build_table(problem: OffloadProblem, slot: int = 1, *, greedy: bool = False) -> OffloadTable:
-    """The DP table of ``problem`` with sizes rounded up to ``slot`` bytes."""
+def build_table(
+    problem: OffloadProblem, slot: int = 1, *, greedy: bool = False, progress=None
+) -> OffloadTable:
+    """The DP table of ``problem`` with sizes rounded up to ``slot`` bytes;
+    ``progress(fraction, message)`` after each row."""
     model = Model.of(problem, slot, greedy=greedy)
     L = model.L
     W = model.store_all_need() + 1
@@ -284,50 +291,86 @@ def build_table(problem: OffloadProblem, slot: int = 1, *, greedy: bool = False)
                     np.minimum(best, values if values.ndim == 1 else values.min(axis=0), out=best)
         for t in range(i, L + 1):
             right_cols[t][i] = tables[0][i][t - i]
+        if progress is not None:
+            done = 1 - (i * (i + 1)) / ((L + 1) * (L + 2))  # rows of i hold L + 1 - i entries
+            progress(done, f"DP table, {L + 1 - i} of {L + 1} rows, width {W}")
     return OffloadTable(model, slot, (tuple(tables[0]), tuple(tables[1])), tuple(right_cols))
 
 
-def slot_for(problem: OffloadProblem, max_units: int, slots: int) -> int:
-    """1 (exact bytes) when the table fits ``max_units``, else a slot of about 1/slots."""
+def slot_for(problem: OffloadProblem, max_units: int, slots: int) -> tuple[int, bool]:
+    """(slot bytes, exact): the sizes' gcd when the table then has at most
+    ``max_units`` units (exact), else about 1/``slots`` of the largest need (rounded up)."""
     need = Model.of(problem).store_all_need()
-    return 1 if need <= max_units else -(-need // slots)
+    unit = size_unit(problem.chain)
+    if need // unit <= max_units:
+        return unit, True
+    return max(-(-need // slots), unit), False
 
 
-def check_budget(problem: OffloadProblem, budget: int) -> None:
-    cap = problem.platform.device_memory
-    if cap is not None and budget > cap:
-        raise InvalidProblem(f"budget {budget} exceeds platform.device_memory = {cap} bytes")
+def check_budget(problem: OffloadProblem, budget: int) -> int:
+    """``budget`` if the device can hold it; InvalidProblem otherwise. (The tables clip
+    memory at their width in Python integers: any budget is exact.)"""
+    device = problem.platform.device_memory
+    if device is not None and budget > device:
+        raise InvalidProblem(f"budget {budget} exceeds platform.device_memory = {device} bytes")
+    return budget
 
 
-def solve_table(problem, budget, method, slot, *, greedy=False) -> OffloadSchedule:
-    """Solve with a table of ``slot`` bytes; falls back to rotor when rotor does better."""
+def host_fits(problem: OffloadProblem, ops: tuple) -> str | None:
+    """None if the host holds what ``ops`` offload, else the simulator's reason."""
+    if problem.platform.host_memory is None:
+        return None
+    try:
+        simulate_offload(problem, ops)
+    except InvalidSchedule as err:
+        if "host memory" not in str(err):
+            raise
+        return str(err)
+    return None
+
+
+def solve_table(
+    problem, budget, method, slot, exact, *, greedy=False, progress=None
+) -> OffloadSchedule:
+    """Solve with a table of ``slot`` bytes; rotor's schedule (no offload) when it does
+    better or when the host cannot hold the table's offloads."""
+    from solvers._rotor_dp import min_memory
     from solvers.rotor import rotor
 
-    check_budget(problem, budget)
-    table = build_table(problem, slot, greedy=greedy)
+    budget = check_budget(problem, budget)
+    table = build_table(problem, slot, greedy=greedy, progress=progress)
     value = table.value(budget)
-    meta = {"dp_value": value, "exact": slot == 1 and not greedy, "slot_size": slot}
+    meta = {"dp_value": value, "exact": exact and not greedy, "slot_size": slot}
     ops = table.ops(budget) if math.isfinite(value) else None
-    note = None
-    if ops is not None:
-        try:
-            simulate_offload(problem, ops)
-        except Exception as err:  # host memory too small for this schedule
-            if "host memory" not in str(err):
-                raise
-            ops, note = None, str(err)
-    if ops is None or slot > 1:  # rotor's own schedule (no host use) when it does better
-        try:
-            plain = rotor(problem.chain, budget, model="tight").ops
-        except Infeasible as err:
-            if ops is not None:
-                return OffloadSchedule(ops, meta)
-            least = table.min_budget() if note is None else None
-            raise Infeasible(method, budget, least, note or "") from err
-        if ops is None or simulate_offload(problem, plain).makespan < value:
-            meta.update(fallback="rotor", note=note or "rotor is better after discretization")
-            return OffloadSchedule(plain, meta)
+    note = host_fits(problem, ops) if ops is not None else None
+    if note is not None:
+        ops = None
+    if ops is not None and meta["exact"]:
+        return OffloadSchedule(ops, meta)
+    least_rotor = min_memory(problem.chain, tight=True)
+    if budget < least_rotor:
+        if ops is not None:
+            return OffloadSchedule(ops, meta)
+        raise Infeasible(method, budget, _least_budget(problem, table, least_rotor), note or "")
+    plain = rotor(problem.chain, budget).ops
+    if ops is None or simulate_offload(problem, plain).makespan < value:
+        meta.update(fallback="rotor", note=note or "rotor is better after discretization")
+        meta["exact"] = meta["exact"] and note is None and ops is not None
+        return OffloadSchedule(plain, meta)
     return OffloadSchedule(ops, meta)
+
+
+def _least_budget(problem, table: OffloadTable, least_rotor: int) -> int | None:
+    """The least budget at which :func:`solve_table` returns a schedule: the table's
+    least (if the host holds that schedule's offloads) or rotor's; None if the host
+    decides and the table's least does not fit it (the least is then unknown, at most
+    rotor's)."""
+    least = table.min_budget()
+    if least is None or least >= least_rotor:
+        return least_rotor
+    if host_fits(problem, table.ops(least)) is None:
+        return least
+    return None
 
 
 @register(
@@ -337,18 +380,25 @@ def solve_table(problem, budget, method, slot, *, greedy=False) -> OffloadSchedu
     description="optimal persistent remat + activation offload (DP, Beaumont et al. 2021)",
 )
 def rotor_offload(
-    problem: OffloadProblem, budget: int, *, max_units: int = 3000, slots: int = 500
+    problem: OffloadProblem,
+    budget: int,
+    *,
+    max_units: int = 3000,
+    slots: int = 500,
+    progress=None,
 ) -> OffloadSchedule:
     """Optimal schedule of the offload model (module doc) under ``budget`` device bytes.
 
-    Exact in bytes while the largest store-all need of a sub-chain is at most
-    ``max_units`` bytes; otherwise sizes are rounded up to slots of about 1/``slots``
-    of it (the schedule stays feasible in bytes) and rotor's schedule is returned if it
-    is faster. Never worse than ``rotor(model="tight")`` in exact mode, by construction.
+    Exact (``meta["exact"]``) while the largest store-all need of a sub-chain is at most
+    ``max_units`` units of the sizes' gcd; otherwise sizes are rounded up to slots of
+    about 1/``slots`` of it (the schedule stays feasible in bytes) and rotor's schedule
+    is returned if it is faster. Never worse than ``rotor`` in exact mode, by
+    construction.
     If the host cannot hold the offloaded buffers, the best schedule without offloading
     is returned (``meta["fallback"] = "rotor"``) or Infeasible is raised.
     """
-    return solve_table(problem, budget, "rotor_offload", slot_for(problem, max_units, slots))
+    slot, exact = slot_for(problem, max_units, slots)
+    return solve_table(problem, budget, "rotor_offload", slot, exact, progress=progress)
 
 
 def working_set(problem: OffloadProblem) -> int:

@@ -426,6 +426,14 @@ def milp(inst: Instance, budget: int, *, time_limit: float | None = None):
     return Decision(keep, slot, wait), prob.status == cp.OPTIMAL, float(prob.value)
 
 
+def _everything(problem: OffloadProblem) -> int:
+    """Bytes of every buffer at once (all a, d, abar, weights, gradients, the largest
+    temporary): no program-order need is larger, so budgets are capped here."""
+    c = problem.chain
+    temps = max(c.fwd_tmp + c.bwd_tmp)
+    return 2 * sum(c.in_size) + sum(c.saved_size) + temps + 2 * sum(problem.weight_size)
+
+
 def compute_sequence(problem: OffloadProblem, budget: int, compute) -> tuple[tuple, int | None]:
     """(chain ops, least budget of this choice or None when min_budget decides)."""
     from solvers.rotor import min_memory, rotor
@@ -466,7 +474,7 @@ def weight_offload(
         raise InvalidProblem("weight_offload needs OffloadProblem(..., weight_size=...)")
     if algorithm not in ("auto", "milp", "greedy"):
         raise ValueError(f"algorithm = {algorithm!r}: expected 'auto', 'milp' or 'greedy'")
-    check_budget(problem, budget)
+    budget = min(check_budget(problem, budget), _everything(problem))
     host = problem.platform.host_memory
     total = 2 * sum(problem.weight_size[: problem.chain.length]) + problem.weight_size[-1]
     if host is not None and total > host:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 
+import chain_strategies as strategies
 import pytest
 
 import schedir
@@ -119,8 +120,16 @@ def test_host_too_small_falls_back_to_rotor_or_raises():
     assert s.meta["makespan"] == pytest.approx(chain.store_all_time())
 
 
+def regime_chains(n: int, seed: int, max_len: int = 4):
+    """Chains of every regime of tests/chain_strategies.py (abar smaller than a, zeros,
+    large temporaries, a loss with its own fields) besides the usual one."""
+    rng = random.Random(seed)
+    return [strategies.random_chain(rng, rng.randint(1, max_len), regime=regime)
+            for regime in strategies.REGIMES for _ in range(n)]  # fmt: skip
+
+
 def test_dp_zero_bandwidth_is_rotor_and_never_worse_and_simulates_exactly():
-    for chain in chains(25, 1):
+    for chain in chains(15, 1) + regime_chains(3, 1):
         top = sum(chain.in_size) + sum(chain.saved_size) + 12
         rt = rotor_table(chain, top, tight=True)
         for bw in (0.0, 1.5, math.inf):
@@ -149,7 +158,7 @@ def test_infinite_bandwidth_reaches_store_all_at_the_working_set():
 def test_dp_equals_milp_on_small_chains():
     rng = random.Random(7)
     checked = 0
-    for chain in chains(4, 5):
+    for chain in chains(2, 5) + regime_chains(1, 6, max_len=2)[1:3]:
         problem = OffloadProblem(chain, Platform.host_offload(rng.choice([1.0, 3.0])))
         table = build_table(problem)
         least = table.min_budget()
@@ -164,6 +173,7 @@ def test_dp_equals_milp_on_small_chains():
     dp = solvers.solve(problem, budget, "rotor_offload")
     milp = solvers.solve(problem, budget, "offload_milp")
     assert dp.meta["makespan"] == pytest.approx(milp.meta["makespan"], abs=1e-6)
+    assert dp.meta["exact"] and milp.meta["exact"] and milp.meta["milp_status"] == "optimal"
     assert checked == 12
 
 
@@ -201,3 +211,103 @@ def test_dp_equals_milp_many_chains():
         for budget in (least, least + 3, least + 9):
             milp = solve_milp(Model.of(problem), budget - chain.in_size[0])[0]
             assert table.value(budget) == pytest.approx(milp, abs=1e-6)
+
+
+OFFLOAD_METHODS = ["rotor_offload", "offload_greedy", "offload_milp"]
+
+
+def raw(method: str):
+    """The registered function itself, bypassing ``solvers.solve``'s checks."""
+    return solvers.get(method, OffloadProblem).function
+
+
+def least_and_check(problem: OffloadProblem, method: str, **options) -> int:
+    """The method's min_budget, checked: feasible there (simulated), Infeasible below."""
+    try:
+        raw(method)(problem, 0, **options)
+        return 0
+    except solvers.Infeasible as err:
+        least = err.min_budget
+    assert least is not None, method
+    schedule = raw(method)(problem, least, **options)
+    trace = simulate_offload(problem, schedule)
+    assert trace.peak_memory <= trace.program_peak <= least, method
+    with pytest.raises(solvers.Infeasible) as err:
+        raw(method)(problem, least - 1, **options)
+    assert err.value.min_budget == least, method
+    return least
+
+
+@pytest.mark.parametrize("method", OFFLOAD_METHODS)
+def test_min_budget_is_the_least_feasible_budget(method):
+    rng = random.Random(OFFLOAD_METHODS.index(method))
+    count, length = (2, 3) if method == "offload_milp" else (4, 4)
+    pool = chains(count, 30 + OFFLOAD_METHODS.index(method), length)
+    pool += regime_chains(1, 40, max_len=3)
+    for chain in pool:
+        chain = scaled(chain, rng.choice([1, 997]))
+        for bandwidth in (0.0, 2.0, math.inf):
+            problem = OffloadProblem(chain, Platform.host_offload(bandwidth * 997))
+            if method == "offload_milp" and chain.in_size[0] > 100:
+                continue  # the MILP is exact in bytes: small sizes only
+            options = {} if method == "offload_milp" else {"max_units": 300, "slots": 40}
+            least = least_and_check(problem, method, **options)
+            if method == "rotor_offload" and bandwidth == 0.0:  # rotor's moves only
+                assert least == solvers.rotor.min_memory(chain)
+
+
+def scaled(chain: Chain, factor: int) -> Chain:
+    sizes = ("in_size", "saved_size", "fwd_tmp", "bwd_tmp")
+    return Chain(chain.fwd_time, chain.bwd_time,
+                 **{f: tuple(v * factor + (k % 3) * (factor > 1) for k, v in
+                             enumerate(getattr(chain, f))) for f in sizes})  # fmt: skip
+
+
+def test_abar_smaller_than_a_is_handled_like_rotor():
+    # the issue's chain: store-all peaks at 100, rotor_offload at bandwidth 0 finds 3.0
+    chain = Chain.from_rotor([1], [1, 1], [0, 10], [0, 0], [100], [0, 0])
+    for bandwidth in (0.0, 1.0):
+        problem = OffloadProblem(chain, Platform.host_offload(bandwidth))
+        schedule = raw("rotor_offload")(problem, 100)
+        assert simulate_offload(problem, schedule).makespan == 3.0
+        assert least_and_check(problem, "rotor_offload") == 100
+
+
+def test_weight_offload_min_budget_is_the_least_feasible_budget():
+    rng = random.Random(8)
+    for _ in range(6):
+        chain = strategies.random_chain(rng, rng.randint(1, 3), regime="usual")
+        weights = [rng.randint(0, 12) for _ in range(chain.length)] + [rng.choice([0, 3])]
+        problem = OffloadProblem(chain, Platform.host_offload(4.0), weight_size=weights)
+        for compute in ("store_all", "rotor"):
+            try:
+                raw("weight_offload")(problem, 0, compute=compute, algorithm="greedy")
+                continue
+            except solvers.Infeasible as err:
+                least = err.min_budget
+            s = raw("weight_offload")(problem, least, compute=compute, algorithm="greedy")
+            assert simulate_offload(problem, s).program_peak <= least
+            with pytest.raises(solvers.Infeasible):
+                raw("weight_offload")(problem, least - 1, compute=compute, algorithm="greedy")
+
+
+def test_exactness_and_huge_budgets():
+    chain = chains(1, 9, 4)[0]
+    problem = OffloadProblem(chain, Platform.host_offload(2.0))
+    for method in OFFLOAD_METHODS:
+        s = solvers.solve(problem, 10**30, method)
+        assert s.meta["budget"] == 10**30 and s.meta["makespan"] == chain.store_all_time()
+        assert s.meta["exact"] is (method != "offload_greedy")
+    big = scaled(chain, 10**6 + 3)  # sizes without a common unit: rounded, not exact
+    s = raw("rotor_offload")(OffloadProblem(big, Platform.host_offload(2e6)), 10**30)
+    assert s.meta["exact"] is False or s.meta.get("fallback") == "rotor"
+    with pytest.raises(InvalidProblem, match="offload: bandwidth"):
+        OffloadProblem(chain, Platform.host_offload(1e-306))
+
+
+@pytest.mark.parametrize("method", ["rotor_offload", "offload_greedy"])
+def test_table_builds_report_progress(method):
+    problem = OffloadProblem(chains(1, 12, 5)[0], Platform.host_offload(2.0))
+    calls = []
+    raw(method)(problem, 10**6, progress=lambda f, m: calls.append(f))
+    assert calls == sorted(calls) and calls[-1] == 1.0

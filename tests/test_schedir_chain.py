@@ -343,3 +343,36 @@ def test_import_does_not_pull_jax_or_cvxpy():
     code = "import schedir, sys; assert 'jax' not in sys.modules and 'cvxpy' not in sys.modules"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    "override, named",
+    [
+        ({"fwd_time": [1e308, 1e308, 0.0]}, "fwd_time[0] = 1e+308"),
+        ({"bwd_time": [3.0, 1.7e308, 1.5]}, "bwd_time[1] = 1.7e+308"),
+        ({"in_size": [10, 2**62, 30]}, "in_size[1] = 4611686018427387904"),
+        ({"saved_size": [2**61, 2**61, 0]}, "saved_size[0]"),
+    ],
+)
+def test_values_whose_sums_overflow_are_refused(override, named):
+    with pytest.raises(InvalidProblem) as err:
+        Chain(**fields(**override))
+    assert named in str(err.value) and "too large" in str(err.value)
+
+
+def test_large_but_summable_times_are_kept():
+    c = Chain(**fields(fwd_time=[1e300, 1e300, 0.0]))
+    assert math.isfinite(c.store_all_time())
+
+
+def test_offload_problem_validates_weights_and_copy_times():
+    from schedir import OffloadProblem, Platform
+
+    c = Chain(**fields())
+    for bad, message in (([1, float("inf"), 0], r"weight_size\[1\]"), ([1, 2], "length"),
+                         ("abc", "sequence"), ([2**61, 2**61, 0], "2\\*\\*62")):  # fmt: skip
+        with pytest.raises(InvalidProblem, match=message):
+            OffloadProblem(c, Platform(), weight_size=bad)
+    with pytest.raises(InvalidProblem, match="platform.offload"):
+        OffloadProblem(c, Platform.host_offload(1e-306))
+    assert OffloadProblem(c, Platform.host_offload(0.0)).platform.offload.bandwidth == 0.0

@@ -83,7 +83,7 @@ def test_input_chain_unchanged():
     assert c == small_chain()
 
 
-@pytest.mark.parametrize("budget", [0, -5, 1.5, 100.0, True, None, "100"])
+@pytest.mark.parametrize("budget", [-5, 1.5, 100.0, True, None, "100"])
 def test_bad_budget(budget):
     with pytest.raises(InvalidProblem, match="budget"):
         discretize(small_chain(), budget=budget, slots=10)
@@ -183,3 +183,22 @@ def test_slot_budget_close_to_requested_slots(case, budget, slots):
     assert d.budget <= slots
     # the slot grid never loses more than one slot's worth of budget
     assert budget - d.budget * d.slot_size < d.slot_size
+
+
+def test_size_unit_makes_the_discretization_exact():
+    from schedir.discretize import size_unit
+
+    c = Chain.from_rotor([1.0], [1.0, 1.0], [4_000_000, 2_000_000], [0, 6_000_000], [0], [0, 0])
+    assert size_unit(c) == 2_000_000
+    for round_up in (True, False):
+        d = discretize(c, 9_999_999, slot_size=size_unit(c), round_up=round_up)
+        assert d.chain.in_size == (2, 1) and d.chain.saved_size == (3, 0)
+    assert discretize(c, 9_999_999, slot_size=2_000_000).budget == 4  # floor: 8 MB fit
+    assert discretize(c, 0, slot_size=7).budget == 0  # a zero budget has zero slots
+    zeros = Chain.from_rotor([1.0], [1.0, 1.0], [0, 0], [0, 0], [0], [0, 0])
+    assert size_unit(zeros) == 1
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(InvalidProblem, match="slot_size"):
+            discretize(c, 100, slot_size=bad)
+    with pytest.raises(InvalidProblem, match="budget = 0"):
+        discretize(c, 0, slots=10)
