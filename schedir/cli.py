@@ -265,6 +265,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     problem = load_problem(args.problem, as_graph=as_graph)
     trace = _simulate(problem, schedule)
     _finite_trace(trace, args.schedule)
+    per_op = ("start", "end", "op_peak", "resident")
+    if args.trace and not all(hasattr(trace, k) for k in (*per_op, "ops")):
+        raise CLIError(
+            f"--trace lists each op's start, end and memory; a {type(trace).__name__} "
+            "has no such list (use --json for what it has)"
+        )
     budget = schedule.meta.get("budget")
     if args.json:
         out = {
@@ -274,9 +280,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             "budget": budget,
         }
         if args.trace:
-            out["trace"] = {
-                k: list(getattr(trace, k)) for k in ("start", "end", "op_peak", "resident")
-            }
+            out["trace"] = {k: list(getattr(trace, k)) for k in per_op}
         print_json(out)
         return 0
     print(f"{args.schedule} on {args.problem} ({describe(problem)}): {len(schedule.ops)} ops")
@@ -385,6 +389,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(text: str) -> str:
+    """``text`` with control characters escaped (a file's ``"a\\nb"`` key stays one line)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (``python -m schedir`` exits with it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -402,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     except CLIError as err:
         if debug:
             raise
-        print(f"schedir: error: {err}", file=sys.stderr)
+        print(f"schedir: error: {one_line(str(err))}", file=sys.stderr)
         return err.status
     except BrokenPipeError:  # e.g. `schedir ... | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -414,9 +423,9 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         if type(err).__name__ == "Infeasible":
-            print(f"schedir: error: {err}", file=sys.stderr)
+            print(f"schedir: error: {one_line(str(err))}", file=sys.stderr)
             return 1
-        line = str(err).splitlines()[0] if str(err) else ""
+        line = one_line((str(err).splitlines() or [""])[0])
         print(
             f"schedir: internal error: {type(err).__name__}: {line} (a bug: please report it "
             "with the output of --debug)",

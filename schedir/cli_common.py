@@ -150,7 +150,10 @@ def load_problem(path: str | Path, *, as_graph: bool = False):
     if as_graph:
         if not isinstance(problem, schedir.Chain):
             raise CLIError(f"{path}: --as-graph reads a chain, this is a {type(problem).__name__}")
-        problem = problem.to_graph()
+        try:
+            problem = problem.to_graph()
+        except (InvalidProblem, ValueError, TypeError) as err:
+            raise CLIError(f"{path}: --as-graph: the chain's graph is invalid: {err}") from None
     return problem
 
 
@@ -355,7 +358,8 @@ def solve_quietly(
             schedule = solvers.solve(problem, budget, method=method, **extra, **options)
     except solvers.Infeasible:
         raise
-    except (InvalidProblem, InvalidSchedule, TypeError, ValueError, OverflowError) as err:
+    except (InvalidProblem, InvalidSchedule, TypeError, ValueError, NotImplementedError) as err:
+        # NotImplementedError: a solver refusing an input kind it does not handle
         raise CLIError(without_prefix(method, str(err).splitlines()[0])) from None
     makespan = schedule.meta.get("makespan")
     if isinstance(makespan, float) and not math.isfinite(makespan):

@@ -29,6 +29,7 @@ from schedir.cli_common import (
     solve_quietly,
     solver_output,
     store_all_reference,
+    without_prefix,
     writable_dir,
     writable_path,
 )
@@ -115,8 +116,8 @@ def _curve(problem, budgets: list[int], entry, args) -> list[dict]:
             curve = solvers.tradeoff(problem, budgets, entry.name, **extra)
     except solvers.Infeasible as err:
         raise CLIError(str(err)) from None
-    except (TypeError, ValueError, OverflowError) as err:
-        raise CLIError(f"{entry.name}: {err}") from None
+    except (TypeError, ValueError, NotImplementedError) as err:
+        raise CLIError(without_prefix(entry.name, str(err).splitlines()[0])) from None
     exact = getattr(curve, "exact", None)
     bounds = getattr(curve, "lower_bounds", None)
     if exact is None:  # before Tradeoff reported exactness per budget: what we know

@@ -34,11 +34,12 @@ def from_dict(d: dict):
     Raises :class:`InvalidProblem` (or :class:`InvalidSchedule` for a schedule) for any
     malformed input, with the ``format`` tag and what is wrong.
     """
-    if not isinstance(d, dict) or d.get("format") not in FORMATS:
-        tag = d.get("format") if isinstance(d, dict) else type(d).__name__
-        if not isinstance(tag, str | None):
-            tag = type(tag).__name__
-        raise InvalidProblem(f"format = {tag!r}: expected one of {', '.join(FORMATS)}")
+    tag = d.get("format") if isinstance(d, dict) else None
+    if not isinstance(tag, str) or tag not in FORMATS:
+        shown = tag if isinstance(tag, str | None) else type(tag).__name__
+        if not isinstance(d, dict):
+            shown = f"a {type(d).__name__}, not an object with a format tag"
+        raise InvalidProblem(f"format = {shown!r}: expected one of {', '.join(FORMATS)}")
     cls = FORMATS[d["format"]]
     try:
         return cls.from_dict(d)
