@@ -208,8 +208,10 @@ def _print_table(path, problem, budget: int, ref: dict | None, results: list[dic
         elif r["status"] == "infeasible":
             least = r["min_budget"] is not None
             need = f" (needs {format_bytes(r['min_budget'])})" if least else ""
-            why = f": {r['detail']}" if r["detail"] and not least else ""
-            print(f"{r['method']:<16}{'':>6}  infeasible{need}{why}")
+            if least:
+                print(f"{r['method']:<16}{'':>6}  infeasible{need}")
+            else:  # nothing proven: say what the solver says
+                print(f"{r['method']:<16}{'':>6}  no schedule: {r['detail'] or 'no reason given'}")
         else:
             print(f"{r['method']:<16}{'':>6}  error: {r['message']}")
     print(

@@ -18,6 +18,7 @@ import re
 import shutil
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
@@ -323,7 +324,10 @@ def solver_output(verbose: bool) -> Iterator[None]:
     target = os.dup(2) if verbose else os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(target, 1)
-        yield
+        with warnings.catch_warnings():
+            if not verbose:  # e.g. cvxpy's "Solution may be inaccurate": the simulator judges
+                warnings.simplefilter("ignore")
+            yield
     finally:
         sys.stdout.flush()
         os.dup2(saved, 1)
@@ -482,11 +486,13 @@ def quality_text(method: str, quality: dict) -> str:
 
 
 def infeasible_text(err, budget: int) -> str:
-    """``rotor: no schedule fits 900 B; the least is 1.11 KiB (1140 B)`` (+ the detail)."""
-    least = f"; the least is {bytes_text(err.min_budget)}" if err.min_budget is not None else ""
-    return f"{err.method}: no schedule fits {bytes_text(budget)}{least}" + (
-        f" ({infeasible_detail(err)})" if infeasible_detail(err) else ""
-    )
+    """``rotor: no schedule fits 900 B; the least is 1.11 KiB (1140 B)`` (+ the detail);
+    without a least budget the method proved nothing: ``found no schedule under ...``."""
+    detail = f" ({infeasible_detail(err)})" if infeasible_detail(err) else ""
+    if err.min_budget is None:  # not proven: e.g. a time limit reached without a schedule
+        return f"{err.method}: found no schedule under {bytes_text(budget)}{detail}"
+    least = f"; the least is {bytes_text(err.min_budget)}"
+    return f"{err.method}: no schedule fits {bytes_text(budget)}{least}{detail}"
 
 
 def infeasible_detail(err) -> str:

@@ -11,18 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from test_cli import run
+
 import schedir
 import solvers
-from schedir.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAIN = str(ROOT / "examples" / "chain_small.json")
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    status = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return status, out, err
 
 
 def test_no_command_prints_the_help(capsys) -> None:

@@ -11,28 +11,16 @@ import json
 from pathlib import Path
 
 import pytest
+from test_cli import one_line_error, run
 
 import schedir
 import solvers
-from schedir.cli import main, parse_budget
-from schedir.cli_common import CLIError, answer_quality
+from schedir.cli import parse_budget
+from schedir.cli_common import CLIError
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAIN = str(ROOT / "examples" / "chain_small.json")
 DEMO = str(ROOT / "examples" / "demo_model.json")
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    status = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return status, out, err
-
-
-def one_line_error(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("schedir: error: "), err
-    return lines[0]
 
 
 def solvers_accept(budget: int) -> bool:
@@ -119,6 +107,8 @@ def test_huge_integer_budgets_and_exact_percent(capsys, tmp_path: Path) -> None:
 
 
 def test_answer_quality_never_exact_when_discretized_or_time_limited() -> None:
+    from schedir.cli_common import answer_quality
+
     exact = {"makespan": 2.0, "exact": True}
     assert answer_quality(exact, claimed=False) == {
         "exact": True, "time_limited": False, "slot_size": None, "lower_bound": 2.0, "gap": 0.0
@@ -213,10 +203,10 @@ def test_infeasible_without_min_budget(capsys, monkeypatch) -> None:
     status, out, err = run(capsys, "solve", CHAIN, "-b", "1400", "-m", "chen_sqrt")
     line = one_line_error(err)
     assert status == 1 and "None" not in line and "least" not in line
-    assert "chen_sqrt: no schedule fits 1.37 KiB (1400 B) (time limit reached" in line
+    assert "chen_sqrt: found no schedule under 1.37 KiB (1400 B) (time limit reached" in line
     assert "chen_sqrt: chen_sqrt" not in line
     status, out, err = run(capsys, "solve", CHAIN, "-b", "1400", "-m", "all")
-    assert status == 0 and "infeasible: time limit reached without a schedule" in out
+    assert status == 0 and "no schedule: time limit reached without a schedule" in out
     status, out, err = run(capsys, "solve", CHAIN, "-b", "1400", "-m", "chen_sqrt", "--json")
     data = json.loads(out)
     assert status == 1 and data["min_budget"] is None and "time limit" in data["detail"]
