@@ -231,13 +231,18 @@ def check_schedule_kind(problem, schedule) -> None:
     if kind is None or cls is None or cls in SCHEDULES[kind]:
         return  # op sequences and unregistered kinds: the simulator checks each op
 
-    def name(c: type) -> str:
-        return getattr(c, "FORMAT", c.__name__)
+    def name(c: type) -> str:  # 'Schedule (schedir.schedule)'
+        fmt = getattr(c, "FORMAT", None)
+        return f"{c.__name__} ({fmt})" if fmt else c.__name__
 
-    owners = [k.__name__ for k, classes in SCHEDULES.items() if cls in classes]
+    owner = next(k.__name__ for k, classes in SCHEDULES.items() if cls in classes)
+    what = name(cls)
+    if not cls.__name__.lower().startswith(owner.lower()):  # 'chain Schedule (...)'
+        what = f"{owner.lower()} {what}"
+    article = "an" if what[0] in "AEIOUaeiou" else "a"
     raise InvalidSchedule(
-        f"a {name(cls)} schedule (for a {' or '.join(owners)}) cannot run on a "
-        f"{kind.__name__}, which reads {' or '.join(name(c) for c in SCHEDULES[kind])}"
+        f"{article} {what} cannot run on a {kind.__name__}, which reads "
+        f"{' or '.join(name(c) for c in SCHEDULES[kind])}"
     )
 
 
