@@ -30,15 +30,18 @@ import sys
 from pathlib import Path
 
 import schedir
-from schedir.cli_common import (
-    IMAGE,
-    CLIError,
+from schedir.cli_answers import (
     answer_quality,
-    bytes_text,
-    describe,
     gap_text,
     infeasible_detail,
     infeasible_text,
+    quality_text,
+)
+from schedir.cli_common import (
+    IMAGE,
+    CLIError,
+    bytes_text,
+    describe,
     load_problem,
     load_schedule,
     method_entries,
@@ -47,7 +50,6 @@ from schedir.cli_common import (
     parse_options,
     positive_int,
     print_json,
-    quality_text,
     solve_quietly,
     store_all_reference,
     writable_path,

@@ -13,11 +13,13 @@ import math
 from pathlib import Path
 
 import schedir
+from schedir.cli_answers import (
+    answer_quality,
+)
 from schedir.cli_common import (
     ANY,
     IMAGE,
     CLIError,
-    answer_quality,
     describe,
     load_problem,
     method_entries,

@@ -107,7 +107,7 @@ def test_huge_integer_budgets_and_exact_percent(capsys, tmp_path: Path) -> None:
 
 
 def test_answer_quality_never_exact_when_discretized_or_time_limited() -> None:
-    from schedir.cli_common import answer_quality
+    from schedir.cli_answers import answer_quality
 
     exact = {"makespan": 2.0, "exact": True}
     assert answer_quality(exact, claimed=False) == {
