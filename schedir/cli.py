@@ -113,6 +113,9 @@ def cmd_solve(args: argparse.Namespace) -> int:
         _print_table(args.problem, problem, budget, head["store_all"], results)
     else:
         _print_one(args, problem, budget, base, results[0], schedule)
+    bugs = [r["method"] for r in results if r["status"] == "internal"]
+    if bugs:  # the table is out; still an internal error
+        raise CLIError(f"internal error in {', '.join(bugs)} (a bug: rerun with --debug)", 3)
     return 0 if any(r["status"] == "ok" for r in results) else 1
 
 
@@ -136,6 +139,12 @@ def _solve_one(problem, budget: int, entry, options: dict, base, args) -> tuple[
         return row, None
     except CLIError as err:
         row.update(status="error", exact=False, message=str(err))
+        return row, None
+    except Exception as err:  # noqa: BLE001 - a solver bug: one row of the table, exit 3
+        if args.method != "all" or args.debug:
+            raise
+        text = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
+        row.update(status="internal", exact=False, message=f"internal error: {text}")
         return row, None
     meta = schedule.meta
     quality = answer_quality(meta, entry.exact)
@@ -214,8 +223,9 @@ def _print_table(path, problem, budget: int, ref: dict | None, results: list[dic
                 print(f"{r['method']:<16}{'':>6}  infeasible{need}")
             else:  # nothing proven: say what the solver says
                 print(f"{r['method']:<16}{'':>6}  no schedule: {r['detail'] or 'no reason given'}")
-        else:
-            print(f"{r['method']:<16}{'':>6}  error: {r['message']}")
+        else:  # a bad option for this method, or (status internal) a solver bug
+            prefix = "" if r["status"] == "internal" else "error: "
+            print(f"{r['method']:<16}{'':>6}  {prefix}{r['message']}")
     print(
         "* fastest; overhead: makespan / store-all makespan - 1; exact: an optimum of the "
         "method's model;\ngap: makespan above a proven lower bound on that optimum "
@@ -406,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
+        args.debug = debug
         if args.command is None:  # `schedir` alone: the help, not a usage error
             parser.print_help()
             return 0

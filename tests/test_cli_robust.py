@@ -212,6 +212,25 @@ def test_infeasible_without_min_budget(capsys, monkeypatch) -> None:
     assert status == 1 and data["min_budget"] is None and "time limit" in data["detail"]
 
 
+def test_a_solver_bug_in_a_comparison_keeps_the_table(capsys, monkeypatch) -> None:
+    """--method all: a method that crashes is one row (and exit 3), not a lost table."""
+    from dataclasses import replace
+
+    def broken(chain, budget, **_):
+        raise RuntimeError("revolve returned a schedule the simulator rejects")
+
+    key = ("revolve", schedir.Chain)
+    entry = replace(solvers.registry._METHODS[key], function=broken)
+    monkeypatch.setitem(solvers.registry._METHODS, key, entry)
+    status, out, err = run(capsys, "solve", CHAIN, "-b", "1400", "-m", "all")
+    assert status == 3 and "rotor" in out and "internal error: RuntimeError: revolve" in out
+    assert "internal error in revolve" in one_line_error(err)
+    with pytest.raises(RuntimeError):
+        run(capsys, "solve", CHAIN, "-b", "1400", "-m", "all", "--debug")
+    status, _, err = run(capsys, "solve", CHAIN, "-b", "1400", "-m", "revolve")
+    assert status == 3 and "Traceback" not in err
+
+
 def test_no_doubled_prefix(capsys) -> None:
     status, _, err = run(capsys, "solve", CHAIN, "-b", "1400", "-o", "model=nope")
     line = one_line_error(err)
