@@ -4,16 +4,21 @@ A 14-stage model (token embedding, 12 transformer blocks, a pooled head) is prof
 on this machine (measured times, exact bytes). Every registered chain method is
 solved at three activation budgets (store-all's peak, half of it, and 10% above the
 least feasible one); each schedule runs op by op with ``jax_exec.run``. The table
-compares predicted and measured peak memory and time, and checks the gradients
-against plain ``jax.value_and_grad``. A PNG of the memory curves of the three rotor
-schedules is written to ``results/demo/memory_rotor.png``.
+compares predicted and measured peak memory and time (the measured time is the
+median of ``--repeats`` runs: one run on a shared machine varies several-fold), says
+whether each answer is exact, and checks the gradients against plain
+``jax.value_and_grad``. Bytes are in MiB (2**20 bytes) as everywhere in schedir. A
+PNG of the memory curves of the three rotor schedules is written to
+``OUT/memory_rotor.png``.
 
-Run: ``make demo`` or ``.venv/bin/python examples/demo.py [--out DIR] [--depth N]``.
+Run: ``make demo`` or ``.venv/bin/python examples/demo.py [--quick] [--out DIR]
+[--depth N] [--repeats R]``; ``--quick`` profiles a 4-block model with 2 repeats.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from pathlib import Path
 
@@ -24,8 +29,9 @@ import jax_exec
 import schedir
 import solvers
 from jax_exec.models import mse_loss, transformer_stack
+from schedir.cli_answers import answer_quality, gap_text
 
-MB = 1e6
+MiB = 2**20
 
 
 def least_budget(chain: schedir.Chain) -> int:
@@ -73,38 +79,58 @@ def plot(curves: list, path: Path) -> None:
     fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.8), sharey=True)
     for ax, (label, budget, trace, result) in zip(np.atleast_1d(axes), curves, strict=True):
         steps = np.arange(1, len(trace.resident) + 1)
-        ax.step(steps, np.array(trace.op_peak) / MB, where="mid", label="predicted op peak")
-        ax.step(steps, np.array(trace.resident) / MB, where="mid", label="predicted resident")
-        ax.plot(steps, np.array(result.op_peak_bytes) / MB, "x", ms=4, label="measured op peak")
-        ax.plot(steps, np.array(result.resident_bytes) / MB, ".", ms=4, label="measured resident")
-        ax.axhline(budget / MB, color="grey", ls="--", lw=1, label="budget")
-        ax.set_title(f"rotor, {label} budget ({budget / MB:.1f} MB)")
+        ax.step(steps, np.array(trace.op_peak) / MiB, where="mid", label="predicted op peak")
+        ax.step(steps, np.array(trace.resident) / MiB, where="mid", label="predicted resident")
+        ax.plot(steps, np.array(result.op_peak_bytes) / MiB, "x", ms=4, label="measured op peak")
+        ax.plot(steps, np.array(result.resident_bytes) / MiB, ".", ms=4, label="measured resident")
+        ax.axhline(budget / MiB, color="grey", ls="--", lw=1, label="budget")
+        ax.set_title(f"rotor, {label} budget ({budget / MiB:.1f} MiB)")
         ax.set_xlabel("op")
-    np.atleast_1d(axes)[0].set_ylabel("activation memory (MB)")
+    np.atleast_1d(axes)[0].set_ylabel("activation memory (MiB)")
     np.atleast_1d(axes)[0].legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
 
 
+def median_run(layers, schedule, x, y, repeats: int):
+    """``jax_exec.run`` ``repeats`` times: the first result and the median total time, s."""
+    results = [jax_exec.run(layers, mse_loss, schedule, x, y) for _ in range(repeats)]
+    return results[0], statistics.median(r.total_time for r in results)
+
+
+def exactness(method: str, meta: dict) -> str:
+    """``yes``, else ``<=x%`` (at most x% above the optimum) or ``no`` (no bound known)."""
+    claimed = next(m.exact for m in solvers.available(schedir.Chain) if m.name == method)
+    quality = answer_quality(meta, claimed)
+    return "yes" if quality["exact"] else "no" if quality["gap"] is None else gap_text(quality)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("results/demo"))
-    parser.add_argument("--depth", type=int, default=12, help="transformer blocks")
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--quick", action="store_true", help="4 blocks, batch 8, 2 repeats")
+    parser.add_argument("--depth", type=int, help="transformer blocks (default 12)")
+    parser.add_argument("--batch", type=int, help="batch size (default 32)")
+    parser.add_argument("--repeats", type=int, help="runs per schedule, median (default 5)")
     args = parser.parse_args()
+    depth = args.depth or (4 if args.quick else 12)
+    batch = args.batch or (8 if args.quick else 32)
+    repeats = args.repeats or (2 if args.quick else 5)
+    if min(depth, batch, repeats) < 1:
+        parser.error("--depth, --batch and --repeats must be at least 1")
     start = time.perf_counter()
 
     tokens, dim, in_dim, out_dim = 64, 64, 16, 8
-    layers = transformer_stack(args.depth, dim, 4, 4 * dim, in_dim, out_dim, seed=0)
+    layers = transformer_stack(depth, dim, 4, 4 * dim, in_dim, out_dim, seed=0)
     kx, ky = jax.random.split(jax.random.key(0))
-    x = jax.random.normal(kx, (args.batch, tokens, in_dim))
-    y = jax.random.normal(ky, (args.batch, out_dim))
+    x = jax.random.normal(kx, (batch, tokens, in_dim))
+    y = jax.random.normal(ky, (batch, out_dim))
     chain = jax_exec.profile(layers, mse_loss, x, y, timing="measure")
     params = sum(x.nbytes for s in jax_exec.as_stages(layers) for x in jax.tree.leaves(s.params))
     print(
-        f"model: {chain.length} stages, parameters {params / MB:.2f} MB, "
-        f"input {x.nbytes / MB:.2f} MB, profiled in {time.perf_counter() - start:.1f} s"
+        f"model: {chain.length} stages, parameters {params / MiB:.2f} MiB, "
+        f"input {x.nbytes / MiB:.2f} MiB, profiled in {time.perf_counter() - start:.1f} s"
     )
     want_loss, want_grads = plain_value_and_grad(layers, x, y)
 
@@ -116,8 +142,8 @@ def main() -> None:
     jax_exec.run(layers, mse_loss, solvers.solve(chain, full, "store_all"), x, y)  # warm-up
 
     header = (
-        f"{'method':<14} {'budget':>9} {'MB':>8} {'pred peak':>10} {'meas peak':>10} "
-        f"{'pred ms':>8} {'meas ms':>8} {'grads':>6}"
+        f"{'method':<14} {'budget':>9} {'MiB':>8} {'exact':>6} {'pred peak':>10} "
+        f"{'meas peak':>10} {'pred ms':>8} {'meas ms':>8} {'grads':>6}"
     )
     print(header)
     print("-" * len(header))
@@ -127,19 +153,22 @@ def main() -> None:
             try:
                 schedule = solvers.solve(chain, budget, method=method)
             except solvers.Infeasible as err:
-                row = f"{method:<14} {label:>9} {budget / MB:>8.2f}  infeasible"
-                print(row + (f" (needs {err.min_budget / MB:.2f} MB)" if err.min_budget else ""))
+                row = f"{method:<14} {label:>9} {budget / MiB:>8.2f}  infeasible"
+                least = err.min_budget
+                print(row + (f" (needs {least / MiB:.2f} MiB)" if least is not None else ""))
                 continue
             trace = schedir.simulate_chain(chain, schedule)
-            result = jax_exec.run(layers, mse_loss, schedule, x, y)
+            result, measured = median_run(layers, schedule, x, y, repeats)
             assert result.resident_bytes == trace.resident, "runtime and simulator disagree"
             error = max(
                 max_rel_error(result.grads, want_grads), max_rel_error(result.loss, want_loss)
             )
+            exact = exactness(method, schedule.meta)
             print(
-                f"{method:<14} {label:>9} {budget / MB:>8.2f} {trace.peak_memory / MB:>10.2f} "
-                f"{result.peak_bytes / MB:>10.2f} {trace.makespan * 1e3:>8.1f} "
-                f"{result.total_time * 1e3:>8.1f} {'ok' if error <= 1 else 'FAIL':>6}"
+                f"{method:<14} {label:>9} {budget / MiB:>8.2f} {exact:>6} "
+                f"{trace.peak_memory / MiB:>10.2f} {result.peak_bytes / MiB:>10.2f} "
+                f"{trace.makespan * 1e3:>8.1f} {measured * 1e3:>8.1f} "
+                f"{'ok' if error <= 1 else 'FAIL':>6}"
             )
             if method == "rotor":
                 curves.append((label, budget, trace, result))
@@ -149,8 +178,10 @@ def main() -> None:
         print(f"wrote {path}")
     print(
         "peaks: activation bytes (a_0, kept activations and residuals, activation "
-        "gradients, op temporaries); measured resident bytes equal the simulator's "
-        f"after every op. Total {time.perf_counter() - start:.1f} s."
+        "gradients, op temporaries) in MiB; measured resident bytes equal the simulator's "
+        f"after every op. meas ms: median of {repeats} runs (pred ms: the profile's "
+        "measured op times summed); exact: an optimum of the method's model (<=x%: "
+        f"discretized, at most x% above it). Total {time.perf_counter() - start:.1f} s."
     )
 
 

@@ -4,7 +4,9 @@ Pure Python + numpy: never imports jax, flax or cvxpy, so any executor can consu
 the schedules.
 """
 
-from schedir.chain import Chain
+__version__ = "0.1.0"  # the package version (pyproject.toml reads it from here)
+
+from schedir.chain import Chain  # noqa: E402
 from schedir.discretize import Discretized, discretize
 from schedir.errors import InvalidProblem, InvalidSchedule
 from schedir.graph import Graph, Node, build_graph, chain_ops_to_graph, chain_to_graph
@@ -96,6 +98,16 @@ from schedir.pipeline_ops import (  # noqa: E402
     one_f_one_b_ops,
 )
 from schedir.pipeline_sim import Noise, PipelineTrace, simulate_pipeline  # noqa: E402
+from schedir.simulate import SCHEDULES as _SCHEDULES  # noqa: E402
+
+# The schedule classes each problem kind's simulator reads (schedir.simulate.SCHEDULES).
+_SCHEDULES.update(
+    {
+        Graph: (GraphSchedule,),
+        OffloadProblem: (OffloadSchedule, Schedule),  # a plain chain schedule: no copies
+        PipelineProblem: (PipelineSchedule,),
+    }
+)
 
 __all__ += [
     "Bwd",

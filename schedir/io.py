@@ -1,4 +1,10 @@
-"""JSON load/save for every problem kind and for schedules, dispatched on ``format``."""
+"""JSON load/save for every problem kind and for schedules, dispatched on ``format``.
+
+Loading is the boundary where untrusted files come in: whatever a file holds,
+:func:`load` and :func:`from_dict` return an object or raise :class:`InvalidProblem`
+/ :class:`InvalidSchedule` (both ``ValueError``) naming what is wrong; never another
+exception type for a malformed file.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ import json
 from pathlib import Path
 
 from schedir.chain import Chain
-from schedir.errors import InvalidProblem
+from schedir.errors import InvalidProblem, InvalidSchedule
 from schedir.platform import Platform
 from schedir.schedule import Schedule
 
@@ -17,13 +23,52 @@ FORMATS: dict[str, type] = {
     "schedir.schedule": Schedule,
 }
 
+# Structural errors a class's from_dict raises on a wrong shape (a list where an object
+# belongs, a missing key, an index out of range): malformed input, reported as such.
+_SHAPE_ERRORS = (TypeError, KeyError, IndexError, AttributeError, ArithmeticError, RecursionError)
+
 
 def from_dict(d: dict):
-    """Rebuild a problem or schedule from its dict form."""
-    if not isinstance(d, dict) or d.get("format") not in FORMATS:
-        tag = d.get("format") if isinstance(d, dict) else type(d).__name__
-        raise InvalidProblem(f"format = {tag!r}: expected one of {', '.join(FORMATS)}")
-    return FORMATS[d["format"]].from_dict(d)
+    """Rebuild a problem or schedule from its dict form.
+
+    Raises :class:`InvalidProblem` (or :class:`InvalidSchedule` for a schedule) for any
+    malformed input, with the ``format`` tag and what is wrong.
+    """
+    tag = d.get("format") if isinstance(d, dict) else None
+    if not isinstance(tag, str) or tag not in FORMATS:
+        shown = tag if isinstance(tag, str | None) else type(tag).__name__
+        if not isinstance(d, dict):
+            shown = f"a {type(d).__name__}, not an object with a format tag"
+        raise InvalidProblem(f"format = {shown!r}: expected one of {', '.join(FORMATS)}")
+    cls = FORMATS[d["format"]]
+    try:
+        return cls.from_dict(d)
+    except (InvalidProblem, InvalidSchedule):
+        raise
+    except _SHAPE_ERRORS as err:
+        error = InvalidSchedule if "schedule" in d["format"] else InvalidProblem
+        detail = str(err) if not isinstance(err, RecursionError) else "nested too deeply"
+        raise error(f"{d['format']}: malformed ({type(err).__name__}: {detail})") from None
+    except ValueError as err:  # e.g. int('x'): already names the value
+        error = InvalidSchedule if "schedule" in d["format"] else InvalidProblem
+        raise error(f"{d['format']}: {err}") from None
+
+
+def _no_constant(name: str):
+    raise InvalidProblem(f"{name} is not a number in a schedir file (JSON has no NaN or infinity)")
+
+
+def loads(text: str, source: str = "<string>"):
+    """:func:`from_dict` of a JSON text; ``source`` names it in errors."""
+    try:
+        d = json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as err:
+        raise InvalidProblem(f"{source}: not valid JSON ({err})") from None
+    except RecursionError:
+        raise InvalidProblem(f"{source}: JSON nested too deeply") from None
+    except ValueError as err:  # e.g. an integer beyond Python's digit limit
+        raise InvalidProblem(f"{source}: {err}") from None
+    return from_dict(d)
 
 
 def load(path: str | Path):
@@ -32,12 +77,11 @@ def load(path: str | Path):
     >>> c = load("examples/chain_small.json"); c.length
     6
     """
-    text = Path(path).read_text()
     try:
-        d = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise InvalidProblem(f"{path}: not valid JSON ({err})") from None
-    return from_dict(d)
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise InvalidProblem(f"{path}: not a UTF-8 text file ({err.reason})") from None
+    return loads(text, str(path))
 
 
 def save(obj, path: str | Path) -> None:

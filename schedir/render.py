@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 
 from schedir.graph_ops import Compute
@@ -111,10 +112,36 @@ def format_bytes(n: float) -> str:
     >>> format_bytes(1000), format_bytes(3 * 2**30)
     ('1000 B', '3.00 GiB')
     """
+    if isinstance(n, int) and abs(n) >= 2**40 * 10**6:  # beyond a float's reach: Decimal
+        return f"{Decimal(n) / 2**40:.3e} TiB"
     for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}"
     return f"{int(n)} B"
+
+
+def byte_unit(largest: float) -> tuple[int, str]:
+    """(bytes per unit, name) for an axis whose largest value is ``largest`` bytes.
+
+    >>> byte_unit(3 * 2**20), byte_unit(100)
+    ((1048576, 'MiB'), (1, 'B'))
+    """
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(largest) >= size:
+            return size, unit
+    return 1, "B"
+
+
+def time_unit(largest: float) -> tuple[float, str]:
+    """(seconds per unit, name) for an axis whose largest value is ``largest`` seconds.
+
+    >>> time_unit(0.25), time_unit(12.0)
+    ((0.001, 'ms'), (1.0, 's'))
+    """
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if abs(largest) >= scale:
+            return scale, unit
+    return 1e-6, "us"
 
 
 def format_time(t: float) -> str:
@@ -152,6 +179,8 @@ def text(
     >>> print(text(chain, solvers.solve(chain, 1400, "rotor"), width=40).splitlines()[0])
     rotor, 15 ops: makespan 25 s, peak 1.30 KiB (budget 1.37 KiB)
     """
+    if width < 1 or height < 1:
+        raise ValueError(f"width = {width}, height = {height}: expected at least 1 column and row")
     trace = trace if trace is not None else simulate(problem, schedule)
     by_lane = lanes(problem, schedule, trace)
     span = trace.makespan or 1.0
@@ -228,12 +257,13 @@ def plot(
         gridspec_kw={"height_ratios": [0.6 * n + 0.4, 2.6]},
     )
     used: dict[str, str] = {}
+    tscale, tunit = time_unit(trace.makespan)
     for row, spans in enumerate(by_lane.values()):
         for sp in spans:
             color = KINDS.get(sp.kind, KINDS["other"])[1]
             used[sp.kind] = color
             ax_t.broken_barh(
-                [(sp.start, sp.end - sp.start)],
+                [(sp.start / tscale, (sp.end - sp.start) / tscale)],
                 (row - 0.4, 0.8),
                 facecolors=color,
                 edgecolors="white",
@@ -241,7 +271,7 @@ def plot(
             )
             if len(spans) <= 40 and sp.end > sp.start:
                 ax_t.text(
-                    (sp.start + sp.end) / 2,
+                    (sp.start + sp.end) / 2 / tscale,
                     row,
                     sp.label,
                     ha="center",
@@ -260,10 +290,8 @@ def plot(
         bbox_to_anchor=(0, 1),
     )
     times, values = memory_curve(trace)
-    scale, unit = next(
-        ((s, u) for u, s in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)) if max(values) >= s),
-        (1, "B"),
-    )
+    scale, unit = byte_unit(max(values))
+    times = [t / tscale for t in times]
     ax_m.step(
         times,
         [v / scale for v in values],
@@ -276,7 +304,7 @@ def plot(
     if budget is not None:
         ax_m.axhline(budget / scale, color="#d62728", ls="--", lw=1, label="budget")
     ax_m.set_ylabel(f"memory ({unit})")
-    ax_m.set_xlabel("time (s)")
+    ax_m.set_xlabel(f"time ({tunit})")
     ax_m.set_ylim(bottom=0)
     ax_m.legend(fontsize=7, loc="upper right")
     name = schedule.meta.get("method", type(schedule).__name__)

@@ -55,11 +55,7 @@ class Schedule:
             if not self.is_op(op):
                 raise InvalidSchedule(f"op {i}: {op!r} is not {self.OPS}")
         object.__setattr__(self, "ops", ops)
-        try:
-            meta = json.loads(json.dumps(dict(self.meta)))
-        except (TypeError, ValueError) as err:
-            raise InvalidSchedule(f"meta is not JSON-serializable: {err}") from None
-        object.__setattr__(self, "meta", meta)
+        object.__setattr__(self, "meta", normalized_meta(self.meta))
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -85,11 +81,37 @@ class Schedule:
             raise InvalidSchedule(f"version = {d.get('version')!r}: this library reads {VERSION}")
         if not isinstance(d.get("ops"), list):
             raise InvalidSchedule("schedule JSON lacks the list 'ops'")
-        return cls(ops=tuple(d["ops"]), meta=d.get("meta", {}))
+        meta = d.get("meta")
+        return cls(ops=tuple(d["ops"]), meta={} if meta is None else meta)
 
     @classmethod
     def from_json(cls, text: str) -> Schedule:
         return cls.from_dict(json.loads(text))
+
+
+def normalized_meta(meta) -> dict:
+    """``meta`` through JSON (a copy), checked where readers rely on a type.
+
+    ``budget`` is ``None`` or a non-negative whole number of bytes (readers compare
+    it with peaks). Raises :class:`InvalidSchedule` naming the key and the value.
+    """
+    if not isinstance(meta, dict):
+        raise InvalidSchedule(f"meta = {_short(meta)}: expected a JSON object")
+    try:
+        meta = json.loads(json.dumps(meta))
+    except (TypeError, ValueError, RecursionError) as err:
+        raise InvalidSchedule(f"meta is not JSON-serializable: {err}") from None
+    budget = meta.get("budget")
+    if budget is not None and (type(budget) is not int or budget < 0):
+        raise InvalidSchedule(
+            f"meta.budget = {_short(budget)}: expected a non-negative whole number of bytes"
+        )
+    return meta
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def as_ops(schedule_or_ops: Schedule | Iterable) -> tuple:

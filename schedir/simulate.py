@@ -209,10 +209,52 @@ def judge(problem, trace, budget: int | None) -> dict:
     return budget_judge(problem, trace, budget)
 
 
+# Problem type -> the schedule classes its simulator reads. A schedule object whose
+# class is registered for other problem kinds only is refused before simulation: its
+# ops name another kind's buffers. Other problem kinds register here
+# (schedir/__init__.py registers the bundled ones).
+SCHEDULES: dict[type, tuple[type, ...]] = {Chain: (Schedule,)}
+
+
+def _most_derived(obj, classes) -> type | None:
+    """The most derived of ``classes`` that ``obj`` is an instance of (None if none)."""
+    found = [c for c in classes if isinstance(obj, c)]
+    return max(found, key=lambda c: len(c.__mro__), default=None)
+
+
+def check_schedule_kind(problem, schedule) -> None:
+    """Raise :class:`InvalidSchedule` when ``schedule`` (a schedule object) belongs to
+    another problem kind than ``problem`` (e.g. a graph schedule on a chain)."""
+    kind = _most_derived(problem, SCHEDULES)
+    registered = {c for classes in SCHEDULES.values() for c in classes}
+    cls = _most_derived(schedule, registered)
+    if kind is None or cls is None or cls in SCHEDULES[kind]:
+        return  # op sequences and unregistered kinds: the simulator checks each op
+
+    def name(c: type) -> str:  # 'Schedule (schedir.schedule)'
+        fmt = getattr(c, "FORMAT", None)
+        return f"{c.__name__} ({fmt})" if fmt else c.__name__
+
+    owner = next(k.__name__ for k, classes in SCHEDULES.items() if cls in classes)
+    what = name(cls)
+    if not cls.__name__.lower().startswith(owner.lower()):  # 'chain Schedule (...)'
+        what = f"{owner.lower()} {what}"
+    article = "an" if what[0] in "AEIOUaeiou" else "a"
+    raise InvalidSchedule(
+        f"{article} {what} cannot run on a {kind.__name__}, which reads "
+        f"{' or '.join(name(c) for c in SCHEDULES[kind])}"
+    )
+
+
 def simulate(problem, schedule_or_ops, **options) -> Trace:
-    """Simulate a schedule on any problem kind (dispatch on the problem's type)."""
-    for kind, simulator in SIMULATORS.items():
-        if isinstance(problem, kind):
-            return simulator(problem, schedule_or_ops, **options)
-    known = ", ".join(k.__name__ for k in SIMULATORS)
-    raise TypeError(f"simulate: no simulator for {type(problem).__name__} (known: {known})")
+    """Simulate a schedule on any problem kind (dispatch on the problem's type).
+
+    Raises :class:`InvalidSchedule` when the schedule object is of another problem
+    kind (``SCHEDULES``), TypeError when no simulator reads the problem.
+    """
+    kind = _most_derived(problem, SIMULATORS)
+    if kind is None:
+        known = ", ".join(k.__name__ for k in SIMULATORS)
+        raise TypeError(f"simulate: no simulator for {type(problem).__name__} (known: {known})")
+    check_schedule_kind(problem, schedule_or_ops)
+    return SIMULATORS[kind](problem, schedule_or_ops, **options)

@@ -156,7 +156,8 @@ def test_tradeoff(capsys, tmp_path: Path) -> None:
     status, out, _ = run(capsys, *argv)
     assert status == 0 and png.stat().st_size > 5000
     lines = table.read_text().splitlines()
-    assert lines[0] == "budget,method,makespan,overhead" and len(lines) == 1 + 5 * 5
+    assert lines[0] == "budget,method,makespan,overhead,exact,lower_bound,gap"
+    assert len(lines) == 1 + 5 * 5
     assert "+0.0%" in out and "rotor" in out
     status, out, _ = run(capsys, "tradeoff", CHAIN, "-m", "rotor", "--points", "3", "--json")
     rows = json.loads(out)["rows"]
@@ -176,13 +177,13 @@ def test_tradeoff(capsys, tmp_path: Path) -> None:
         (["solve", "/no/such.json", "-b", "1"], 2, "no such file"),
         (["solve", CHAIN, "-b", "1400", "-o", "model=nope"], 2, "rotor"),
         (["solve", CHAIN, "-b", "1400", "-o", "nokey"], 2, "KEY=VALUE"),
-        (["solve", CHAIN, "-b", "1400", "--plot", "x.gif"], 2, "unknown image type"),
+        (["solve", CHAIN, "-b", "1400", "--plot", "x.gif"], 2, "unknown file type"),
         (["solve", CHAIN, "-b", "1400", "-m", "all", "--out", "x.json"], 2, "one method"),
         (["solve", CHAIN], 2, "--budget"),
         (["frobnicate"], 2, "invalid choice"),
-        ([], 2, "command"),
         (["tradeoff", CHAIN, "-m", "nope"], 2, "unknown method"),
-        (["tradeoff", CHAIN, "--points", "1"], 2, "empty budget range"),
+        (["tradeoff", CHAIN, "--points", "1"], 2, "at least 2 budgets"),
+        (["tradeoff", CHAIN, "--from", "1600", "--to", "1200"], 2, "empty budget range"),
         (["profile", "--model", "nope"], 2, "unknown model 'nope'"),
         (["experiments", "nope"], 2, "unknown experiment 'nope'"),
     ],

@@ -2,6 +2,8 @@
 
 - ```` ```python ```` blocks: the blocks of one file run in order in one fresh
   namespace, with the repository root as working directory (a page is one script).
+- ```` ```json ```` blocks: each is a whole schedir file and loads with
+  ``schedir.from_dict`` (a fragment belongs in a ```` ```text ```` block).
 - ```` ```bash ```` blocks: each line that is a ``schedir`` command (``schedir ...`` or
   ``.venv/bin/schedir ...``) runs through ``schedir.cli.main`` and must exit 0; other
   lines (``make demo``, ``python ...``) are not run here, and neither is a command
@@ -37,6 +39,31 @@ def schedir_commands(page: Path) -> list[list[str]]:
             if words and words[0] in ("schedir", ".venv/bin/schedir"):
                 commands.append(words[1:])
     return commands
+
+
+JSON_BLOCKS = [
+    pytest.param(page, i, body, id=f"{page.name}[json {i}]")
+    for page in PAGES
+    for i, body in enumerate(blocks(page, "json"))
+]
+
+
+@pytest.mark.parametrize("page, index, body", JSON_BLOCKS)
+def test_json_block_loads(page: Path, index: int, body: str) -> None:
+    """Every JSON example is a file schedir reads (its format tag, valid fields)."""
+    import json
+
+    import schedir
+
+    try:
+        obj = schedir.from_dict(json.loads(body))
+    except Exception as err:
+        raise AssertionError(f"{page.name}, json block {index} does not load: {err}") from err
+    assert schedir.from_dict(obj.to_dict()) == obj
+
+
+def test_json_blocks_are_collected() -> None:
+    assert len([p for p in JSON_BLOCKS if p.values[0].name == "formats.md"]) >= 4
 
 
 RUNNABLE = [pytest.param(p, id=p.name) for p in PAGES if blocks(p, "python") or schedir_commands(p)]

@@ -1,0 +1,163 @@
+"""The command line as a newcomer meets it (issue 11): help, version, the methods listing,
+solver options with ``--method all``, a chain solved with graph methods, experiments
+from any folder, quiet solvers, plot units, and README's claims about the scripts.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from test_cli import run
+
+import schedir
+import solvers
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAIN = str(ROOT / "examples" / "chain_small.json")
+
+
+def test_no_command_prints_the_help(capsys) -> None:
+    status, out, err = run(capsys)
+    assert status == 0 and err == ""
+    assert out.startswith("usage: schedir") and "solve" in out and "methods" in out
+
+
+def test_version(capsys) -> None:
+    status, out, _ = run(capsys, "--version")
+    assert status == 0 and out.strip() == f"schedir {schedir.__version__}"
+    status, out, _ = run(capsys, "solve", "--help")
+    assert status == 0 and "--as-graph" in out
+
+
+def test_methods_lists_kind_exactness_and_options(capsys) -> None:
+    status, out, _ = run(capsys, "methods")
+    assert status == 0
+    for m in solvers.available():
+        assert m.name in out
+    assert "Chain:" in out and "Graph:" in out
+    assert "model='published'" in out  # rotor's option and its default
+    status, out, _ = run(capsys, "methods", CHAIN, "--json")
+    listing = json.loads(out)
+    assert {m["problem"] for m in listing} == {"Chain"}
+    rotor = next(m for m in listing if m["method"] == "rotor")
+    assert rotor["exact"] is True and rotor["options"]["model"] == "published"
+    status, out, _ = run(capsys, "methods", CHAIN, "--as-graph", "--json")
+    assert "checkmate_milp" in {m["method"] for m in json.loads(out)}
+
+
+def test_options_with_method_all(capsys) -> None:
+    argv = ["solve", CHAIN, "-b", "1400", "-m", "all", "--json", "-o", "segments=2"]
+    status, out, _ = run(capsys, *argv)
+    rows = {r["method"]: r for r in json.loads(out)["results"]}
+    assert status == 0 and rows["chen_sqrt"]["options"] == {"segments": 2}
+    assert rows["rotor"]["options"] == {}
+    status, out, err = run(capsys, "solve", CHAIN, "-b", "1400", "-m", "all", "-o", "nope=1")
+    assert status == 2 and "option 'nope' is not taken by any of" in err and "rotor:" in err
+    status, out, err = run(capsys, "solve", CHAIN, "-b", "1400", "-o", "segments=2")
+    assert status == 2 and "option 'segments' is not taken by rotor" in err
+
+
+def test_a_chain_with_graph_methods(capsys, tmp_path: Path) -> None:
+    sched = tmp_path / "g.json"
+    argv = ["solve", CHAIN, "-b", "1400", "--as-graph", "-m", "dtr", "--out", sched]
+    status, out, _ = run(capsys, *argv)
+    assert status == 0 and "as a graph" in out
+    assert schedir.load(sched).meta["as_graph"] is True
+    assert run(capsys, "simulate", CHAIN, sched)[0] == 0  # the meta says: on the graph
+    status, out, _ = run(capsys, "show", sched)
+    assert status == 0 and "F=forward" in out
+    status, out, err = run(capsys, "solve", CHAIN, "-b", "1400", "-m", "checkmate_milp")
+    assert status == 2 and "--as-graph" in err
+    status, out, _ = run(capsys, "solve", CHAIN, "-b", "90%", "--as-graph", "-m", "all", "--json")
+    assert status == 0 and json.loads(out)["kind"] == "Graph"
+
+
+def test_experiments_from_any_folder(capsys, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    status, _, err = run(capsys, "experiments", "no_such_experiment")
+    assert status == 2 and "known: " in err and "remat_tradeoff" in err
+
+
+def test_no_solver_banner_unless_verbose(tmp_path: Path) -> None:
+    """HiGHS prints a banner on its first use in a process: a fresh process each time."""
+    graph = tmp_path / "g.json"
+    schedir.save(schedir.load(CHAIN).to_graph(), graph)
+    argv = [sys.executable, "-m", "schedir", "solve", str(graph), "-b", "1400", "-m",
+            "checkmate_milp"]  # fmt: skip
+    quiet = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "HiGHS" not in quiet.stdout + quiet.stderr
+    verbose = subprocess.run([*argv, "--verbose"], capture_output=True, text=True, cwd=ROOT)
+    assert "HiGHS" not in verbose.stdout and "HiGHS" in verbose.stderr
+
+
+def _labels(monkeypatch) -> list[str]:
+    """Axis labels of every figure saved while the fixture is active."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    labels: list[str] = []
+    real = Figure.savefig
+
+    def save(self, *a, **k):
+        labels.extend(t for ax in self.axes for t in (ax.get_xlabel(), ax.get_ylabel()) if t)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Figure, "savefig", save)
+    return labels
+
+
+def test_plot_axes_fit_the_numbers(capsys, tmp_path: Path, monkeypatch) -> None:
+    labels = _labels(monkeypatch)
+    demo = ROOT / "examples" / "demo_model.json"  # milliseconds, hundreds of MiB
+    assert run(capsys, "solve", demo, "-b", "50%", "--plot", tmp_path / "s.png")[0] == 0
+    assert "time (ms)" in labels and "memory (MiB)" in labels
+    labels.clear()
+    assert run(capsys, "tradeoff", CHAIN, "--points", "3", "--plot", tmp_path / "t.png")[0] == 0
+    assert "memory budget (KiB)" in labels  # 1.1 to 1.6 KiB, not 0.001 MiB
+
+
+def test_readme_opens_with_make_demo_and_make_test() -> None:
+    text = (ROOT / "README.md").read_text()
+    first_block = text.split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = [line.split("#")[0].strip() for line in first_block.splitlines()]
+    assert commands == ["make demo", "make test"]
+    makefile = (ROOT / "Makefile").read_text()
+    assert "\ndemo:" in makefile and "\ntest:" in makefile
+
+
+def _flags(script: Path) -> set[str]:
+    """The option strings a script's argparse declares (add_argument("--x", ...))."""
+    flags = set()
+    for node in ast.walk(ast.parse(script.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+            flags |= {a.value for a in node.args if isinstance(a, ast.Constant)}
+    return flags
+
+
+def test_readme_says_which_scripts_take_quick_and_out() -> None:
+    """README's table of scripts says, for each script of examples/ and benchmarks/,
+    whether it takes ``--quick`` and ``--out``; every experiment takes both."""
+    section = (ROOT / "README.md").read_text().split("## Scripts", 1)[1].split("\n## ")[0]
+    said = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].startswith("`") and cells[0].endswith(".py`"):
+            said[cells[0].strip("`")] = cells[1].startswith("yes")
+    scripts = sorted(
+        f"{folder}/{p.name}"
+        for folder in ("examples", "benchmarks")
+        for p in (ROOT / folder).glob("*.py")
+    )
+    assert sorted(said) == scripts
+    for script, takes in said.items():
+        assert takes == ({"--quick", "--out"} <= _flags(ROOT / script)), script
+    for script in (ROOT / "paper_experiments").glob("*.py"):
+        if not script.name.startswith("_"):
+            assert {"--quick", "--out"} <= _flags(script), script.name
