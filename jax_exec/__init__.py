@@ -13,7 +13,7 @@
   refused), shared parameters, state (docs/jax_exec.md, "What the stage list accepts").
 """
 
-from jax_exec.graph_profile import profile_graph
+from jax_exec.graph_profile import profile_graph, sequential_dag
 from jax_exec.graph_run import GraphRunResult, run_graph
 from jax_exec.lowering import (
     Lowered,
@@ -54,6 +54,7 @@ __all__ = [
     "run",
     "run_graph",
     "saved_activations",
+    "sequential_dag",
     "split_layers",
     "value_and_grad",
 ]

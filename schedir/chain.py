@@ -221,7 +221,9 @@ class Chain:
         return out
 
     def to_graph(self):
-        """The same problem as a ``schedir.Graph`` (see ``schedir.graph.chain_to_graph``)."""
+        """This chain as a ``schedir.Graph`` whose nodes cost what running them costs
+        (``schedir.graph.chain_to_graph``: one node per output, so a recording forward
+        is two runs of the stage there)."""
         from schedir.graph import chain_to_graph  # graph imports chain
 
         return chain_to_graph(self)

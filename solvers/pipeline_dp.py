@@ -113,6 +113,15 @@ def dp_mapping(
     return top[0], Mapping(tuple(ivs))
 
 
+def require_inference(problem: PipelineProblem, method: str) -> None:
+    """Refuse a training problem: the interval-mapping model has no backward or stash."""
+    if problem.training:
+        raise NotImplementedError(
+            f"{method} plans inference pipelines (training = false): its memory model has "
+            "no backward pass and no stashed activations; for training use pipeline_1f1b"
+        )
+
+
 def mapping_schedule(problem: PipelineProblem, mapping: Mapping, method: str, **meta):
     """The periodic inference pattern of ``mapping`` with its model figures in meta."""
     rep = evaluate(problem, mapping)
@@ -131,5 +140,6 @@ def mapping_schedule(problem: PipelineProblem, mapping: Mapping, method: str, **
 )
 def pipeline_dp(problem: PipelineProblem, budget: int | None = None, *, replicate: bool = True):
     """``budget`` (bytes, optional) bounds every device besides its own memory."""
+    require_inference(problem, "pipeline_dp")
     period, mapping = dp_mapping(problem, replicate, budget)
     return mapping_schedule(problem, mapping, "pipeline_dp", model_period=period, exact=True)

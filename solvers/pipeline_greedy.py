@@ -27,7 +27,7 @@ from schedir.pipeline import (
     evaluate,
     mapping_memory,
 )
-from solvers.pipeline_dp import mapping_schedule
+from solvers.pipeline_dp import mapping_schedule, require_inference
 from solvers.registry import Infeasible, register
 
 
@@ -208,5 +208,6 @@ def greedy_mapping(
 )
 def pipeline_greedy(problem: PipelineProblem, budget: int | None = None, *, iterations: int = 50):
     """``budget`` (bytes, optional) bounds every device besides its own memory."""
+    require_inference(problem, "pipeline_greedy")
     period, mapping = greedy_mapping(problem, iterations, budget)
     return mapping_schedule(problem, mapping, "pipeline_greedy", exact=False)

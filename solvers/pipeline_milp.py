@@ -57,7 +57,7 @@ from schedir.pipeline import (
     link_time,
     mapping_memory,
 )
-from solvers.pipeline_dp import mapping_schedule
+from solvers.pipeline_dp import mapping_schedule, require_inference
 from solvers.registry import Infeasible, register
 
 
@@ -330,6 +330,7 @@ def pipeline_milp(
     ``time_limit`` (seconds) bounds the whole solve; an answer found under it is the
     best mapping found (``meta["time_limited"]``, ``meta["lower_bound"]``), not an
     optimum. ``max_replicas`` restricts the model (the answer is exact for it)."""
+    require_inference(problem, "pipeline_milp")
     obj, mapping, info = milp_mapping(
         problem, replicate, time_limit, max_replicas, budget, progress
     )

@@ -34,7 +34,11 @@ class Infeasible(ValueError):
     def __init__(self, method: str, budget: int, min_budget: int | None, detail: str = ""):
         self.method, self.budget, self.min_budget = method, budget, min_budget
         self.detail = detail
-        text = f"{method}: no schedule fits budget {budget}"
+        text = (
+            f"{method}: no schedule fits"
+            if budget is None
+            else f"{method}: no schedule fits budget {budget}"
+        )
         if min_budget is not None:
             text += f"; the minimum feasible budget is {min_budget}"
         if detail:

@@ -58,49 +58,6 @@ ACCIDENTAL = (
 TYPED = (schedir.InvalidProblem, schedir.InvalidSchedule, solvers.Infeasible, NotImplementedError)
 
 
-# Findings in files of other developers, listed in issue 11's report for their owners:
-# while only these remain the test is an expected failure (xfail, with the list); any
-# other finding fails it. Delete an entry when its fix lands. (where, type, text).
-KNOWN = [  # (what: the call, where: file, exception type, text in its message) -> why
-    ("", "solvers/registry.py", "RuntimeError", "device memory exceeded",
-     "pipe: pipeline_1f1b, pipeline_greedy, pipeline_dp, pipeline_milp and heft hand back "
-     "schedules above the budget given (the simulator rejects them)"),
-    ("", "", "OverflowError", "int too large to convert",
-     "chain: Chain accepts sizes beyond int64 and float (10**30, 1e300 as a size) that the "
-     "numeric solvers cannot convert"),
-    ("", "(non-finite makespan)", "bad result", "",
-     "chain: Chain accepts times whose sums overflow a float (1e308): makespan inf"),
-    ("", "solvers/registry.py", "RuntimeError", "dtr returned",
-     "graph: dtr at budget 0 on a graph of one input node returns a schedule (peak 40) "
-     "instead of Infeasible"),
-    ("", "solvers/", "_NoRoomError", "",
-     "graph: the graph chen_sqrt leaks solvers.dtr._NoRoomError (issue 11, item 12)"),
-    ("", "schedir/pipeline_sim.py", "AttributeError", "",
-     "pipe: simulate_pipeline reads the schedule's meta stash overrides unchecked"),
-    ("", "schedir/pipeline_sim.py", "ValueError", "invalid literal",
-     "pipe: same (a stash override that is not an integer)"),
-    ("", "schedir/pipeline_ops.py", "TypeError", "cannot be interpreted",
-     "pipe: PipelineProblem accepts microbatches = 4.5; pipeline_1f1b fails in range()"),
-    ("", "solvers/pipeline_1f1b.py", "TypeError", "not supported between",
-     "pipe: PipelineProblem accepts microbatches = '4' (a string)"),
-    ("", "schedir/pipeline_sim.py", "TypeError", "not supported between",
-     "pipe: same ('4' as microbatches reaches simulate_pipeline)"),
-    ("solve(pipeline_", "(timeout)", "Slow", "",
-     "pipe: PipelineProblem accepts microbatches = 10**30; the pipeline solvers then run "
-     "for ever (simulate_pipeline expands every micro-batch)"),
-]  # fmt: skip
-
-
-def known(key: tuple, report: str) -> bool:
-    """Whether a finding (its key and its report, which has the whole message) is KNOWN."""
-    what, where, kind, _ = key
-    message = report.splitlines()[0]
-    return any(
-        what.startswith(w) and where.startswith(f) and kind == k and text in message
-        for (w, f, k, text, _) in KNOWN
-    )
-
-
 class Slow(Exception):
     pass
 
@@ -343,10 +300,7 @@ def test_fuzz_cli_and_api(tmp_path: Path) -> None:
     if os.environ.get("SCHEDIR_FUZZ_NOTES"):
         print(fuzz.report(notes=True), "\nCLI exit statuses:", fuzz.statuses)
     assert fuzz.cases >= min(CASES, 2000)
-    unknown = {k: v for k, v in fuzz.findings.items() if not known(k, v)}
-    assert not unknown, fuzz.report()
-    if fuzz.findings:
-        pytest.xfail(f"only known findings (KNOWN) remain: {fuzz.report()}")
+    assert not fuzz.findings, fuzz.report()
 
 
 @pytest.mark.parametrize("index", range(4))

@@ -301,7 +301,7 @@ def test_exactness_and_huge_budgets():
     big = scaled(chain, 10**6 + 3)  # sizes without a common unit: rounded, not exact
     s = raw("rotor_offload")(OffloadProblem(big, Platform.host_offload(2e6)), 10**30)
     assert s.meta["exact"] is False or s.meta.get("fallback") == "rotor"
-    with pytest.raises(InvalidProblem, match="offload: bandwidth"):
+    with pytest.raises(InvalidProblem, match="bandwidth = 1e-306: outside"):
         OffloadProblem(chain, Platform.host_offload(1e-306))
 
 

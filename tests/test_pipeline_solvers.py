@@ -199,8 +199,9 @@ def test_a_time_limited_milp_says_so_and_keeps_to_its_limit():
         assert "time limit" in str(err) and err.min_budget is None
     else:
         trace = simulate_pipeline(pb, s)
-        assert all(pb.platform.device(u).memory is None or
-                   trace.device_peak[u] <= pb.platform.device(u).memory for u in trace.device_peak)  # fmt: skip
+        for u, peak in trace.device_peak.items():
+            memory = pb.platform.device(u).memory
+            assert memory is None or peak <= memory
         if s.meta.get("time_limited"):
             assert s.meta["exact"] is False
             assert (s.meta.get("lower_bound") or 0) <= s.meta["model_period"] * (1 + 1e-6)
@@ -219,3 +220,15 @@ def test_1f1b_cut_short_is_not_called_exact():
     short = solvers.get("pipeline_1f1b", pb).function(pb, max_candidates=5)
     assert full.meta["exact"] is True and short.meta["exact"] is False
     assert short.meta["period"] >= full.meta["period"] - 1e-12
+
+
+@pytest.mark.parametrize("method", ["pipeline_dp", "pipeline_greedy", "pipeline_milp"])
+def test_interval_mapping_methods_refuse_training_problems(method):
+    """Their model has no backward and no stash: on a training problem they planned
+    mappings the simulator found over the budget (peak 430 > 380); now they refuse."""
+    chain = schedir.load("examples/chain_small.json")
+    devs = [schedir.Device("g0", 1.0, 4000), schedir.Device("g1", 2.0, 4000)]
+    pb = schedir.PipelineProblem(chain, [10] * chain.length,
+                                 schedir.Platform.fully_connected(devs, 100.0), 4, True)  # fmt: skip
+    with pytest.raises(NotImplementedError, match=f"{method} plans inference.*pipeline_1f1b"):
+        solvers.solve(pb, 380, method)

@@ -373,6 +373,6 @@ def test_offload_problem_validates_weights_and_copy_times():
                          ("abc", "sequence"), ([2**61, 2**61, 0], "2\\*\\*62")):  # fmt: skip
         with pytest.raises(InvalidProblem, match=message):
             OffloadProblem(c, Platform(), weight_size=bad)
-    with pytest.raises(InvalidProblem, match="platform.offload"):
+    with pytest.raises(InvalidProblem, match="bandwidth = 1e-306: outside"):
         OffloadProblem(c, Platform.host_offload(1e-306))
     assert OffloadProblem(c, Platform.host_offload(0.0)).platform.offload.bandwidth == 0.0
