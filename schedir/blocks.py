@@ -8,7 +8,7 @@ needed to predict the op-by-op runtime's memory to the byte:
    option o of stage k keeps ``saved`` bytes beyond the stage's outputs, and its
    recording forward and backward have their own times and temporary bytes
    (``rec_time``, ``rec_tmp``, ``bwd_time``, ``bwd_tmp``). One option per stage: a
-   schedule names them in ``meta["options"]`` (an index per stage).
+   schedule names them in ``meta["block_options"]`` (an index per stage).
 2. **Values by identity.** The input a_c of stage c is a set of values (``cuts[c]``,
    ids into ``value_sizes``); a value read several cuts later (a skip connection)
    belongs to every cut in between, and is counted once however many resident
@@ -315,20 +315,20 @@ class BlockChain:
 
 
 def schedule_options(problem: BlockChain, schedule_or_ops) -> tuple[int, ...]:
-    """The option indices a schedule uses (``meta["options"]``), checked."""
+    """The option indices a schedule uses (``meta["block_options"]``), checked."""
     meta = schedule_or_ops.meta if isinstance(schedule_or_ops, Schedule) else {}
-    if "options" not in meta:
+    if "block_options" not in meta:
         raise InvalidSchedule(
-            "a block-chain schedule names one option per stage in meta['options']"
+            "a block-chain schedule names one option per stage in meta['block_options']"
         )
-    return problem.check_options(meta["options"])
+    return problem.check_options(meta["block_options"])
 
 
 def simulate_blocks(problem: BlockChain, schedule_or_ops, *, record_buffers: bool = False) -> Trace:
     """Run a schedule on a :class:`BlockChain` (module docstring); a chain ``Trace``.
 
     Raises :class:`InvalidSchedule` naming the op, as the chain simulator does, and
-    when ``meta["options"]`` is missing or malformed.
+    when ``meta["block_options"]`` is missing or malformed.
     """
     opts = schedule_options(problem, schedule_or_ops)
     ops = as_ops(schedule_or_ops)

@@ -272,16 +272,16 @@ def block_rotor(
 ) -> Schedule:
     """Optimal persistent schedule of ``problem`` under ``budget`` bytes (module doc).
 
-    ``meta["options"]`` holds the chosen option of every stage; ``meta["exact"]`` is
+    ``meta["block_options"]`` holds the chosen option of every stage; ``meta["exact"]`` is
     False when sizes were discretized (``meta["discretization"]``: slot size, slots).
     """
     least, _ = least_memory(problem)
     if budget < least:
         raise Infeasible("block_rotor", budget, least)
     ops, options = store_all(problem)
-    peak = simulate_blocks(problem, Schedule(ops, {"options": options})).peak_memory
+    peak = simulate_blocks(problem, Schedule(ops, {"block_options": options})).peak_memory
     if peak <= budget:  # nothing to recompute: the fastest options, all recorded
-        return Schedule(ops, {"options": options, "exact": True, "dp": "store_all"})
+        return Schedule(ops, {"block_options": options, "exact": True, "dp": "store_all"})
     x0 = _Sizes(problem).x0
     room = min(budget, peak) - x0
     grid = slots
@@ -292,7 +292,7 @@ def block_rotor(
         if math.isfinite(table.value(M)):
             ops, options = _ops(problem.length, table.choose, M)
             ops_meta: dict = {
-                "options": options,
+                "block_options": options,
                 "exact": slot == 1,
                 "dp": "table",
                 "dp_value": table.value(M),
@@ -302,6 +302,7 @@ def block_rotor(
             return Schedule(ops, ops_meta)
         if slot == 1 or grid >= max_slots:
             ops, options = least_memory_ops(problem, budget)
-            meta = {"options": options, "exact": False, "fallback": "min_memory", "slots": grid}
+            meta = {"block_options": options, "exact": False, "fallback": "min_memory"}
+            meta["slots"] = grid
             return Schedule(ops, meta)
         grid = min(2 * grid, max_slots)
