@@ -47,7 +47,7 @@ def skip_chain() -> BlockChain:
 def test_skip_value_counts_once():
     p = skip_chain()
     ops = [F_all(0), F_all(1), F_all(2), Loss(), B(2), B(1), B(0)]
-    trace = simulate_blocks(p, Schedule(ops, {"options": [0, 0, 0]}))
+    trace = simulate_blocks(p, Schedule(ops, {"block_options": [0, 0, 0]}))
     # after F_all(2): abar1 = {0, 3} + 5, abar2 = {1, 3} + 5, abar3 = {2} + 5: 3 counted once
     assert trace.resident[2] == 10 + 8 + 5 + 10 + 5 + 10 + 5
     # Loss adds d[3] (10) and keeps abar[3]; B(2) adds d[2], new cotangents of 1 and 3
@@ -62,12 +62,12 @@ def test_skip_value_counts_once():
 def test_errors_name_the_field():
     p = skip_chain()
     ops = [F_all(0), F_all(1), F_all(2), Loss(), B(2), B(1), B(0)]
-    with pytest.raises(InvalidSchedule, match="meta\\['options'\\]"):
+    with pytest.raises(InvalidSchedule, match="meta\\['block_options'\\]"):
         simulate_blocks(p, ops)
     with pytest.raises(InvalidSchedule, match="options\\[0\\] = 2"):
-        simulate_blocks(p, Schedule(ops, {"options": [2, 0, 0]}))
+        simulate_blocks(p, Schedule(ops, {"block_options": [2, 0, 0]}))
     with pytest.raises(InvalidSchedule, match="op 1: B\\(0\\): needs d\\[1\\]"):
-        simulate_blocks(p, Schedule([F_all(0), B(0)], {"options": [0, 0, 0]}))
+        simulate_blocks(p, Schedule([F_all(0), B(0)], {"block_options": [0, 0, 0]}))
     with pytest.raises(InvalidProblem, match="value 3 is in cuts \\[1, 3\\]"):
         BlockChain((1, 1, 1, 1), (1, 1, 1, 1), ((), (0, 3), (1,), (2, 3)), p.stages, 1.0, 0)
     with pytest.raises(InvalidProblem, match="stages\\[1\\] \\(s2\\).reads: values \\[1\\]"):
@@ -144,7 +144,7 @@ def brute_force(p: BlockChain) -> list[tuple[int, float]]:
     all_trees = list(trees(0, p.length, p.length))
     for options in choices:
         for ops in all_trees:
-            trace = simulate_blocks(p, Schedule(ops, {"options": list(options)}))
+            trace = simulate_blocks(p, Schedule(ops, {"block_options": list(options)}))
             out.append((trace.peak_memory, trace.makespan))
     return out
 
