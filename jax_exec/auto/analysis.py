@@ -244,7 +244,7 @@ def _canonical(value: Any) -> Any:
 
 def active_values(program: Program, eqn_infos_diff: dict | None = None) -> set[int]:
     """Value ids that depend on a floating-point parameter through differentiable ops."""
-    active = {p for p in program.param_ids}
+    active = set(program.param_like)
     for eqn in program.eqns:
         if eqn.name == "stop_gradient":
             continue

@@ -169,6 +169,8 @@ def find_cuts(
     tail = range(found[-1] + 1, last_heavy + 1)
     if tail:
         cuts.append(min(tail, key=lambda p: (crossing[p], -p)))
+    for starts in program.scans:  # every iteration of an unrolled scan is cut alike
+        cuts.extend(p for p in starts if p <= last_heavy)
     return sorted(p for p in set(cuts) if 0 < p < n)
 
 
@@ -238,5 +240,5 @@ def build_blocks(program: Program, analysis: Analysis, positions: list[int]) -> 
 
 def _global_kind(program: Program, vid: int) -> tuple:
     aval = program.avals[vid]
-    kind = "param" if vid in set(program.param_ids) else "other"
+    kind = "param" if vid in program.param_like else "other"
     return (kind, tuple(aval.shape), str(aval.dtype))

@@ -95,7 +95,7 @@ class Layout:
 def layout(program: Program, analysis: Analysis, block: Block, is_loss: bool = False) -> Layout:
     """The :class:`Layout` of ``block``; the loss stage's only output is the loss (its
     results are the other program outputs it makes)."""
-    params = set(program.param_ids)
+    params = program.param_like
     local = {}
     for i in range(block.start, block.stop):
         for j, vid in enumerate(program.eqns[i].outs):

@@ -169,3 +169,23 @@ def expected_residuals(model: BlockModel, schedule: Schedule) -> Counter:
     for spec in model.functions(model.length, 0).recipe.new:
         found[key(spec)] += 1
     return found
+
+
+def saved_residuals(fn: Callable, *args: Any) -> Counter:
+    """What JAX saves at the top level of ``jax.vjp(fn, *args)``, as a multiset of
+    ``(shape, dtype)``; arguments and literals left out (compare with
+    :func:`expected_residuals`).
+
+    The one place this package calls a private JAX function:
+    ``jax._src.ad_checkpoint.saved_residuals`` is the function behind the public
+    ``jax.ad_checkpoint.print_saved_residuals``, which only prints. A test
+    (tests/test_auto_plan.py) fails if it moves or changes its output.
+    """
+    from jax._src.ad_checkpoint import saved_residuals as _saved
+
+    found: Counter = Counter()
+    for aval, source in _saved(fn, *args):
+        if source.startswith("from the argument") or source == "from a literal":
+            continue
+        found[(tuple(int(d) for d in aval.shape), str(aval.dtype))] += 1
+    return found

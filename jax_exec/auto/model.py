@@ -314,4 +314,6 @@ def global_values(model: BlockModel, params: Any, rest: Any, args: tuple) -> dic
         )
     values = dict(zip(ids, leaves, strict=True))
     values.update(program.consts)
+    for vid, (src, i) in sorted(program.derived.items()):  # slices of stacked globals
+        values[vid] = values[src][i]
     return values

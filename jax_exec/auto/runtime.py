@@ -225,6 +225,10 @@ def run_schedule(
     total = time.perf_counter() - start_step
     for name in list(buf.table):
         buf.drop(name)
+    for vid, (src, i) in sorted(program.derived.items(), reverse=True):
+        if vid in grads:  # a slice of a stacked parameter: into its stack
+            base = grads.get(src, jnp.zeros(program.avals[src].shape, program.avals[src].dtype))
+            grads[src] = base.at[i].add(grads.pop(vid))
     grad_leaves = [
         grads[v] if v in grads else jnp.zeros(program.avals[v].shape, program.avals[v].dtype)
         for v in program.param_ids

@@ -8,8 +8,11 @@ The jaxpr is flattened into a :class:`Program`: one list of :class:`Eqn` over in
 value ids, with every nested ``jit`` inlined (its equations become the program's, so
 cuts and options can fall inside it). ``custom_jvp`` / ``custom_vjp`` calls, user
 ``jax.checkpoint`` regions, ``cond`` and other higher-order primitives stay single
-equations (opaque: JAX differentiates them as a whole). Equations with side effects
-are refused with an error naming the primitive and the user code it came from.
+equations (opaque: JAX differentiates them as a whole). A ``scan`` (``nnx.scan``,
+``lax.scan``) is unrolled into its iterations (a chain of identical blocks): its
+stacked global inputs (a scanned stack's parameters) become per-iteration slices,
+globals too (``Program.derived``). Equations with side effects are refused with an
+error naming the primitive and the user code it came from.
 """
 
 from __future__ import annotations
@@ -104,10 +107,25 @@ class Program:
     new_rest: tuple[Ref, ...]
     treedefs: tuple
     producer: dict = field(default_factory=dict)  # value id -> index of its equation
+    derived: dict = field(default_factory=dict)  # value id -> (global id, index)
+    scans: tuple = ()  # per unrolled scan: equation index where each iteration starts
 
     @property
     def input_ids(self) -> tuple[int, ...]:
-        return self.param_ids + self.rest_ids + self.arg_ids + tuple(self.consts)
+        """The globals: inputs, constants and slices of stacked globals (scans)."""
+        return (
+            self.param_ids + self.rest_ids + self.arg_ids + tuple(self.consts)
+            + tuple(self.derived)
+        )  # fmt: skip
+
+    @property
+    def param_like(self) -> frozenset[int]:
+        """Parameters and the slices of stacked parameters (differentiated)."""
+        found = set(self.param_ids)
+        for vid, (src, _) in sorted(self.derived.items()):
+            if src in found:
+                found.add(vid)
+        return frozenset(found)
 
     def nbytes(self, vid: int) -> int:
         return aval_bytes(self.avals[vid])
@@ -141,6 +159,65 @@ class _Builder:
         self.avals: list = []
         self.eqns: list[Eqn] = []
         self.consts: dict[int, Any] = {}
+        self.globals: set[int] = set()
+        self.derived: dict[int, tuple[int, int]] = {}
+        self.scans: list[tuple[int, ...]] = []
+        self.unroll = True
+
+    def slice_of(self, ref: Ref, i: int, where: str) -> Ref:
+        """``ref[i]``: a global slice (no equation) for stacked globals, else traced."""
+        if isinstance(ref, Lit):
+            return Lit(np.asarray(ref.value)[i])
+        aval = self.avals[ref]
+        if ref in self.globals:
+            for vid, (src, j) in self.derived.items():
+                if src == ref and j == i:
+                    return vid
+            vid = self.new(jax.ShapeDtypeStruct(tuple(aval.shape[1:]), aval.dtype))
+            self.derived[vid] = (ref, i)
+            self.globals.add(vid)
+            return vid
+        closed = jax.make_jaxpr(lambda x: x[i])(aval)
+        return self.inline(closed.jaxpr, closed.consts, [ref], where)[0]
+
+    def unroll_scan(self, eqn: Any, ins: list[Ref], where: str) -> list[Ref]:
+        """A ``scan`` as its iterations one after another (each one the body's
+        equations); the stacked inputs are sliced, the stacked outputs stacked."""
+        p = eqn.params
+        if p.get("_split_transpose"):  # pragma: no cover - an internal AD variant
+            raise UnsupportedModel(f"scan at {where}: a split-transpose scan is not supported")
+        n_consts, n_carry, length = p["num_consts"], p["num_carry"], p["length"]
+        body = p["jaxpr"]
+        consts, carry, xs = (
+            ins[:n_consts],
+            ins[n_consts : n_consts + n_carry],
+            ins[n_consts + n_carry :],
+        )
+        order = range(length - 1, -1, -1) if p["reverse"] else range(length)
+        ys: list[list[Ref]] = []
+        starts = []
+        for i in order:
+            starts.append(len(self.eqns))
+            xs_i = [self.slice_of(r, i, where) for r in xs]
+            outs = self.inline(body.jaxpr, body.consts, [*consts, *carry, *xs_i], where)
+            carry = outs[:n_carry]
+            ys.append(outs[n_carry:])
+        starts.append(len(self.eqns))
+        self.scans.append(tuple(starts))
+        if p["reverse"]:
+            ys.reverse()
+        stacked = []
+        for j, var in enumerate(eqn.outvars[n_carry:]):
+            parts = [y[j] for y in ys]
+            avals = [
+                self.avals[r]
+                if not isinstance(r, Lit)
+                else var.aval.update(shape=var.aval.shape[1:])
+                for r in parts
+            ]
+            closed = jax.make_jaxpr(lambda *a: jax.numpy.stack(a))(*avals)
+            stacked.append(self.inline(closed.jaxpr, closed.consts, parts, where)[0])
+        return [*carry, *stacked]
 
     def new(self, aval: Any) -> int:
         self.avals.append(jax.ShapeDtypeStruct(tuple(aval.shape), aval.dtype))
@@ -153,6 +230,7 @@ class _Builder:
         for var, value in zip(jaxpr.constvars, consts, strict=True):
             vid = self.new(var.aval)
             self.consts[vid] = value
+            self.globals.add(vid)
             env[var] = vid
         for var, ref in zip(jaxpr.invars, args, strict=True):
             env[var] = ref
@@ -165,6 +243,11 @@ class _Builder:
             if eqn.primitive.name in INLINED and _closed(eqn) is not None:
                 inner = _closed(eqn)
                 outs = self.inline(inner.jaxpr, inner.consts, ins, source_of(eqn, where))
+                for var, ref in zip(eqn.outvars, outs, strict=True):
+                    env[var] = ref
+                continue
+            if eqn.primitive.name == "scan" and self.unroll:
+                outs = self.unroll_scan(eqn, ins, source_of(eqn, where))
                 for var, ref in zip(eqn.outvars, outs, strict=True):
                     env[var] = ref
                 continue
@@ -282,6 +365,7 @@ def trace(loss_fn: Callable, model: Any, args: tuple, *, has_aux: bool = False) 
     jaxpr = closed.jaxpr
     counts = (len(p_leaves), len(r_leaves), len(a_leaves))
     inputs = [builder.new(v.aval) for v in jaxpr.invars]
+    builder.globals.update(inputs)
     if len(inputs) != sum(counts):  # pragma: no cover - make_jaxpr flattens alike
         raise AssertionError("jaxpr inputs do not match the flattened arguments")
     outs = builder.inline(jaxpr, closed.consts, inputs)
@@ -313,6 +397,8 @@ def trace(loss_fn: Callable, model: Any, args: tuple, *, has_aux: bool = False) 
         new_rest=new_rest,
         treedefs=(p_def, r_def, a_def, aux_def),
         producer=producer,
+        derived=dict(builder.derived),
+        scans=tuple(builder.scans),
     )
     return Traced(program, graphdef, params, rest, pure, has_aux)
 
