@@ -129,20 +129,22 @@ def test_budget_strings_and_policies():
     p = auto.plan(loss_fn, factory(), *args, budget="50%", exact=False)
     assert p.budget == p.store_all_peak // 2
     assert p.schedule.meta["peak_memory"] <= p.budget
-    assert auto.plan(loss_fn, factory(), *args, budget="100%", exact=False).overhead == 0.0
+    full = auto.plan(loss_fn, factory(), *args, budget="100%", exact=False)
+    assert 0.0 <= full.overhead <= p.overhead
     for bad in ("50", "x%", -1, 1.5, None):
         with pytest.raises((TypeError, ValueError), match="budget"):
             auto.plan(loss_fn, factory(), *args, budget=bad, exact=False)
     with pytest.raises(ValueError, match="method = 'nope'"):
         auto.plan(loss_fn, factory(), *args, budget="50%", method="nope")
     # JAX's policies on every block, priced by the same simulator: the planner is never worse
-    everything = p.replan("100%", method="everything_saveable")
+    everything = p.replan(10**12, method="everything_saveable")
     assert everything.overhead == 0.0
-    for policy in ("checkpoint_dots", "nothing_saveable"):
+    assert everything.schedule.meta["peak_memory"] >= p.store_all_peak
+    for policy in ("everything_saveable", "checkpoint_dots", "nothing_saveable"):
         try:
-            q = p.replan(everything.store_all_peak // 2, method=policy)
+            q = p.replan(p.budget, method=policy)
         except solvers.Infeasible as err:
-            assert err.min_budget > everything.store_all_peak // 2
+            assert err.min_budget > p.budget
             continue
         assert p.overhead <= q.overhead + 1e-12
 

@@ -42,6 +42,10 @@ ELEMENTWISE = frozenset(
     shift_left shift_right_arithmetic shift_right_logical sign sin sinh sqrt square sub tan
     tanh xor zeta stop_gradient name""".split()
 )
+EXPENSIVE = frozenset(
+    """exp exp2 expm1 log log1p logistic tanh sin cos tan atan2 asin acos atan sinh cosh
+    asinh acosh atanh pow sqrt rsqrt cbrt erf erfc erf_inv lgamma digamma""".split()
+)
 LAYOUT = frozenset(
     """broadcast_in_dim reshape squeeze expand_dims transpose iota rev slice dynamic_slice
     pad concatenate split sharding_constraint random_wrap random_unwrap device_put

@@ -63,9 +63,10 @@ class Plan:
             (bytes) and ``makespan`` (roofline seconds), ``block_options`` (one per block).
         method: the method asked for.
         budget: bytes.
-        store_all_peak: bytes of the store-all schedule (every block recorded with its
-            fastest option: plain autodiff), the reference of percentage budgets.
-        store_all_time: its makespan, seconds (the reference of overheads).
+        store_all_peak: bytes of the store-all reference (every block recorded keeping
+            what XLA keeps for a plain step, :class:`StoreAll`), the reference of
+            percentage budgets.
+        store_all_time: seconds without any recomputation (the reference of overheads).
         plan_time: seconds spent planning (tracing, options, kernels, solving).
         exact: whether the figures of the schedule are those of compiled kernels (the
             op-by-op runtime measures exactly them); else temporaries are estimated.
@@ -216,6 +217,32 @@ def plan(
     )
 
 
+@dataclass(frozen=True)
+class StoreAll:
+    """The store-all reference: ``peak_memory`` (bytes) of every block recorded keeping
+    what XLA keeps for a plain step (``xla_fused``; ``everything_saveable`` in scanned
+    stacks, whose iterations XLA cannot fuse across), ``makespan`` (seconds) without any
+    recomputation (plain autodiff)."""
+
+    peak_memory: int
+    makespan: float
+
+
+def reference_schedule(bm: BlockModel) -> Schedule:
+    """Store-all with, per block, what XLA keeps for a plain step (:class:`StoreAll`)."""
+    in_scan = set()
+    for scan in bm.program.scans:
+        lo, hi = scan.starts[0], scan.starts[-1]
+        in_scan |= {b.index for b in bm.blocks.blocks[:-1] if lo <= b.start < hi}
+    schedule = policy_schedule(bm.problem, "everything_saveable")
+    options = [
+        next(o for o, opt in enumerate(stage.options)
+             if opt.name == ("everything_saveable" if k in in_scan else "xla_fused"))
+        for k, stage in enumerate(bm.problem.stages)
+    ]  # fmt: skip
+    return Schedule(schedule.ops, {"block_options": options})
+
+
 def _solver(method: str) -> str:
     if method not in BLOCK_METHODS:
         raise ValueError(f"method = {method!r}: expected one of {', '.join(BLOCK_METHODS)}")
@@ -228,12 +255,14 @@ def _solve_lazily(bm: BlockModel, budget: Any, solver: str, options: dict, exact
     runtime measures (kernels not compiled yet are priced with estimated temporaries).
     The same for the store-all reference (percentage budgets) and for ``min_budget``."""
     rounds = 0
-    while True:  # the store-all reference: plain autodiff on every block
-        everything = policy_schedule(bm.problem, "everything_saveable")
-        if not exact or bm.compile_used(everything) == 0:
+    while True:  # the store-all reference: every block keeps what XLA would
+        ref = reference_schedule(bm)
+        if not exact or bm.compile_used(ref) == 0:
             break
         bm.problem = build_problem(bm)
-    reference = simulate(bm.problem, everything)
+    reference = simulate(bm.problem, ref)
+    plain = simulate(bm.problem, policy_schedule(bm.problem, "everything_saveable"))
+    reference = StoreAll(reference.peak_memory, plain.makespan)
     nbytes = parse_budget(budget, reference.peak_memory)
     while True:
         rounds += 1

@@ -169,8 +169,8 @@ def find_cuts(
     tail = range(found[-1] + 1, last_heavy + 1)
     if tail:
         cuts.append(min(tail, key=lambda p: (crossing[p], -p)))
-    for starts in program.scans:  # every iteration of an unrolled scan is cut alike
-        cuts.extend(p for p in starts if p <= last_heavy)
+    for scan in program.scans:  # every iteration of an unrolled scan is cut alike
+        cuts.extend(p for p in scan.starts if p <= last_heavy)
     return sorted(p for p in set(cuts) if 0 < p < n)
 
 

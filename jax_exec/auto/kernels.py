@@ -39,12 +39,13 @@ import jax
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from jax_exec.auto.analysis import Analysis
+from jax_exec.auto.analysis import ELEMENTWISE, EXPENSIVE, LAYOUT, Analysis
 from jax_exec.auto.blocks import Block
 from jax_exec.auto.trace import Lit, Program
 from jax_exec.kernels import Kernel, _compile
 
-OPTION_KINDS = ("names", "everything", "dots")
+OPTION_KINDS = ("names", "everything", "dots", "fused")
+FUSED = (ELEMENTWISE - EXPENSIVE) | LAYOUT
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,15 @@ def layout(program: Program, analysis: Analysis, block: Block, is_loss: bool = F
     )
 
 
+def _fused_policy(prim, *_, **__) -> bool:
+    """Save what XLA stores itself: every result except those of cheap elementwise and
+    layout operations, which XLA's fusion recomputes inside their consumers (it
+    duplicates cheap producers, not expensive ones: transcendentals, matmuls,
+    reductions)."""
+    name = prim.name
+    return name == "name" or name not in FUSED
+
+
 def _name(key: tuple[int, int]) -> str:
     return f"schedir:{key[0]}:{key[1]}"
 
@@ -150,6 +160,8 @@ def _policy(option: SaveOption, lay: Layout):
         return None
     if option.kind == "dots":
         return cp.save_from_both_policies(cp.checkpoint_dots, cp.save_only_these_names(*outs))
+    if option.kind == "fused":
+        return _fused_policy
     missing = set(option.names) - lay.named
     if missing:
         raise ValueError(f"save option names values that are not materialized: {sorted(missing)}")

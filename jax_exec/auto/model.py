@@ -253,7 +253,7 @@ def block_model(
     *,
     has_aux: bool = False,
     cost_model: CostModel | None = None,
-    window: int = 2,
+    max_anchors: int = 4,
     options: Callable | None = None,
 ) -> BlockModel:
     """Trace, analyze and cut ``loss_fn(model, *args)``; give each block its options
@@ -264,7 +264,7 @@ def block_model(
     traced = trace(loss_fn, model, args, has_aux=has_aux)
     program = traced.program
     analysis = analyze_program(program, cost_model)
-    blocks = build_blocks(program, analysis, find_cuts(program, analysis, window))
+    blocks = build_blocks(program, analysis, find_cuts(program, analysis, max_anchors=max_anchors))
     L = blocks.length
     layouts = tuple(
         layout(program, analysis, b, is_loss=k == L) for k, b in enumerate(blocks.blocks)

@@ -9,6 +9,9 @@ An option is a save set S of the block's materialized values (lowered as
   ``nothing_saveable``);
 - ``checkpoint_dots``: JAX's policy (matmul results saved);
 - ``everything_saveable``: plain autodiff (every residual saved, elementwise ones too);
+- ``xla_fused``: every residual but those of cheap elementwise and layout operations
+  (what XLA stores for a plain step: its fusion recomputes cheap producers inside their
+  consumers, never transcendentals, matmuls or reductions);
 - the Pareto-optimal save sets between those, from a small MILP per distinct block
   (:func:`solvers.block_options.pareto_save_sets`) over the block's graph: a value
   the backward reads is saved or recomputed, a recomputed equation's inputs are
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jax_exec.auto.kernels import SaveOption
+from jax_exec.auto.kernels import FUSED, SaveOption
 from jax_exec.auto.trace import Lit
 from solvers.block_options import OptionGraph, pareto_save_sets, read_values, recompute_set
 
@@ -84,6 +87,7 @@ def block_options(model: Any, k: int, max_pareto: int = MAX_PARETO) -> list[Save
         SaveOption("names", frozenset(), "nothing_saveable"),
         SaveOption("dots", label="checkpoint_dots"),
         SaveOption("everything", label="everything_saveable"),
+        SaveOption("fused", label="xla_fused"),
     ]
     seen = {every, frozenset()}
     for saved in pareto_save_sets(graph, max_pareto):
@@ -104,6 +108,14 @@ def _recompute_cost(model: Any, k: int, option: SaveOption) -> float:
     if option.kind == "everything":
         return 0.0
     graph, keys = option_graph(model, k)
+    if option.kind == "fused":  # cheap elementwise work only, inside consumers
+        program, block = model.program, model.blocks.blocks[k]
+        cheap = [
+            i - block.start
+            for i in range(block.start, block.stop)
+            if program.eqns[i].name in FUSED and model.analysis.infos[i].has_backward
+        ]
+        return sum(graph.cost[n] for n in cheap)
     if option.kind == "dots":
         program = model.program
         block = model.blocks.blocks[k]
@@ -167,7 +179,7 @@ def _temp_estimate(model: Any, kind: str, k: int, option: SaveOption | None) -> 
                 live -= nbytes(v)
         return peak
     graph, keys = option_graph(model, k)
-    if option.kind == "everything":
+    if option.kind in ("everything", "fused"):
         recomputed: set[int] = set()
     else:
         saved_keys = (
@@ -215,13 +227,13 @@ def _saved_estimate(model: Any, k: int, option: SaveOption) -> int:
     new JVP values), each value once."""
     program, analysis = model.program, model.analysis
     block, lay = model.blocks.blocks[k], model.layouts[k]
-    if option.kind == "everything":
+    if option.kind in ("everything", "fused"):
         free = set(lay.outs) | set(lay.ins) | set(program.input_ids)
         values: set[int] = set()
         new = 0
         for i in range(block.start, block.stop):
             eqn, info = program.eqns[i], analysis.infos[i]
-            if not info.has_backward:
+            if not info.has_backward or (option.kind == "fused" and eqn.name in FUSED):
                 continue
             values.update(eqn.ins[j] for j in info.needs_in)
             values.update(eqn.outs[j] for j in info.needs_out)

@@ -80,6 +80,23 @@ class Eqn:
         return list(out) if self.primitive.multiple_results else [out]
 
 
+@dataclass(frozen=True)
+class ScanInfo:
+    """Where an unrolled scan's iterations are in the flat program.
+
+    Attributes:
+        starts: equation index where each iteration starts, then where the last ends.
+        carries: the carry values entering each iteration, then the final carry.
+        ys: per iteration (in execution order), its per-iteration outputs.
+        reverse: whether the scan ran its iterations in reverse.
+    """
+
+    starts: tuple[int, ...]
+    carries: tuple[tuple[Ref, ...], ...]
+    ys: tuple[tuple[Ref, ...], ...]
+    reverse: bool
+
+
 @dataclass(frozen=True, eq=False)
 class Program:
     """The model's forward computation as flat equations over value ids.
@@ -108,7 +125,7 @@ class Program:
     treedefs: tuple
     producer: dict = field(default_factory=dict)  # value id -> index of its equation
     derived: dict = field(default_factory=dict)  # value id -> (global id, index)
-    scans: tuple = ()  # per unrolled scan: equation index where each iteration starts
+    scans: tuple = ()  # per unrolled scan: its ScanInfo
 
     @property
     def input_ids(self) -> tuple[int, ...]:
@@ -161,7 +178,7 @@ class _Builder:
         self.consts: dict[int, Any] = {}
         self.globals: set[int] = set()
         self.derived: dict[int, tuple[int, int]] = {}
-        self.scans: list[tuple[int, ...]] = []
+        self.scans: list[ScanInfo] = []
         self.unroll = True
 
     def slice_of(self, ref: Ref, i: int, where: str) -> Ref:
@@ -195,15 +212,19 @@ class _Builder:
         )
         order = range(length - 1, -1, -1) if p["reverse"] else range(length)
         ys: list[list[Ref]] = []
-        starts = []
+        starts, carries = [], []
         for i in order:
             starts.append(len(self.eqns))
+            carries.append(tuple(carry))
             xs_i = [self.slice_of(r, i, where) for r in xs]
             outs = self.inline(body.jaxpr, body.consts, [*consts, *carry, *xs_i], where)
             carry = outs[:n_carry]
             ys.append(outs[n_carry:])
         starts.append(len(self.eqns))
-        self.scans.append(tuple(starts))
+        carries.append(tuple(carry))
+        self.scans.append(
+            ScanInfo(tuple(starts), tuple(carries), tuple(tuple(y) for y in ys), bool(p["reverse"]))
+        )
         if p["reverse"]:
             ys.reverse()
         stacked = []
