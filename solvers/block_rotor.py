@@ -65,6 +65,14 @@ class _Sizes:
         self.s = [[self.x[i][i + 1] + o.saved for o in self.opts[i]] for i in range(L)]
         self.loss_need = self.g[L] + p.loss_tmp
         self.loss_time = p.loss_time
+        # sweep[i][j]: bytes besides a_i (and d_{t+1}) that F_ck(i) F_n(i+1..j-1) need
+        self.sweep = [[0] * (L + 1) for _ in range(L + 1)]
+        for i in range(L):
+            need = self.x[i][i + 1] + self.ftmp[i]
+            for j in range(i + 1, L + 1):
+                if j - 1 > i:
+                    need = max(need, self.pair[i][j - 1] + self.ftmp[j - 1])
+                self.sweep[i][j] = need
 
     def record_need(self, i: int, t: int, o: int) -> int:
         opt = self.opts[i][o]
@@ -73,10 +81,7 @@ class _Sizes:
 
     def sweep_need(self, i: int, j: int, t: int) -> int:
         """Memory besides a_i that ``F_ck(i) F_n(i+1..j-1)`` needs with d_{t+1} resident."""
-        need = self.x[i][i + 1] + self.ftmp[i]
-        for l in range(i + 1, j):
-            need = max(need, self.pair[i][l] + self.ftmp[l])
-        return self.g[t + 1] + need
+        return self.g[t + 1] + self.sweep[i][j]
 
 
 def least_memory(p: BlockChain) -> tuple[int, dict]:
@@ -163,6 +168,13 @@ class _Table:
             return -(-nbytes // slot)
 
         self.q = q
+        self.sweep = [[0] * (L + 1) for _ in range(L + 1)]  # in slots, terms rounded up
+        for i in range(L):
+            need = q(z.x[i][i + 1]) + q(z.ftmp[i])
+            for j in range(i + 1, L + 1):
+                if j - 1 > i:
+                    need = max(need, q(z.pair[i][j - 1]) + q(z.ftmp[j - 1]))
+                self.sweep[i][j] = need
         self.rows: dict[tuple[int, int], np.ndarray] = {}
         inf = np.full(W, np.inf)
         loss = inf.copy()
@@ -206,11 +218,7 @@ class _Table:
                 self.rows[i, t] = best
 
     def _sweep(self, i: int, j: int, t: int) -> int:
-        z, q = self.z, self.q
-        need = q(z.x[i][i + 1]) + q(z.ftmp[i])
-        for l in range(i + 1, j):
-            need = max(need, q(z.pair[i][l]) + q(z.ftmp[l]))
-        return q(z.g[t + 1]) + need
+        return self.q(self.z.g[t + 1]) + self.sweep[i][j]
 
     def value(self, m: int) -> float:
         return float(self.rows[0, self.z.L][min(m, self.M)])

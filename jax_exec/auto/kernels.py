@@ -42,7 +42,6 @@ from jax.ad_checkpoint import checkpoint_name
 from jax_exec.auto.analysis import ELEMENTWISE, EXPENSIVE, LAYOUT, Analysis
 from jax_exec.auto.blocks import Block
 from jax_exec.auto.trace import Lit, Program
-from jax_exec.kernels import Kernel, _compile
 
 OPTION_KINDS = ("names", "everything", "dots", "fused")
 FUSED = (ELEMENTWISE - EXPENSIVE) | LAYOUT
@@ -292,8 +291,3 @@ def loss_function(program: Program, block: Block, lay: Layout) -> Callable:
         return value, results, d_p, d_x
 
     return loss_step
-
-
-def compile_kernel(fn: Callable, *specs: Any) -> Kernel:
-    """``fn`` compiled for ``specs``, with its temporary bytes and FLOPs."""
-    return _compile(fn, *specs)

@@ -13,7 +13,10 @@ schedule uses, :func:`jax_exec.auto.api.plan`). Times come from the roofline mod
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,12 +29,11 @@ from jax_exec.auto.kernels import (
     Layout,
     SaveOption,
     block_functions,
-    compile_kernel,
     layout,
     loss_function,
 )
 from jax_exec.auto.trace import Program, Traced, trace
-from jax_exec.kernels import Kernel
+from jax_exec.kernels import Kernel, _compile
 from schedir.blocks import BlockChain, BlockOption, BlockStage
 
 
@@ -61,6 +63,7 @@ class BlockModel:
     _functions: dict = field(default_factory=dict)
     _kernels: dict = field(default_factory=dict)
     _cache: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=dict)  # seconds per planning phase
 
     def cached(self, key: Any, compute: Callable[[], Any]) -> Any:
         """``compute()``, once per ``key`` (per-block analyses shared by identical blocks)."""
@@ -114,31 +117,32 @@ class BlockModel:
         ``"backward"`` (option o; inputs that later blocks read too get their
         cotangent from ``d[k+1]`` added) or ``"loss"``."""
         key = self.kernel_key(kind, k, o)
-        if key in self._kernels:
-            return self._kernels[key]
+        if key not in self._kernels:
+            self._kernels[key] = _compile(*self.kernel_source(kind, k, o))
+        return self._kernels[key]
+
+    def kernel_source(self, kind: str, k: int, o: int = 0) -> tuple:
+        """``(function, *shapes)`` of a kernel, to compile with
+        :func:`jax_exec.kernels._compile`."""
         specs = self.specs(k)
         block, lay = self.blocks.blocks[k], self.layouts[k]
         if kind == "loss":
-            kernel = compile_kernel(loss_function(self.program, block, lay), *specs)
-        elif kind == "forward":
-            kernel = compile_kernel(self.functions(k, 0).forward, *specs)
-        elif kind == "record":
-            kernel = compile_kernel(self.functions(k, o).record, *specs)
-        elif kind == "backward":
-            fns = self.functions(k, o)
-            avals = self.program.avals
-            outs = tuple(avals[v] for v in lay.outs)
-            results = tuple(avals[v] for v in lay.results)
-            d_outs = tuple(avals[v] for v, a in zip(lay.outs, lay.act_out, strict=True) if a)
-            act_ins = [v for v, a in zip(lay.ins, lay.act_in, strict=True) if a]
-            through = tuple(avals[v] if f else None for v, f in zip(act_ins, key[3], strict=True))
-            kernel = compile_kernel(
-                fns.backward, *specs, outs, results, fns.recipe.new, d_outs, through
-            )
-        else:  # pragma: no cover
+            return (loss_function(self.program, block, lay), *specs)
+        if kind == "forward":
+            return (self.functions(k, 0).forward, *specs)
+        if kind == "record":
+            return (self.functions(k, o).record, *specs)
+        if kind != "backward":  # pragma: no cover
             raise ValueError(f"unknown kernel kind {kind!r}")
-        self._kernels[key] = kernel
-        return kernel
+        fns = self.functions(k, o)
+        avals = self.program.avals
+        outs = tuple(avals[v] for v in lay.outs)
+        results = tuple(avals[v] for v in lay.results)
+        d_outs = tuple(avals[v] for v, a in zip(lay.outs, lay.act_out, strict=True) if a)
+        act_ins = [v for v, a in zip(lay.ins, lay.act_in, strict=True) if a]
+        flags = through_flags(self, k)
+        through = tuple(avals[v] if f else None for v, f in zip(act_ins, flags, strict=True))
+        return (fns.backward, *specs, outs, results, fns.recipe.new, d_outs, through)
 
     def temp_bytes(self, kind: str, k: int, o: int = 0) -> tuple[int, bool]:
         """``(bytes, exact)``: the kernel's compiled temporary bytes if it was compiled,
@@ -180,13 +184,21 @@ class BlockModel:
         return list(dict.fromkeys(used))
 
     def compile_used(self, schedule: Any) -> int:
-        """Compile the kernels ``schedule`` runs; the number compiled now."""
-        fresh = 0
+        """Compile the kernels ``schedule`` runs (XLA compiles them in parallel threads);
+        the number compiled now."""
+        start = time.perf_counter()
+        todo: dict = {}
         for kind, k, o in self.used_kernels(schedule):
-            if self.kernel_key(kind, k, o) not in self._kernels:
-                self.kernel(kind, k, o)
-                fresh += 1
-        return fresh
+            key = self.kernel_key(kind, k, o)
+            if key not in self._kernels and key not in todo:
+                todo[key] = self.kernel_source(kind, k, o)
+        if todo:
+            workers = min(len(todo), os.cpu_count() or 1)
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                kernels = list(pool.map(lambda source: _compile(*source), todo.values()))
+            self._kernels.update(zip(todo, kernels, strict=True))
+        self.timings["kernels"] = self.timings.get("kernels", 0.0) + time.perf_counter() - start
+        return len(todo)
 
 
 def through_flags(model: BlockModel, k: int) -> tuple[bool, ...]:
@@ -261,10 +273,21 @@ def block_model(
     from jax_exec.auto.options import block_options
 
     cost_model = cost_model or CostModel()
+    clock = [time.perf_counter()]
+    timings: dict[str, float] = {}
+
+    def lap(name: str) -> None:
+        now = time.perf_counter()
+        timings[name] = now - clock[0]
+        clock[0] = now
+
     traced = trace(loss_fn, model, args, has_aux=has_aux)
     program = traced.program
+    lap("trace")
     analysis = analyze_program(program, cost_model)
+    lap("analysis")
     blocks = build_blocks(program, analysis, find_cuts(program, analysis, max_anchors=max_anchors))
+    lap("blocks")
     L = blocks.length
     layouts = tuple(
         layout(program, analysis, b, is_loss=k == L) for k, b in enumerate(blocks.blocks)
@@ -282,7 +305,10 @@ def block_model(
             by_key[key] = _distinct(bm, k)
         opts.append(by_key[key])
     bm.options = tuple(opts)
+    lap("options")
     bm.problem = build_problem(bm)
+    lap("problem")
+    bm.timings = timings
     return bm
 
 
