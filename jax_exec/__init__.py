@@ -83,3 +83,4 @@ __all__ += [
     "stack_blocks",
     "stage_mesh",
 ]
+from jax_exec import auto  # noqa: E402, F401

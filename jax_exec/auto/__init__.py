@@ -1,0 +1,14 @@
+"""jax_exec.auto: plan and run any Flax NNX model's training step under a memory
+budget, from its code alone (docs/auto.md).
+
+- :func:`plan`: trace ``loss_fn(model, *args)``, cut it into blocks, give each block its
+  save options, and choose a schedule (a :class:`Plan`: ``.summary()``, ``.run()``).
+- :func:`value_and_grad`: a drop-in ``nnx.value_and_grad`` following a plan.
+"""
+
+from jax_exec.auto.analysis import CostModel
+from jax_exec.auto.api import Plan, plan, value_and_grad
+from jax_exec.auto.runtime import AutoRunResult
+from jax_exec.auto.trace import UnsupportedModel
+
+__all__ = ["AutoRunResult", "CostModel", "Plan", "UnsupportedModel", "plan", "value_and_grad"]

@@ -1,0 +1,406 @@
+"""What each equation of a traced program costs and what its backward reads (docs/auto.md).
+
+- **Categories.** Every primitive is *elementwise* or *layout* (cheap: XLA fuses it
+  into its consumers, so its result is not stored), *heavy* (a matmul, convolution,
+  reduction, gather, random bits...: its result is materialized), or *opaque* (a
+  higher-order primitive such as ``custom_jvp_call``, ``custom_vjp_call``, ``cond`` or
+  a user's ``jax.checkpoint``: one heavy node). Collectives are refused; any other
+  primitive is refused with its name and source (never a guess).
+- **Materialized values** (the candidates a save set may hold): results of heavy
+  equations, and operands of matmuls and convolutions (XLA stores them to call the
+  kernel).
+- **Residuals.** What the backward of an equation reads is JAX's own answer: the
+  leaves of the ``jax.vjp`` closure of the equation alone, classified by identity as
+  one of its inputs, one of its outputs, or a new value (computed inside the JVP rule,
+  e.g. ``cos x`` for ``sin x``). Under a names policy new values are never saved:
+  they are recomputed from the equation's inputs.
+- **Costs** (seconds) come from a roofline model, ``max(flops / flops_per_second,
+  bytes / bytes_per_second)``; cheap equations move no bytes (they are fused). The
+  backward cost of an equation is the cost of its traced vjp minus its forward.
+- **Active values** depend on a parameter through differentiable operations: only
+  they get cotangents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+from jax.extend.core import ClosedJaxpr, Jaxpr, primal_dtype_to_tangent_dtype
+
+from jax_exec.auto.trace import Eqn, Lit, Program, UnsupportedModel, aval_bytes
+
+ELEMENTWISE = frozenset(
+    """abs acos acosh add add_any and asin asinh atan atan2 atanh bessel_i0e bessel_i1e
+    bitcast_convert_type cbrt ceil clamp clz complex conj convert_element_type copy copy_p
+    cos cosh digamma div eq erf erf_inv erfc exp exp2 expm1 floor ge gt igamma igammac imag
+    integer_pow is_finite le lgamma log log1p logistic lt max min mul ne neg nextafter not
+    or polygamma population_count pow real reduce_precision rem round rsqrt select_n
+    shift_left shift_right_arithmetic shift_right_logical sign sin sinh sqrt square sub tan
+    tanh xor zeta stop_gradient name""".split()
+)
+EXPENSIVE = frozenset(
+    """exp exp2 expm1 log log1p logistic tanh sin cos tan atan2 asin acos atan sinh cosh
+    asinh acosh atanh pow sqrt rsqrt cbrt erf erfc erf_inv lgamma digamma""".split()
+)
+LAYOUT = frozenset(
+    """broadcast_in_dim reshape squeeze expand_dims transpose iota rev slice dynamic_slice
+    pad concatenate split sharding_constraint random_wrap random_unwrap device_put
+    optimization_barrier""".split()
+)
+HEAVY = frozenset(
+    """dot_general conv_general_dilated reduce_sum reduce_max reduce_min reduce_prod
+    reduce_and reduce_or reduce_xor reduce argmax argmin cumsum cumprod cummax cummin
+    cumlogsumexp reduce_window reduce_window_sum reduce_window_max reduce_window_min
+    select_and_scatter_add select_and_scatter select_and_gather_add gather scatter
+    scatter-add scatter-mul scatter-min scatter-max dynamic_update_slice sort top_k
+    approx_top_k fft random_bits random_fold_in random_split random_seed threefry2x32
+    rng_bit_generator rng_uniform random_gamma cholesky eigh eig lu qr svd
+    triangular_solve tridiagonal_solve householder_product schur hessenberg tridiagonal
+    custom_linear_solve""".split()
+)
+OPAQUE = frozenset("custom_jvp_call custom_vjp_call cond while checkpoint remat2 scan".split())
+COLLECTIVE = frozenset(
+    """psum pmax pmin ppermute all_gather all_to_all ragged_all_to_all axis_index
+    psum_scatter reduce_scatter pbroadcast""".split()
+)
+MATERIALIZE_OPERANDS = frozenset({"dot_general", "conv_general_dilated"})
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Roofline costs: ``max(flops / flops_per_second, bytes / bytes_per_second)``.
+
+    The defaults describe a data-center GPU in float32 (100 TFLOP/s, 1.5 TB/s). They
+    set the relative cost of recomputing a matmul and an elementwise chain; memory
+    figures never depend on them.
+    """
+
+    flops_per_second: float = 1.0e14
+    bytes_per_second: float = 1.5e12
+
+    def __post_init__(self) -> None:
+        for name in ("flops_per_second", "bytes_per_second"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and value > 0 and np.isfinite(value)):
+                raise ValueError(f"CostModel.{name} = {value!r}: expected a positive rate")
+
+    def seconds(self, flops: float, nbytes: float) -> float:
+        return max(flops / self.flops_per_second, nbytes / self.bytes_per_second)
+
+
+def category(eqn: Eqn) -> str:
+    """``"elementwise"``, ``"layout"``, ``"heavy"`` or ``"opaque"``; raises for others."""
+    name = eqn.name
+    if name in ELEMENTWISE:
+        return "elementwise"
+    if name in LAYOUT:
+        return "layout"
+    if name in HEAVY:
+        return "heavy"
+    if name in OPAQUE:
+        return "opaque"
+    if name in COLLECTIVE:
+        raise UnsupportedModel(
+            f"collective operation {name} at {eqn.source}: the planner schedules one "
+            f"device's program (call it outside shard_map / pmap)"
+        )
+    raise UnsupportedModel(
+        f"operation {name} at {eqn.source} is not known to the planner: it cannot tell "
+        f"whether XLA stores its result, so it refuses rather than guess"
+    )
+
+
+def _size(aval: Any) -> int:
+    return int(np.prod(aval.shape, dtype=np.int64))
+
+
+def _in_avals(program: Program, eqn: Eqn) -> list:
+    out = []
+    for r in eqn.ins:
+        if isinstance(r, Lit):
+            arr = np.asarray(r.value)
+            out.append(jax.ShapeDtypeStruct(arr.shape, arr.dtype))
+        else:
+            out.append(program.avals[r])
+    return out
+
+
+def _jaxpr_cost(jaxpr: Jaxpr, model: CostModel) -> tuple[float, float, float]:
+    """(seconds, flops, bytes) of a jaxpr's equations, sub-jaxprs included."""
+    total = flops = nbytes = 0.0
+    for e in jaxpr.eqns:
+        ins = [v.aval for v in e.invars]
+        outs = [v.aval for v in e.outvars]
+        s, f, b = _primitive_cost(e.primitive.name, e.params, ins, outs, model)
+        total, flops, nbytes = total + s, flops + f, nbytes + b
+    return total, flops, nbytes
+
+
+def _sub_jaxprs(params: dict) -> list[Jaxpr]:
+    found = []
+    for value in params.values():
+        items = value if isinstance(value, tuple | list) else (value,)
+        for item in items:
+            if isinstance(item, ClosedJaxpr):
+                found.append(item.jaxpr)
+            elif isinstance(item, Jaxpr):
+                found.append(item)
+    return found
+
+
+def _primitive_cost(
+    name: str, params: dict, ins: Sequence, outs: Sequence, model: CostModel
+) -> tuple[float, float, float]:
+    in_bytes = sum(aval_bytes(a) for a in ins if hasattr(a, "shape"))
+    out_bytes = sum(aval_bytes(a) for a in outs if hasattr(a, "shape"))
+    out_elems = sum(_size(a) for a in outs if hasattr(a, "shape"))
+    if name == "dot_general":
+        (lc, _), _ = params["dimension_numbers"]
+        contracted = int(np.prod([ins[0].shape[d] for d in lc], dtype=np.int64))
+        flops = 2.0 * out_elems * contracted
+        nbytes = in_bytes + out_bytes
+    elif name == "conv_general_dilated":
+        rhs = ins[1].shape
+        dn = params["dimension_numbers"]
+        out_feature = rhs[dn.rhs_spec[0]] if dn is not None else rhs[0]
+        per_out = int(np.prod(rhs, dtype=np.int64)) // max(int(out_feature), 1)
+        flops = 2.0 * out_elems * per_out
+        nbytes = in_bytes + out_bytes
+    elif name in ("scan", "while"):
+        body = _sub_jaxprs(params)
+        length = params.get("length", 1)
+        inner = [_jaxpr_cost(j, model) for j in body]
+        s = sum(x[0] for x in inner) * length
+        return s, sum(x[1] for x in inner) * length, sum(x[2] for x in inner) * length
+    elif name == "cond":
+        branches = [_jaxpr_cost(j, model) for j in _sub_jaxprs(params)]
+        return max(branches, default=(0.0, 0.0, 0.0))
+    elif name in OPAQUE:
+        inner = [_jaxpr_cost(j, model) for j in _sub_jaxprs(params)]
+        return tuple(sum(x[i] for x in inner) for i in range(3))  # type: ignore[return-value]
+    elif name in ELEMENTWISE or name in LAYOUT:
+        flops, nbytes = float(out_elems), 0.0
+    else:  # heavy: reads its inputs, writes its outputs
+        flops = float(max(sum(_size(a) for a in ins if hasattr(a, "shape")), out_elems))
+        nbytes = in_bytes + out_bytes
+    return model.seconds(flops, nbytes), flops, nbytes
+
+
+@dataclass(frozen=True)
+class EqnInfo:
+    """What one equation costs and what its backward reads.
+
+    Attributes:
+        category: see :func:`category`.
+        diff: per input, whether it is differentiated (an active value).
+        needs_in: input positions whose values the backward reads.
+        needs_out: output positions whose values the backward reads.
+        new_bytes: bytes of the other residuals (recomputed from the inputs under a
+            names policy; saved by plain autodiff).
+        fwd_cost, bwd_cost: seconds (roofline).
+        flops: of the forward.
+        key: a hashable signature: equal keys mean the same computation and the same
+            derivative at the same shapes (identical blocks are found with it).
+    """
+
+    category: str
+    diff: tuple[bool, ...]
+    needs_in: tuple[int, ...]
+    needs_out: tuple[int, ...]
+    new_bytes: int
+    fwd_cost: float
+    bwd_cost: float
+    flops: float
+    key: Any
+
+    @property
+    def has_backward(self) -> bool:
+        return any(self.diff)
+
+    @property
+    def heavy(self) -> bool:
+        return self.category in ("heavy", "opaque")
+
+
+def _canonical(value: Any) -> Any:
+    """A hashable stand-in for an equation parameter, or None when there is none."""
+    if isinstance(value, ClosedJaxpr | Jaxpr):
+        return None
+    if isinstance(value, tuple | list):
+        items = tuple(_canonical(v) for v in value)
+        return (
+            None
+            if any(i is None and v is not None for i, v in zip(items, value, strict=True))
+            else items
+        )
+    if callable(value) and not isinstance(value, type):
+        return None
+    try:
+        hash(value)
+    except TypeError:
+        return None
+    return value
+
+
+def active_values(program: Program, eqn_infos_diff: dict | None = None) -> set[int]:
+    """Value ids that depend on a floating-point parameter through differentiable ops."""
+    active = set(program.param_like)
+    for eqn in program.eqns:
+        if eqn.name == "stop_gradient":
+            continue
+        if any(not isinstance(r, Lit) and r in active for r in eqn.ins):
+            for vid in eqn.outs:
+                if jax.numpy.issubdtype(program.avals[vid].dtype, jax.numpy.inexact):
+                    active.add(vid)
+    return active
+
+
+_CACHE: dict[Any, EqnInfo] = {}
+
+
+def analyze(program: Program, eqn: Eqn, active: set[int], model: CostModel) -> EqnInfo:
+    """The :class:`EqnInfo` of ``eqn`` (cached by primitive, parameters, shapes and which
+    inputs are differentiated)."""
+    cat = category(eqn)
+    in_avals = _in_avals(program, eqn)
+    out_avals = [program.avals[v] for v in eqn.outs]
+    diff = tuple(
+        (not isinstance(r, Lit))
+        and r in active
+        and jax.numpy.issubdtype(program.avals[r].dtype, jax.numpy.inexact)
+        for r in eqn.ins
+    )
+    lits = tuple(
+        (i, np.asarray(r.value).tobytes(), str(np.asarray(r.value).dtype))
+        for i, r in enumerate(eqn.ins)
+        if isinstance(r, Lit)
+    )
+    shapes = tuple((tuple(a.shape), str(a.dtype)) for a in in_avals + out_avals)
+    params = tuple(sorted((k, _canonical(v)) for k, v in eqn.params.items()))
+    simple = all(v is not None or eqn.params[k] is None for k, v in params)
+    key = (eqn.name, params, shapes, lits, diff) if simple else None
+    if key is not None and key in _CACHE:
+        return _CACHE[key]
+    info = _trace_vjp(eqn, cat, in_avals, out_avals, diff, model)
+    if key is None:  # parameters hold jaxprs or functions: the traced vjp is the identity
+        info = EqnInfo(**{**info.__dict__, "key": ("traced", info.key, shapes, lits, diff)})
+    else:
+        info = EqnInfo(**{**info.__dict__, "key": key})
+        _CACHE[key] = info
+    return info
+
+
+def _trace_vjp(eqn: Eqn, cat: str, in_avals, out_avals, diff, model) -> EqnInfo:
+    fwd_cost, flops, _ = _primitive_cost(eqn.name, eqn.params, in_avals, out_avals, model)
+    lit_vals = {i: r.value for i, r in enumerate(eqn.ins) if isinstance(r, Lit)}
+    arg_pos = [i for i, r in enumerate(eqn.ins) if not isinstance(r, Lit)]
+    diff_pos = [i for i in arg_pos if diff[i]]
+    found: dict[str, Any] = {}
+
+    def run(args: list, cts: list) -> Any:
+        vals = dict(lit_vals)
+        vals.update(zip(arg_pos, args, strict=True))
+
+        def f(*d: Any) -> list:
+            v = dict(vals)
+            v.update(zip(diff_pos, d, strict=True))
+            return eqn.bind(*(v[i] for i in range(len(eqn.ins))))
+
+        if not diff_pos:
+            found["needs"] = ((), (), 0)
+            return f()
+        primals = [vals[i] for i in diff_pos]
+        outs, vjp_fn = jax.vjp(f, *primals)
+        needs_in, needs_out, new = set(), set(), 0
+        seen: set[int] = set()
+        for leaf in jax.tree_util.tree_leaves(vjp_fn):
+            if not isinstance(leaf, jax.core.Tracer) or id(leaf) in seen:
+                continue  # constants are not buffers
+            seen.add(id(leaf))
+            j = next((i for i in arg_pos if vals[i] is leaf), None)
+            if j is not None:
+                needs_in.add(j)
+                continue
+            o = next((k for k, out in enumerate(outs) if out is leaf), None)
+            if o is not None:
+                needs_out.add(o)
+                continue
+            new += aval_bytes(leaf.aval)
+        found["needs"] = (tuple(sorted(needs_in)), tuple(sorted(needs_out)), new)
+        full = []
+        it = iter(cts)
+        for out in outs:
+            t = primal_dtype_to_tangent_dtype(out.dtype)
+            full.append(np.zeros(out.shape, t) if t == jax.dtypes.float0 else next(it))
+        return outs, vjp_fn(full)
+
+    args = [in_avals[i] for i in arg_pos]
+    cts = [
+        jax.ShapeDtypeStruct(a.shape, a.dtype)
+        for a in out_avals
+        if primal_dtype_to_tangent_dtype(a.dtype) != jax.dtypes.float0
+    ]
+    try:
+        closed = jax.make_jaxpr(run)(args, cts)
+    except Exception as err:  # JAX cannot differentiate it: say which operation
+        raise UnsupportedModel(
+            f"operation {eqn.name} at {eqn.source}: JAX cannot differentiate it "
+            f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+        ) from err
+    total, _, _ = _jaxpr_cost(closed.jaxpr, model)
+    needs_in, needs_out, new = found["needs"]
+    bwd_cost = max(total - fwd_cost, 0.0) if diff_pos else 0.0
+    return EqnInfo(
+        category=cat,
+        diff=diff,
+        needs_in=needs_in,
+        needs_out=needs_out,
+        new_bytes=new,
+        fwd_cost=fwd_cost,
+        bwd_cost=bwd_cost,
+        flops=flops,
+        key=str(closed),
+    )
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Per-equation information for a whole program.
+
+    Attributes:
+        infos: one :class:`EqnInfo` per equation.
+        active: active value ids.
+        materialized: value ids XLA stores (candidates for saving).
+        users: value id -> indices of the equations that read it.
+        model: the cost model used.
+    """
+
+    infos: tuple[EqnInfo, ...]
+    active: frozenset[int]
+    materialized: frozenset[int]
+    users: dict
+    model: CostModel
+
+
+def analyze_program(program: Program, model: CostModel | None = None) -> Analysis:
+    """Analyze every equation of ``program`` (see the module docstring)."""
+    model = model or CostModel()
+    active = active_values(program)
+    infos = tuple(analyze(program, eqn, active, model) for eqn in program.eqns)
+    users: dict[int, list[int]] = {}
+    for i, eqn in enumerate(program.eqns):
+        for r in eqn.ins:
+            if not isinstance(r, Lit):
+                users.setdefault(r, []).append(i)
+    materialized = set()
+    for eqn, info in zip(program.eqns, infos, strict=True):
+        if info.heavy:
+            materialized.update(eqn.outs)
+        if eqn.name in MATERIALIZE_OPERANDS:
+            materialized.update(r for r in eqn.ins if not isinstance(r, Lit))
+    materialized -= set(program.input_ids)
+    return Analysis(infos, frozenset(active), frozenset(materialized), users, model)

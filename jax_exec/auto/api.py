@@ -1,0 +1,329 @@
+"""``plan`` and ``value_and_grad``: the automatic planner's entry points (docs/auto.md).
+
+Both follow Flax NNX's calling convention: ``loss_fn(model, *args)`` returns a scalar
+(or ``(scalar, aux)`` with ``has_aux``), gradients are for the model's ``nnx.Param``s.
+"""
+
+from __future__ import annotations
+
+import numbers
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import jax
+from flax import nnx
+
+import solvers
+from jax_exec.auto.analysis import CostModel
+from jax_exec.auto.lowering import lower
+from jax_exec.auto.model import BlockModel, block_model, build_problem
+from jax_exec.auto.runtime import AutoRunResult, run_schedule
+from jax_exec.auto.trace import split_model
+from schedir import Schedule, simulate
+from schedir.blocks import BlockChain
+from solvers.block_policies import POLICIES, policy_schedule
+from solvers.block_rotor import least_memory_ops
+
+BLOCK_METHODS = ("auto", "block_rotor", *POLICIES)
+
+
+def parse_budget(budget: Any, store_all_peak: int) -> int:
+    """Bytes from an int or a percentage string of the store-all peak (``"50%"``),
+    exact integer arithmetic (rounded down)."""
+    if isinstance(budget, str):
+        text = budget.strip()
+        if not text.endswith("%"):
+            raise ValueError(f"budget = {budget!r}: a string budget is a percentage such as '50%'")
+        try:
+            fraction = Fraction(text[:-1].strip())
+        except (ValueError, ZeroDivisionError):
+            raise ValueError(f"budget = {budget!r}: cannot read the percentage") from None
+        if fraction < 0:
+            raise ValueError(f"budget = {budget!r}: a percentage must be non-negative")
+        return int(fraction * store_all_peak // 100)
+    if isinstance(budget, bool) or not isinstance(budget, numbers.Integral):
+        raise TypeError(
+            f"budget = {budget!r}: expected bytes (an int) or a percentage string such as '50%'"
+        )
+    if budget < 0:
+        raise ValueError(f"budget = {budget!r}: expected a non-negative number of bytes")
+    return int(budget)
+
+
+@dataclass
+class Plan:
+    """A schedule for one model, loss and input shapes.
+
+    Attributes:
+        problem: the block chain it solved (exact bytes of the op-by-op runtime).
+        schedule: the chosen schedule; ``meta`` holds the predicted ``peak_memory``
+            (bytes) and ``makespan`` (roofline seconds), ``block_options`` (one per block).
+        method: the method asked for.
+        budget: bytes.
+        store_all_peak: bytes of the store-all reference (every block recorded keeping
+            what XLA keeps for a plain step, :class:`StoreAll`), the reference of
+            percentage budgets.
+        store_all_time: seconds without any recomputation (the reference of overheads).
+        plan_time: seconds spent planning (tracing, options, kernels, solving).
+        exact: whether the figures of the schedule are those of compiled kernels (the
+            op-by-op runtime measures exactly them); else temporaries are estimated.
+    """
+
+    model: BlockModel = field(repr=False)
+    problem: BlockChain = field(repr=False)
+    schedule: Schedule
+    method: str
+    budget: int
+    store_all_peak: int
+    store_all_time: float
+    plan_time: float
+    exact: bool = True
+
+    @property
+    def overhead(self) -> float:
+        """Predicted time overhead over store-all (``makespan / store_all_time - 1``)."""
+        return self.schedule.meta["makespan"] / self.store_all_time - 1.0
+
+    @property
+    def options(self) -> tuple[int, ...]:
+        return tuple(self.schedule.meta["block_options"])
+
+    def replan(
+        self, budget: int | str, method: str | None = None, exact: bool | None = None,
+        **options: Any,
+    ) -> Plan:  # fmt: skip
+        """A plan of the same model for another budget or method (no new tracing;
+        kernels compiled so far are reused)."""
+        method = method or self.method
+        exact = self.exact if exact is None else exact
+        start = time.perf_counter()
+        solver = _solver(method)
+        schedule, nbytes, reference, rounds = _solve_lazily(
+            self.model, budget, solver, options, exact
+        )
+        schedule.meta["compile_rounds"] = rounds
+        return Plan(self.model, self.model.problem, schedule, method, nbytes,
+                    reference.peak_memory, reference.makespan,
+                    time.perf_counter() - start, exact)  # fmt: skip
+
+    def least_budget(self) -> int:
+        """The least budget (bytes) at which the method finds a schedule (exact for the
+        kernels it would run when the plan is exact)."""
+        try:
+            self.replan(0)
+        except solvers.Infeasible as err:
+            if err.min_budget is None:  # pragma: no cover - every block method knows it
+                raise
+            return err.min_budget
+        return 0
+
+    def lowered(self) -> Callable:
+        """``fn(params, rest, args) -> (loss, (aux, new_rest))`` following the schedule
+        (the compiled path, :func:`jax_exec.auto.lowering.lower`)."""
+        return lower(self.model, self.schedule)
+
+    def run(self, model: Any, *args: Any) -> AutoRunResult:
+        """Run the schedule op by op (measured memory) on ``model`` and ``args`` (same
+        shapes as planned). The model is not modified: the state after the step is
+        ``result.new_state`` (``nnx.update(model, result.new_state)`` applies it). An
+        inexact plan is made exact first (its schedule may change)."""
+        if not self.exact:
+            exact = self.replan(self.budget, exact=True)
+            self.schedule, self.exact, self.problem = exact.schedule, True, exact.problem
+        _, params, rest = split_model(model)
+        return run_schedule(self.model, self.schedule, params, rest, args)
+
+    def summary(self) -> str:
+        """A readable table: per block, what it saves and recomputes, and the totals."""
+        p, meta = self.problem, self.schedule.meta
+        lines = [
+            f"plan: method {self.method}, budget {self.budget:,} B "
+            f"({self.budget / self.store_all_peak:.0%} of store-all {self.store_all_peak:,} B)",
+            f"predicted peak {meta['peak_memory']:,} B, makespan {meta['makespan']:.3e} s "
+            f"(overhead {self.overhead:+.1%}), {p.length} blocks + loss, "
+            f"planned in {self.plan_time:.1f} s",
+        ]
+        recorded = _record_counts(self.schedule)
+        lines.append(f"{'block':>5}  {'equations':>11}  {'input B':>12}  {'option':<22}"
+                     f"{'saved B':>12}  {'forwards':>8}  {'bwd tmp B':>11}")  # fmt: skip
+        for k, stage in enumerate(p.stages):
+            b = self.model.blocks.blocks[k]
+            o = stage.options[self.options[k]]
+            size = sum(p.value_sizes[v] for v in p.cuts[k])
+            lines.append(
+                f"{k:>5}  {b.start:>5}..{b.stop - 1:<5}  {size:>12,}  {o.name:<22}"
+                f"{o.saved:>12,}  {recorded[k]:>8}  {o.bwd_tmp:>11,}"
+            )
+        lines.append(
+            "forwards: how many times the block's forward runs (1: never recomputed); "
+            "'saved B' is what its recording keeps beyond its outputs, the rest of its "
+            "residuals is recomputed in its backward."
+        )
+        return "\n".join(lines)
+
+
+def _record_counts(schedule: Schedule) -> list[int]:
+    counts: dict[int, int] = {}
+    for op in schedule.ops:
+        if hasattr(op, "index") and type(op).__name__ in ("F_ck", "F_n", "F_all"):
+            counts[op.index] = counts.get(op.index, 0) + 1
+    return [counts.get(k, 0) for k in range(max(counts, default=-1) + 1)]
+
+
+def plan(
+    loss_fn: Callable,
+    model: Any,
+    *args: Any,
+    budget: int | str,
+    method: str = "auto",
+    has_aux: bool = False,
+    cost_model: CostModel | None = None,
+    exact: bool = True,
+    **options: Any,
+) -> Plan:
+    """Plan a training step of ``loss_fn(model, *args)`` under ``budget``.
+
+    ``budget``: bytes of activations (int), or a percentage of the store-all peak
+    (``"50%"``). ``method``: ``"auto"`` (the block DP, :mod:`solvers.block_rotor`) or
+    one of JAX's policies applied to every block (``"checkpoint_dots"``,
+    ``"nothing_saveable"``, ``"everything_saveable"``), priced by the same simulator.
+    ``exact``: compile the kernels the schedule runs so that its predicted peak is the
+    op-by-op runtime's to the byte (else temporaries are estimated: faster, enough for
+    the compiled path, whose memory XLA decides).
+
+    Raises:
+        solvers.Infeasible: the budget is below the least feasible one (``min_budget``).
+        TypeError / ValueError: a malformed model, loss, budget or method.
+        jax_exec.auto.UnsupportedModel: an operation the planner cannot handle.
+    """
+    solver = _solver(method)
+    start = time.perf_counter()
+    bm = block_model(loss_fn, model, args, has_aux=has_aux, cost_model=cost_model)
+    schedule, nbytes, reference, rounds = _solve_lazily(bm, budget, solver, options, exact)
+    schedule.meta["compile_rounds"] = rounds
+    return Plan(
+        model=bm,
+        problem=bm.problem,
+        schedule=schedule,
+        method=method,
+        budget=nbytes,
+        store_all_peak=reference.peak_memory,
+        store_all_time=reference.makespan,
+        plan_time=time.perf_counter() - start,
+        exact=exact,
+    )
+
+
+@dataclass(frozen=True)
+class StoreAll:
+    """The store-all reference: ``peak_memory`` (bytes) of every block recorded keeping
+    what XLA keeps for a plain step (``xla_fused``; ``everything_saveable`` in scanned
+    stacks, whose iterations XLA cannot fuse across), ``makespan`` (seconds) without any
+    recomputation (plain autodiff)."""
+
+    peak_memory: int
+    makespan: float
+
+
+def reference_schedule(bm: BlockModel) -> Schedule:
+    """Store-all with, per block, what XLA keeps for a plain step (:class:`StoreAll`)."""
+    in_scan = set()
+    for scan in bm.program.scans:
+        lo, hi = scan.starts[0], scan.starts[-1]
+        in_scan |= {b.index for b in bm.blocks.blocks[:-1] if lo <= b.start < hi}
+    schedule = policy_schedule(bm.problem, "everything_saveable")
+    options = [
+        next(o for o, opt in enumerate(stage.options)
+             if opt.name == ("everything_saveable" if k in in_scan else "xla_fused"))
+        for k, stage in enumerate(bm.problem.stages)
+    ]  # fmt: skip
+    return Schedule(schedule.ops, {"block_options": options})
+
+
+def _solver(method: str) -> str:
+    if method not in BLOCK_METHODS:
+        raise ValueError(f"method = {method!r}: expected one of {', '.join(BLOCK_METHODS)}")
+    return "block_rotor" if method == "auto" else method
+
+
+def _solve_lazily(bm: BlockModel, budget: Any, solver: str, options: dict, exact: bool):
+    """Solve; with ``exact``, compile the kernels the answer runs and solve again until
+    it runs only compiled kernels, so that its predicted figures are those the op-by-op
+    runtime measures (kernels not compiled yet are priced with estimated temporaries).
+    The same for the store-all reference (percentage budgets) and for ``min_budget``."""
+    rounds = 0
+    while True:  # the store-all reference: every block keeps what XLA would
+        ref = reference_schedule(bm)
+        if not exact or bm.compile_used(ref) == 0:
+            break
+        bm.problem = build_problem(bm)
+    reference = simulate(bm.problem, ref)
+    plain = simulate(bm.problem, policy_schedule(bm.problem, "everything_saveable"))
+    reference = StoreAll(reference.peak_memory, plain.makespan)
+    nbytes = parse_budget(budget, reference.peak_memory)
+    while True:
+        rounds += 1
+        try:
+            schedule = solvers.solve(bm.problem, nbytes, method=solver, **options)
+        except solvers.Infeasible as err:
+            if not exact or err.min_budget is None:
+                raise
+            if solver == "block_rotor":
+                ops, least_options = least_memory_ops(bm.problem, err.min_budget)
+                least = Schedule(ops, {"block_options": least_options})
+            else:
+                least = policy_schedule(bm.problem, solver)
+            if bm.compile_used(least) == 0:
+                raise  # the least schedule runs compiled kernels only: min_budget is exact
+            bm.problem = build_problem(bm)
+            continue
+        if not exact or bm.compile_used(schedule) == 0:
+            return schedule, nbytes, reference, rounds
+        bm.problem = build_problem(bm)
+
+
+def _shape_key(tree: Any) -> tuple:
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    shapes = tuple(
+        (tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x)))) for x in leaves
+    )
+    return (treedef, shapes)
+
+
+def value_and_grad(
+    loss_fn: Callable,
+    *,
+    budget: int | str,
+    method: str = "auto",
+    has_aux: bool = False,
+    **plan_options: Any,
+) -> Callable:
+    """``f(model, *args) -> (loss, grads)`` (``((loss, aux), grads)`` with ``has_aux``),
+    like ``nnx.value_and_grad(loss_fn, has_aux=has_aux)``, following a plan made on the
+    first call for each structure, shapes and dtypes of the model and arguments (like
+    ``jax.jit``'s cache; ``f.plans`` holds them). The model's state (BatchNorm
+    statistics, RNG counters) is updated in place as the plain call would. Composes
+    with ``nnx.jit`` / ``jax.jit`` and optax. Plans use estimated temporaries unless
+    ``exact=True`` is passed (the compiled path's memory is XLA's, not the op-by-op
+    runtime's).
+    """
+    plans: dict = {}
+
+    def f(model: Any, *args: Any):
+        graphdef, params, rest = split_model(model)
+        key = (graphdef, _shape_key(params), _shape_key(rest), _shape_key(args))
+        if key not in plans:
+            options = {"exact": False, **plan_options}
+            p = plan(loss_fn, model, *args, budget=budget, method=method, has_aux=has_aux,
+                     **options)  # fmt: skip
+            plans[key] = (p, p.lowered())
+        _, fn = plans[key]
+        (loss, (aux, new_rest)), grads = jax.value_and_grad(fn, has_aux=True)(params, rest, args)
+        nnx.update(model, new_rest)
+        return ((loss, aux), grads) if has_aux else (loss, grads)
+
+    f.plans = plans  # type: ignore[attr-defined]
+    return f

@@ -1,0 +1,191 @@
+"""The compiled path: a block-chain schedule as one differentiable function
+(docs/auto.md, "Compiled path").
+
+The schedule's tree (:func:`jax_exec.tree.parse_tree`) is lowered like a chain's
+(:mod:`jax_exec.lowering`), with blocks in place of layers:
+
+- a **Record** (``F_all(k) .. B(k)``) runs block k as a ``jax.custom_vjp`` whose
+  forward is the option's ``record`` (``jax.vjp`` of the block under
+  ``jax.checkpoint(policy=save_only_these_names(S))``, or plain autodiff) and whose
+  residuals are exactly the chain model's: the block's inputs, its outputs and the new
+  residuals of the option; the backward rebuilds the vjp closure and applies it, so
+  the gradients are JAX's own and only what the option did not save is recomputed;
+- a **Segment** (``F_ck(i) F_n(i+1..j-1)``) runs blocks i..j-1 under
+  ``jax.checkpoint(prevent_cse=True)`` with the subtree's structure inside (only its
+  input is saved; its backward recomputes the segment);
+- the **loss stage** is a Record with plain autodiff.
+
+So the residuals JAX saves at the top level are the values the schedule holds right
+before its ``Loss`` op, plus the loss stage's own residuals
+(:func:`expected_residuals`). The model state after the call comes out of the first
+forward of each block (recomputations in the backward do not produce outputs), so
+BatchNorm statistics are updated once; random bits are recomputed from the same keys.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from jax_exec.auto.kernels import BlockFunctions
+from jax_exec.auto.model import BlockModel, global_values
+from jax_exec.auto.trace import Lit
+from jax_exec.tree import Empty, LossNode, Record, Segment, parse_tree
+from schedir import Loss, Schedule
+from schedir.blocks import schedule_options, simulate_blocks
+
+
+def recorded(fns: BlockFunctions) -> Callable:
+    """``f(p, g, x) -> (outs, results)`` of a block whose autodiff keeps exactly its
+    inputs, outputs and the option's new residuals (module docstring)."""
+    lay = fns.layout
+    needs_results = any(kind == "result" for kind, _ in fns.recipe.sources)
+
+    @jax.custom_vjp
+    def f(p: tuple, g: tuple, x: tuple) -> tuple:
+        return fns.forward(p, g, x)
+
+    def f_fwd(p: tuple, g: tuple, x: tuple):
+        outs, results, new = fns.record(p, g, x)
+        kept = results if needs_results else ()
+        return (outs, results), (p, g, x, outs, kept, new)
+
+    def f_bwd(residuals: tuple, cts: tuple):
+        p, g, x, outs, kept, new = residuals
+        d_outs = tuple(d for d, a in zip(cts[0], lay.act_out, strict=True) if a)
+        n_act = sum(lay.act_in)
+        d_p, d_act = fns.backward(p, g, x, outs, kept, new, d_outs, (None,) * n_act)
+        it = iter(d_act)
+        d_x = tuple(next(it) if a else None for a in lay.act_in)
+        return d_p, None, d_x
+
+    f.defvjp(f_fwd, f_bwd)
+    return f
+
+
+def lower(model: BlockModel, schedule: Schedule) -> Callable:
+    """``fn(params, rest, args) -> (loss, (aux, new_rest))``, differentiable, following
+    ``schedule`` (module docstring). ``jax.value_and_grad(fn, has_aux=True)`` gives the
+    loss and the parameters' gradients."""
+    simulate_blocks(model.problem, schedule)
+    options = schedule_options(model.problem, schedule)
+    L = model.length
+    tree = parse_tree(schedule, L)
+    cuts = model.blocks.cuts
+    blocks = {k: recorded(model.functions(k, options[k])) for k in range(L)}
+    loss_block = recorded(model.functions(L, 0))
+
+    def args_of(k: int, gv: dict, state: dict) -> tuple:
+        lay = model.layouts[k]
+        return (
+            tuple(gv[v] for v in lay.params),
+            tuple(gv[v] for v in lay.others),
+            tuple(state[v] for v in lay.ins),
+        )
+
+    def run(node: Any, gv: dict, state: dict, results: dict) -> Any:
+        """Runs ``node`` from the cut values ``state``; returns the state after its
+        stages (or the loss), adding the blocks' results to ``results``."""
+        if isinstance(node, Empty):
+            return state
+        if isinstance(node, LossNode):
+            lay = model.layouts[L]
+            (loss,), res = loss_block(*args_of(L, gv, state))
+            results.update(zip(lay.results, res, strict=True))
+            return loss
+        if isinstance(node, Record):
+            k = node.index
+            lay = model.layouts[k]
+            outs, res = blocks[k](*args_of(k, gv, state))
+            results.update(zip(lay.results, res, strict=True))
+            nxt = {v: state[v] for v in cuts[k + 1] if v in state}
+            nxt.update(zip(lay.outs, outs, strict=True))
+            return run(node.rest, gv, nxt, results)
+        if isinstance(node, Segment):
+
+            def region(gv: dict, state: dict) -> tuple[dict, dict]:
+                inner: dict = {}
+                out = run(node.inside, gv, state, inner)
+                return out, inner
+
+            region_state = {v: state[v] for v in cuts[node.start]}
+            after_state, res = jax.checkpoint(region, prevent_cse=True)(gv, region_state)
+            results.update(res)
+            return run(node.after, gv, after_state, results)
+        raise TypeError(f"not a schedule tree node: {node!r}")  # pragma: no cover
+
+    program = model.program
+    p_def, r_def, _, aux_def = program.treedefs
+
+    def fn(params: Any, rest: Any, args: tuple) -> tuple:
+        gv = global_values(model, params, rest, args)
+        results: dict = {}
+        loss = run(tree, gv, {}, results)
+
+        def value(ref: Any) -> Any:
+            if isinstance(ref, Lit):
+                return ref.value
+            return gv[ref] if ref in gv else results[ref]
+
+        aux = jax.tree_util.tree_unflatten(aux_def, [value(r) for r in program.aux])
+        new_rest = jax.tree_util.tree_unflatten(r_def, [value(r) for r in program.new_rest])
+        return loss, (aux, new_rest)
+
+    return fn
+
+
+def expected_residuals(model: BlockModel, schedule: Schedule) -> Counter:
+    """What the compiled step saves at the top level, as a multiset of
+    ``(shape, dtype)``: the values of the buffers resident right before ``Loss`` (each
+    value once; ``abar`` adds the option's new residuals) and the loss stage's (the
+    loss and its new residuals). Compare with :func:`saved_residuals`."""
+    trace = simulate_blocks(model.problem, schedule, record_buffers=True)
+    options = schedule_options(model.problem, schedule)
+    at = next(i for i, op in enumerate(schedule.ops) if isinstance(op, Loss))
+    names = trace.buffers[at - 1] if at > 0 else frozenset({"a[0]"})
+    avals = model.program.avals
+    values: set = set()
+    found: Counter = Counter()
+
+    def key(spec: Any) -> tuple:
+        return (tuple(int(d) for d in spec.shape), str(spec.dtype))
+
+    for name in names:
+        kind, c = name.rstrip("]").split("[")
+        c = int(c)
+        if kind == "d":
+            continue
+        values.update(model.blocks.cuts[c])
+        if kind == "abar":
+            for spec in model.functions(c - 1, options[c - 1]).recipe.new:
+                found[key(spec)] += 1
+    for v in values:
+        found[key(avals[v])] += 1
+    lay = model.layouts[model.length]  # the loss stage keeps its inputs, output, residuals
+    found.update(key(avals[v]) for v in (*lay.ins, *lay.outs) if v not in values)
+    for spec in model.functions(model.length, 0).recipe.new:
+        found[key(spec)] += 1
+    return found
+
+
+def saved_residuals(fn: Callable, *args: Any) -> Counter:
+    """What JAX saves at the top level of ``jax.vjp(fn, *args)``, as a multiset of
+    ``(shape, dtype)``; arguments and literals left out (compare with
+    :func:`expected_residuals`).
+
+    The one place this package calls a private JAX function:
+    ``jax._src.ad_checkpoint.saved_residuals`` is the function behind the public
+    ``jax.ad_checkpoint.print_saved_residuals``, which only prints. A test
+    (tests/test_auto_plan.py) fails if it moves or changes its output.
+    """
+    from jax._src.ad_checkpoint import saved_residuals as _saved
+
+    found: Counter = Counter()
+    for aval, source in _saved(fn, *args):
+        if source.startswith("from the argument") or source == "from a literal":
+            continue
+        found[(tuple(int(d) for d in aval.shape), str(aval.dtype))] += 1
+    return found

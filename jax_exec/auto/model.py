@@ -1,0 +1,345 @@
+"""A traced model as a block chain: blocks, save options, kernels and the
+:class:`schedir.blocks.BlockChain` they define (docs/auto.md).
+
+:func:`block_model` traces and analyzes the model, cuts it into blocks, gives every
+distinct block its save options (:mod:`jax_exec.auto.options`), and builds the
+problem: cut values and cotangents from their shapes (exact); saved residuals from
+the traced ``record`` function of each option and temporaries from the compiled
+kernels the op-by-op runtime runs (``memory_analysis()``), both exact once the option
+is traced / the kernel compiled and estimated before (the planner makes exact what a
+schedule uses, :func:`jax_exec.auto.api.plan`). Times come from the roofline model
+(:class:`~jax_exec.auto.analysis.CostModel`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+
+from jax_exec.auto.analysis import Analysis, CostModel, analyze_program
+from jax_exec.auto.blocks import Block, Blocks, build_blocks, find_cuts
+from jax_exec.auto.kernels import (
+    BlockFunctions,
+    Layout,
+    SaveOption,
+    block_functions,
+    layout,
+    loss_function,
+)
+from jax_exec.auto.trace import Program, Traced, trace
+from jax_exec.kernels import Kernel, _compile
+from schedir.blocks import BlockChain, BlockOption, BlockStage
+
+
+@dataclass
+class BlockModel:
+    """Everything the planner and both executors share for one model and input shapes.
+
+    Attributes:
+        traced: the traced model (:class:`~jax_exec.auto.trace.Traced`).
+        analysis: per-equation costs and residuals.
+        blocks: the chain of blocks (the loss stage last).
+        layouts: one :class:`~jax_exec.auto.kernels.Layout` per block.
+        options: per chain stage, its save options.
+        value_index: cut value id -> index in the problem's ``value_sizes``.
+        problem: the block chain (exact bytes; roofline seconds).
+        cost_model: the roofline model of the times.
+    """
+
+    traced: Traced
+    analysis: Analysis
+    blocks: Blocks
+    layouts: tuple[Layout, ...]
+    options: tuple[tuple[SaveOption, ...], ...]
+    value_index: dict
+    problem: BlockChain | None = None
+    cost_model: CostModel = field(default_factory=CostModel)
+    _functions: dict = field(default_factory=dict)
+    _kernels: dict = field(default_factory=dict)
+    _cache: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=dict)  # seconds per planning phase
+
+    def cached(self, key: Any, compute: Callable[[], Any]) -> Any:
+        """``compute()``, once per ``key`` (per-block analyses shared by identical blocks)."""
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]
+
+    @property
+    def program(self) -> Program:
+        return self.traced.program
+
+    @property
+    def length(self) -> int:
+        return self.blocks.length
+
+    def specs(self, k: int) -> tuple:
+        """Shapes of block k's ``(p, g, x)`` arguments."""
+        lay, avals = self.layouts[k], self.program.avals
+        return (
+            tuple(avals[v] for v in lay.params),
+            tuple(avals[v] for v in lay.others),
+            tuple(avals[v] for v in lay.ins),
+        )
+
+    def functions(self, k: int, o: int) -> BlockFunctions:
+        """Traceable functions of block k under its option o (shared by identical
+        blocks; the loss stage has one option: plain autodiff)."""
+        block = self.blocks.blocks[k]
+        option = self.option(k, o)
+        key = (block.key, option)
+        if key not in self._functions:
+            self._functions[key] = block_functions(
+                self.program, block, self.layouts[k], option, self.specs(k)
+            )
+        return self._functions[key]
+
+    def option(self, k: int, o: int) -> SaveOption:
+        if k == self.length:
+            return SaveOption("everything", label="loss")
+        return self.options[k][o]
+
+    def kernel_key(self, kind: str, k: int, o: int = 0) -> tuple:
+        """Cache key of a kernel: identical blocks share it."""
+        block = self.blocks.blocks[k]
+        option = self.option(k, o) if kind in ("record", "backward") else None
+        flags = through_flags(self, k) if kind == "backward" else ()
+        return (kind, block.key, option, flags)
+
+    def kernel(self, kind: str, k: int, o: int = 0) -> Kernel:
+        """A compiled kernel of block k (cached): ``"forward"``, ``"record"`` (option o),
+        ``"backward"`` (option o; inputs that later blocks read too get their
+        cotangent from ``d[k+1]`` added) or ``"loss"``."""
+        key = self.kernel_key(kind, k, o)
+        if key not in self._kernels:
+            self._kernels[key] = _compile(*self.kernel_source(kind, k, o))
+        return self._kernels[key]
+
+    def kernel_source(self, kind: str, k: int, o: int = 0) -> tuple:
+        """``(function, *shapes)`` of a kernel, to compile with
+        :func:`jax_exec.kernels._compile`."""
+        specs = self.specs(k)
+        block, lay = self.blocks.blocks[k], self.layouts[k]
+        if kind == "loss":
+            return (loss_function(self.program, block, lay), *specs)
+        if kind == "forward":
+            return (self.functions(k, 0).forward, *specs)
+        if kind == "record":
+            return (self.functions(k, o).record, *specs)
+        if kind != "backward":  # pragma: no cover
+            raise ValueError(f"unknown kernel kind {kind!r}")
+        fns = self.functions(k, o)
+        avals = self.program.avals
+        outs = tuple(avals[v] for v in lay.outs)
+        results = tuple(avals[v] for v in lay.results)
+        d_outs = tuple(avals[v] for v, a in zip(lay.outs, lay.act_out, strict=True) if a)
+        act_ins = [v for v, a in zip(lay.ins, lay.act_in, strict=True) if a]
+        flags = through_flags(self, k)
+        through = tuple(avals[v] if f else None for v, f in zip(act_ins, flags, strict=True))
+        return (fns.backward, *specs, outs, results, fns.recipe.new, d_outs, through)
+
+    def temp_bytes(self, kind: str, k: int, o: int = 0) -> tuple[int, bool]:
+        """``(bytes, exact)``: the kernel's compiled temporary bytes if it was compiled,
+        else an estimate (:func:`jax_exec.auto.options.temp_estimate`)."""
+        from jax_exec.auto.options import temp_estimate
+
+        key = self.kernel_key(kind, k, o)
+        if key in self._kernels:
+            return self._kernels[key].temp_bytes, True
+        option = self.option(k, o) if kind in ("record", "backward") else None
+        return temp_estimate(self, kind, k, option), False
+
+    def saved_bytes(self, k: int, o: int) -> tuple[int, bool]:
+        """``(bytes, exact)``: what block k's recording keeps under option o beyond its
+        outputs: the traced recipe's new residuals once traced, else the model's
+        estimate (:func:`jax_exec.auto.options.saved_estimate`)."""
+        from jax_exec.auto.options import saved_estimate
+
+        key = (self.blocks.blocks[k].key, self.option(k, o))
+        if key in self._functions:
+            return self._functions[key].recipe.new_bytes, True
+        return saved_estimate(self, k, self.option(k, o)), False
+
+    def used_kernels(self, schedule: Any) -> list[tuple[str, int, int]]:
+        """``(kind, block, option)`` of every kernel the op-by-op runtime runs for
+        ``schedule`` (a block-chain schedule of this model)."""
+        options = schedule.meta["block_options"]
+        used = []
+        for op in schedule.ops:
+            name = type(op).__name__
+            if name == "Loss":
+                used.append(("loss", self.length, 0))
+            elif name == "B":
+                used.append(("backward", op.index, options[op.index]))
+            elif name == "F_all":
+                used.append(("record", op.index, options[op.index]))
+            else:
+                used.append(("forward", op.index, 0))
+        return list(dict.fromkeys(used))
+
+    def compile_used(self, schedule: Any) -> int:
+        """Compile the kernels ``schedule`` runs (XLA compiles them in parallel threads);
+        the number compiled now."""
+        start = time.perf_counter()
+        todo: dict = {}
+        for kind, k, o in self.used_kernels(schedule):
+            key = self.kernel_key(kind, k, o)
+            if key not in self._kernels and key not in todo:
+                todo[key] = self.kernel_source(kind, k, o)
+        if todo:
+            workers = min(len(todo), os.cpu_count() or 1)
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                kernels = list(pool.map(lambda source: _compile(*source), todo.values()))
+            self._kernels.update(zip(todo, kernels, strict=True))
+        self.timings["kernels"] = self.timings.get("kernels", 0.0) + time.perf_counter() - start
+        return len(todo)
+
+
+def through_flags(model: BlockModel, k: int) -> tuple[bool, ...]:
+    """Per differentiated input of block k: whether a later block reads it too (its
+    cotangent from ``d[k+1]`` is added to the block's own)."""
+    lay = model.layouts[k]
+    nxt = set(model.blocks.cuts[k + 1]) if k < model.length else set()
+    return tuple(v in nxt for v, a in zip(lay.ins, lay.act_in, strict=True) if a)
+
+
+def stage_times(model: BlockModel, block: Block) -> tuple[float, float]:
+    """Roofline (forward, backward) seconds of a block's equations, no recomputation."""
+    infos = model.analysis.infos[block.start : block.stop]
+    return sum(i.fwd_cost for i in infos), sum(i.bwd_cost for i in infos)
+
+
+def build_problem(model: BlockModel) -> BlockChain:
+    """The :class:`BlockChain` of ``model``: exact bytes of values and saved residuals
+    (traced shapes); temporaries of the compiled kernels, or estimates for kernels not
+    compiled yet (:meth:`BlockModel.temp_bytes`)."""
+    from jax_exec.auto.options import recompute_cost
+
+    program, L = model.program, model.length
+    ids = sorted(model.value_index, key=model.value_index.get)
+    sizes = tuple(program.nbytes(v) for v in ids)
+    grads = tuple(program.nbytes(v) if v in model.analysis.active else 0 for v in ids)
+    stages = []
+    for k in range(L):
+        block = model.blocks.blocks[k]
+        fwd, bwd = stage_times(model, block)
+        options = []
+        for o, option in enumerate(model.options[k]):
+            extra = recompute_cost(model, k, option)
+            options.append(
+                BlockOption(
+                    name=option.label,
+                    saved=model.saved_bytes(k, o)[0],
+                    rec_time=fwd,
+                    rec_tmp=model.temp_bytes("record", k, o)[0],
+                    bwd_time=bwd + extra,
+                    bwd_tmp=model.temp_bytes("backward", k, o)[0],
+                )
+            )
+        stages.append(
+            BlockStage(
+                name=f"block {k} (equations {block.start}..{block.stop - 1})",
+                fwd_time=fwd,
+                fwd_tmp=model.temp_bytes("forward", k)[0],
+                reads=tuple(model.value_index[v] for v in block.ins),
+                options=tuple(options),
+            )
+        )
+    tail = model.blocks.blocks[L]
+    fwd, bwd = stage_times(model, tail)
+    loss_tmp = model.temp_bytes("loss", L)[0]
+    cuts = tuple(tuple(model.value_index[v] for v in c) for c in model.blocks.cuts)
+    return BlockChain(sizes, grads, cuts, tuple(stages), fwd + bwd, loss_tmp)
+
+
+def block_model(
+    loss_fn: Callable,
+    model: Any,
+    args: tuple,
+    *,
+    has_aux: bool = False,
+    cost_model: CostModel | None = None,
+    max_anchors: int = 4,
+    options: Callable | None = None,
+) -> BlockModel:
+    """Trace, analyze and cut ``loss_fn(model, *args)``; give each block its options
+    and build the problem (module docstring)."""
+    from jax_exec.auto.options import block_options
+
+    cost_model = cost_model or CostModel()
+    clock = [time.perf_counter()]
+    timings: dict[str, float] = {}
+
+    def lap(name: str) -> None:
+        now = time.perf_counter()
+        timings[name] = now - clock[0]
+        clock[0] = now
+
+    traced = trace(loss_fn, model, args, has_aux=has_aux)
+    program = traced.program
+    lap("trace")
+    analysis = analyze_program(program, cost_model)
+    lap("analysis")
+    blocks = build_blocks(program, analysis, find_cuts(program, analysis, max_anchors=max_anchors))
+    lap("blocks")
+    L = blocks.length
+    layouts = tuple(
+        layout(program, analysis, b, is_loss=k == L) for k, b in enumerate(blocks.blocks)
+    )
+    cut_ids = sorted({v for c in blocks.cuts for v in c})
+    value_index = {v: i for i, v in enumerate(cut_ids)}
+    bm = BlockModel(traced, analysis, blocks, layouts, (), value_index, None, cost_model)
+    choose = options or block_options
+    by_key: dict = {}
+    opts = []
+    for k in range(L):
+        key = blocks.blocks[k].key
+        if key not in by_key:
+            bm.options = (*opts, tuple(choose(bm, k)))
+            by_key[key] = _distinct(bm, k)
+        opts.append(by_key[key])
+    bm.options = tuple(opts)
+    lap("options")
+    bm.problem = build_problem(bm)
+    lap("problem")
+    bm.timings = timings
+    return bm
+
+
+def _distinct(model: BlockModel, k: int) -> tuple[SaveOption, ...]:
+    """Block k's options, without MILP save sets that save the same bytes for the same
+    recomputation as an earlier option (they may differ only in values the backward
+    does not read). Named options (``save all`` and JAX's policies) always stay."""
+    from jax_exec.auto.options import recompute_cost
+
+    kept, seen = [], set()
+    for o, option in enumerate(model.options[k]):
+        sig = (model.saved_bytes(k, o)[0], round(recompute_cost(model, k, option), 18))
+        if option.label.startswith("save ") and option.label != "save all" and sig in seen:
+            continue
+        seen.add(sig)
+        kept.append(option)
+    return tuple(kept)
+
+
+def global_values(model: BlockModel, params: Any, rest: Any, args: tuple) -> dict:
+    """value id -> array for the program's inputs and constants."""
+    program = model.program
+    leaves = jax.tree_util.tree_leaves((params, rest, tuple(args)))
+    ids = program.param_ids + program.rest_ids + program.arg_ids
+    if len(leaves) != len(ids):
+        raise ValueError(
+            f"the call has {len(leaves)} array leaves (parameters, state, arguments), the "
+            f"traced model {len(ids)}: call with the same model and argument structure"
+        )
+    values = dict(zip(ids, leaves, strict=True))
+    values.update(program.consts)
+    for vid, (src, i) in sorted(program.derived.items()):  # slices of stacked globals
+        values[vid] = values[src][i]
+    return values

@@ -1,0 +1,255 @@
+"""Save options of a block (docs/auto.md, "Options").
+
+An option is a save set S of the block's materialized values (lowered as
+``save_only_these_names(S)``), or one of JAX's policies. Every block offers:
+
+- ``save all``: S = every materialized value (XLA's own plain-autodiff behaviour,
+  minus the cheap elementwise residuals it would fuse);
+- ``save none``: S = {} (the block is recomputed from its inputs in its backward,
+  ``nothing_saveable``);
+- ``checkpoint_dots``: JAX's policy (matmul results saved);
+- ``everything_saveable``: plain autodiff (every residual saved, elementwise ones too);
+- ``xla_fused``: every residual but those of cheap elementwise and layout operations
+  (what XLA stores for a plain step: its fusion recomputes cheap producers inside their
+  consumers, never transcendentals, matmuls or reductions);
+- the Pareto-optimal save sets between those, from a small MILP per distinct block
+  (:func:`solvers.block_options.pareto_save_sets`) over the block's graph: a value
+  the backward reads is saved or recomputed, a recomputed equation's inputs are
+  saved, recomputed or block inputs; minimize the recomputation time under a cap on
+  the saved bytes, swept from all to nothing.
+
+:func:`recompute_cost` prices what an option recomputes in the backward (roofline
+seconds), with the same rules.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jax_exec.auto.kernels import FUSED, SaveOption
+from jax_exec.auto.trace import Lit
+from solvers.block_options import OptionGraph, pareto_save_sets, read_values, recompute_set
+
+MAX_PARETO = 4
+
+
+def option_graph(model: Any, k: int) -> tuple[OptionGraph, list]:
+    """The block's :class:`~solvers.block_options.OptionGraph` and, per candidate value
+    of the graph, its local key (equation offset, output index); cached per distinct
+    block."""
+    return model.cached(("graph", model.blocks.blocks[k].key), lambda: _option_graph(model, k))
+
+
+def _option_graph(model: Any, k: int) -> tuple[OptionGraph, list]:
+    program, analysis = model.program, model.analysis
+    block = model.blocks.blocks[k]
+    lay = model.layouts[k]
+    eqns = list(range(block.start, block.stop))
+    pos = {i: n for n, i in enumerate(eqns)}
+    free = set(lay.outs) | set(lay.ins) | set(program.input_ids)
+    cand_ids = [
+        v for i in eqns for v in program.eqns[i].outs if lay.local[v] in lay.named and v not in free
+    ]
+    cand_pos = {v: c for c, v in enumerate(cand_ids)}
+
+    def ref(v: int) -> int:
+        return cand_pos[v] if v in cand_pos else -1 - pos[program.producer[v]]
+
+    inputs, needs, costs, selfs = [], [], [], []
+    for i in eqns:
+        eqn, info = program.eqns[i], analysis.infos[i]
+        arrays = [r for r in eqn.ins if not isinstance(r, Lit) and r not in free]
+        inputs.append(tuple(sorted({ref(r) for r in arrays})))
+        costs.append(info.fwd_cost)
+        own = info.has_backward and bool(info.needs_out or info.new_bytes)
+        selfs.append(own)
+        read = [eqn.ins[j] for j in info.needs_in] if info.has_backward else []
+        needs.append(
+            tuple(sorted({ref(r) for r in read if not isinstance(r, Lit) and r not in free}))
+        )
+    graph = OptionGraph(
+        cost=tuple(costs),
+        inputs=tuple(inputs),
+        values=tuple(pos[program.producer[v]] for v in cand_ids),
+        value_sizes=tuple(program.nbytes(v) for v in cand_ids),
+        needs=tuple(needs),
+        self_recompute=tuple(selfs),
+    )
+    return graph, [lay.local[v] for v in cand_ids]
+
+
+def block_options(model: Any, k: int, max_pareto: int = MAX_PARETO) -> list[SaveOption]:
+    """The save options of block k (module docstring)."""
+    graph, keys = option_graph(model, k)
+    every = frozenset(keys)
+    options = [
+        SaveOption("names", every, "save all"),
+        SaveOption("names", frozenset(), "nothing_saveable"),
+        SaveOption("dots", label="checkpoint_dots"),
+        SaveOption("everything", label="everything_saveable"),
+        SaveOption("fused", label="xla_fused"),
+    ]
+    seen = {every, frozenset()}
+    for saved in pareto_save_sets(graph, max_pareto):
+        names = frozenset(keys[c] for c in saved)
+        if names not in seen:
+            seen.add(names)
+            options.append(SaveOption("names", names, f"save {len(names)}/{len(keys)}"))
+    return options
+
+
+def recompute_cost(model: Any, k: int, option: SaveOption) -> float:
+    """Roofline seconds the block's backward spends recomputing under ``option``."""
+    key = ("recompute", model.blocks.blocks[k].key, option)
+    return model.cached(key, lambda: _recompute_cost(model, k, option))
+
+
+def _recompute_cost(model: Any, k: int, option: SaveOption) -> float:
+    if option.kind == "everything":
+        return 0.0
+    graph, keys = option_graph(model, k)
+    if option.kind == "fused":  # cheap elementwise work only, inside consumers
+        program, block = model.program, model.blocks.blocks[k]
+        cheap = [
+            i - block.start
+            for i in range(block.start, block.stop)
+            if program.eqns[i].name in FUSED and model.analysis.infos[i].has_backward
+        ]
+        return sum(graph.cost[n] for n in cheap)
+    if option.kind == "dots":
+        program = model.program
+        block = model.blocks.blocks[k]
+        dots = {
+            (i - block.start, j)
+            for i in range(block.start, block.stop)
+            if program.eqns[i].name == "dot_general"
+            for j in range(len(program.eqns[i].outs))
+        }
+        saved = {c for c, key in enumerate(keys) if key in dots}
+    else:
+        saved = {c for c, key in enumerate(keys) if key in option.names}
+    return sum(graph.cost[i] for i in recompute_set(graph, saved))
+
+
+def temp_estimate(model: Any, kind: str, k: int, option: SaveOption | None) -> int:
+    """An estimate of a kernel's temporary bytes (cached per distinct block, see
+    :func:`_temp_estimate`)."""
+    key = ("temp", kind, model.blocks.blocks[k].key, option)
+    return model.cached(key, lambda: _temp_estimate(model, kind, k, option))
+
+
+def _temp_estimate(model: Any, kind: str, k: int, option: SaveOption | None) -> int:
+    """An estimate of a kernel's temporary bytes before it is compiled (a liveness scan
+    of the block's materialized values, docs/auto.md "Temporaries").
+
+    - forward / record: the peak, in program order, of the materialized values the
+      kernel makes and does not return, while they still have a reader;
+    - backward: the materialized values it recomputes, plus the peak of the
+      cotangents of the block's own materialized active values in the reverse sweep.
+    """
+    program, analysis = model.program, model.analysis
+    block, lay = model.blocks.blocks[k], model.layouts[k]
+    eqns = range(block.start, block.stop)
+    made = [v for i in eqns for v in program.eqns[i].outs if v in analysis.materialized]
+    made_set = set(made)
+    last: dict[int, int] = {}
+    for i in eqns:
+        for r in program.eqns[i].ins:
+            if not isinstance(r, Lit) and r in made_set:
+                last[r] = i
+    returned = set(lay.outs) | set(lay.results)
+    if kind == "record" and option is not None:
+        if option.kind == "names":
+            returned |= {v for v in made if lay.local[v] in option.names}
+        elif option.kind == "dots":
+            returned |= {v for v in made if program.eqns[program.producer[v]].name == "dot_general"}
+        else:
+            returned |= made_set
+    nbytes = program.nbytes
+    if kind in ("forward", "record", "loss"):
+        live, peak = 0, 0
+        ends: dict[int, list[int]] = {}
+        for i in eqns:
+            for v in program.eqns[i].outs:
+                if v in made_set and v not in returned:
+                    live += nbytes(v)
+                    ends.setdefault(last.get(v, i), []).append(v)
+            peak = max(peak, live)
+            for v in ends.pop(i, []):
+                live -= nbytes(v)
+        return peak
+    graph, keys = option_graph(model, k)
+    if option.kind in ("everything", "fused"):
+        recomputed: set[int] = set()
+    else:
+        saved_keys = (
+            {key for key in keys if key in option.names}
+            if option.kind == "names"
+            else {
+                lay.local[v]
+                for v in made
+                if program.eqns[program.producer[v]].name == "dot_general"
+            }
+        )
+        saved = {c for c, key in enumerate(keys) if key in saved_keys}
+        nodes = recompute_set(graph, saved)
+        recomputed = {v for n in nodes for v in program.eqns[block.start + n].outs} & made_set
+    extra = sum(nbytes(v) for v in recomputed - returned)
+    live, peak = 0, 0
+    active = [v for v in made if v in analysis.active and v not in set(lay.outs)]
+    first_read = {}
+    for i in eqns:
+        for r in program.eqns[i].ins:
+            if not isinstance(r, Lit) and r in made_set and r not in first_read:
+                first_read[r] = i
+    for i in reversed(eqns):  # a cotangent lives from its last reader to its maker
+        for v in active:
+            if last.get(v) == i:
+                live += nbytes(v)
+        peak = max(peak, live)
+        for v in program.eqns[i].outs:
+            if v in active and v in last:
+                live -= nbytes(v)
+    return extra + peak
+
+
+def saved_estimate(model: Any, k: int, option: SaveOption) -> int:
+    """Cached per distinct block: see :func:`_saved_estimate`."""
+    key = ("saved", model.blocks.blocks[k].key, option)
+    return model.cached(key, lambda: _saved_estimate(model, k, option))
+
+
+def _saved_estimate(model: Any, k: int, option: SaveOption) -> int:
+    """Bytes the recording of block k keeps under ``option`` beyond its outputs, from
+    the equations' residuals (before the option's function is traced): for a save set,
+    the saved values its backward reads (:func:`solvers.block_options.read_values`);
+    for plain autodiff, every residual of every equation (inputs and outputs it reads,
+    new JVP values), each value once."""
+    program, analysis = model.program, model.analysis
+    block, lay = model.blocks.blocks[k], model.layouts[k]
+    if option.kind in ("everything", "fused"):
+        free = set(lay.outs) | set(lay.ins) | set(program.input_ids)
+        values: set[int] = set()
+        new = 0
+        for i in range(block.start, block.stop):
+            eqn, info = program.eqns[i], analysis.infos[i]
+            if not info.has_backward or (option.kind == "fused" and eqn.name in FUSED):
+                continue
+            values.update(eqn.ins[j] for j in info.needs_in)
+            values.update(eqn.outs[j] for j in info.needs_out)
+            new += info.new_bytes
+        return new + sum(
+            program.nbytes(v) for v in values if not isinstance(v, Lit) and v not in free
+        )
+    graph, keys = option_graph(model, k)
+    if option.kind == "dots":
+        names = {
+            (i - block.start, j)
+            for i in range(block.start, block.stop)
+            if program.eqns[i].name == "dot_general"
+            for j in range(len(program.eqns[i].outs))
+        }
+    else:
+        names = option.names
+    saved = {c for c, key in enumerate(keys) if key in names}
+    return sum(graph.value_sizes[c] for c in read_values(graph, saved))

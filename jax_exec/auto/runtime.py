@@ -1,0 +1,263 @@
+"""Run a block-chain schedule op by op with measured memory (docs/auto.md, "Op by op").
+
+Each op runs one compiled kernel of :class:`~jax_exec.auto.model.BlockModel` on
+explicit buffers named like the simulator's (:mod:`schedir.blocks`): ``a[c]`` holds
+the values of cut c, ``abar[c]`` the same and the saved residuals of block c-1 under
+its option, ``d[c]`` the cotangents of cut c's differentiated values. A value read by
+a later block keeps the same array in every buffer that holds it; a cotangent that a
+block does not touch keeps its array from ``d[c+1]`` to ``d[c]``. A buffer's arrays
+are deleted when no buffer holds them any more. After every op the runtime measures
+the live bytes of the arrays it holds (distinct arrays, ``nbytes``), and each op's
+need = live bytes right after it made its output + its kernel's temporary bytes: for
+the block model these equal the simulator's ``resident`` and ``op_peak`` exactly.
+
+Parameters, parameter gradients, the call's arguments and the program outputs (the
+model state after the call, ``aux``) are held outside and reported separately. The
+model state after the step (BatchNorm statistics, RNG counters) is taken from the
+first forward of each block; recomputations make the same values, which are dropped
+(they are outputs, not activations, and are not counted), so state is updated once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jax_exec.auto.model import BlockModel, global_values, through_flags
+from jax_exec.auto.trace import Lit
+from schedir import B, F_all, F_ck, F_n, Loss, Schedule
+from schedir.blocks import schedule_options, simulate_blocks
+
+
+@dataclass(frozen=True)
+class AutoRunResult:
+    """What one op-by-op training step did.
+
+    Attributes:
+        loss: the loss (a scalar array).
+        aux: ``loss_fn``'s auxiliary output (``has_aux``), else None.
+        grads: gradients of the parameters (an ``nnx.State`` like ``nnx.value_and_grad``'s).
+        new_state: the model state (non-parameter variables) after the step.
+        peak_bytes: max of the initial bytes and every op's need.
+        initial_bytes: activation bytes before the first op.
+        resident_bytes: live activation bytes after each op.
+        op_peak_bytes: each op's need: live bytes right after it made its output plus
+            its kernel's temporary bytes.
+        op_temp_bytes: each op's kernel temporary bytes.
+        op_times: wall seconds of each op (dispatch to completion).
+        total_time: wall seconds of the step.
+        param_bytes, grad_bytes, input_bytes, output_bytes: bytes of the parameters, their
+            gradients, the call's arguments and the program outputs (not in the figures
+            above).
+        ops: the ops that ran.
+    """
+
+    loss: jax.Array
+    aux: Any
+    grads: Any
+    new_state: Any
+    peak_bytes: int
+    initial_bytes: int
+    resident_bytes: tuple[int, ...]
+    op_peak_bytes: tuple[int, ...]
+    op_temp_bytes: tuple[int, ...]
+    op_times: tuple[float, ...]
+    total_time: float
+    param_bytes: int
+    grad_bytes: int
+    input_bytes: int
+    output_bytes: int
+    ops: tuple
+
+
+class _Buffers:
+    """Named buffers of arrays; live bytes count each distinct array once."""
+
+    def __init__(self, keep: set[int]) -> None:
+        self.table: dict[tuple[str, int], dict] = {}
+        self.keep = keep  # ids of arrays the runtime does not own (never deleted)
+
+    def arrays(self, name: tuple[str, int]) -> list:
+        return list(self.table[name].values())
+
+    def live(self) -> dict[int, Any]:
+        return {id(a): a for buf in self.table.values() for a in buf.values()}
+
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in self.live().values())
+
+    def drop(self, name: tuple[str, int]) -> None:
+        arrays = self.table.pop(name)
+        alive = self.live()
+        for arr in arrays.values():
+            if id(arr) not in alive and id(arr) not in self.keep:
+                arr.delete()
+
+    def source(self, c: int) -> tuple[str, int]:
+        for name in (("a", c), ("abar", c)):
+            if name in self.table:
+                return name
+        raise RuntimeError(f"a[{c}] or abar[{c}] should be resident")  # pragma: no cover
+
+
+def _tree_bytes(tree: Any) -> int:
+    return sum(int(leaf.nbytes) for leaf in jax.tree_util.tree_leaves(tree))
+
+
+def run_schedule(
+    model: BlockModel, schedule: Schedule, params: Any, rest: Any, args: tuple
+) -> AutoRunResult:
+    """Run ``schedule`` (a :class:`schedir.blocks.BlockChain` schedule of ``model``) op by
+    op on these parameters, state and arguments (module docstring)."""
+    simulate_blocks(model.problem, schedule)  # a valid schedule, or InvalidSchedule
+    options = schedule_options(model.problem, schedule)
+    program, L = model.program, model.length
+    gv = global_values(model, params, rest, args)
+    keep = {id(a) for a in gv.values()}
+    buf = _Buffers(keep)
+    buf.table["a", 0] = {}
+    cuts = model.blocks.cuts
+    results: dict[int, Any] = {}
+    grads: dict[int, Any] = {}
+    forwarded = [False] * (L + 1)
+    loss = None
+    initial = buf.nbytes()
+    resident, op_peak, op_temp, op_times = [], [], [], []
+
+    def inputs(k: int, src: dict) -> tuple:
+        lay = model.layouts[k]
+        p = tuple(gv[v] for v in lay.params)
+        g = tuple(gv[v] for v in lay.others)
+        return p, g, tuple(src[v] for v in lay.ins)
+
+    def add_grads(k: int, d_p: tuple) -> None:
+        for vid, d in zip(model.layouts[k].params, d_p, strict=True):
+            grads[vid] = d if vid not in grads else grads[vid] + d
+
+    start_step = time.perf_counter()
+    for op in schedule.ops:
+        start = time.perf_counter()
+        if isinstance(op, Loss):
+            lay = model.layouts[L]
+            src = buf.source(L)
+            kernel = model.kernel("loss", L)
+            loss, res, d_p, d_x = kernel.call(*inputs(L, buf.table[src]))
+            jax.block_until_ready(d_x)
+            results.update(zip(lay.results, res, strict=True))
+            keep.update(id(r) for r in res)
+            add_grads(L, d_p)
+            active = [v for v, a in zip(lay.ins, lay.act_in, strict=True) if a]
+            buf.table["d", L] = dict(zip(active, d_x, strict=True))
+            temp = kernel.temp_bytes
+            need = buf.nbytes() + temp
+            if src[0] == "a":
+                buf.drop(src)
+        elif isinstance(op, B):
+            k = op.index
+            lay = model.layouts[k]
+            fns = model.functions(k, options[k])
+            src = buf.source(k)
+            saved = buf.table["abar", k + 1]
+            d_next = buf.table["d", k + 1]
+            p, g, x = inputs(k, buf.table[src])
+            outs = tuple(saved[v] for v in lay.outs)
+            res = tuple(results[v] for v in lay.results)
+            new = tuple(saved[("new", j)] for j in range(len(fns.recipe.new)))
+            d_outs = tuple(d_next[v] for v, a in zip(lay.outs, lay.act_out, strict=True) if a)
+            flags = through_flags(model, k)
+            active = [v for v, a in zip(lay.ins, lay.act_in, strict=True) if a]
+            through = tuple(d_next[v] if f else None for v, f in zip(active, flags, strict=True))
+            kernel = model.kernel("backward", k, options[k])
+            d_p, d_x = kernel.call(p, g, x, outs, res, new, d_outs, through)
+            jax.block_until_ready(d_x)
+            add_grads(k, d_p)
+            d_here = dict(zip(active, d_x, strict=True))
+            for v in cuts[k]:  # cotangents block k does not touch keep their array
+                if v not in d_here and v in d_next:
+                    d_here[v] = d_next[v]
+            buf.table["d", k] = d_here
+            temp = kernel.temp_bytes
+            need = buf.nbytes() + temp
+            if src[0] == "a":
+                buf.drop(src)
+            buf.drop(("d", k + 1))
+            buf.drop(("abar", k + 1))
+        elif isinstance(op, F_ck | F_n | F_all):
+            k = op.index
+            lay = model.layouts[k]
+            src = buf.source(k)
+            first = not forwarded[k]
+            forwarded[k] = True
+            if isinstance(op, F_all):
+                kernel = model.kernel("record", k, options[k])
+                outs, res, new = kernel.call(*inputs(k, buf.table[src]))
+            else:
+                kernel = model.kernel("forward", k)
+                (outs, res), new = kernel.call(*inputs(k, buf.table[src])), ()
+            jax.block_until_ready(outs)
+            if first:  # the model state after the step comes from the first forward
+                results.update(zip(lay.results, res, strict=True))
+                keep.update(id(r) for r in res)
+            else:
+                for r in res:
+                    r.delete()
+            values = {v: buf.table[src][v] for v in cuts[k + 1] if v in buf.table[src]}
+            values.update(zip(lay.outs, outs, strict=True))
+            if isinstance(op, F_all):
+                values.update({("new", j): a for j, a in enumerate(new)})
+                buf.table["abar", k + 1] = values
+            else:
+                buf.table["a", k + 1] = values
+            temp = kernel.temp_bytes
+            need = buf.nbytes() + temp
+            if isinstance(op, F_n):
+                buf.drop(src)
+        else:  # pragma: no cover - simulate_blocks rejects foreign ops
+            raise TypeError(f"not a chain op: {op!r}")
+        op_times.append(time.perf_counter() - start)
+        op_temp.append(temp)
+        op_peak.append(need)
+        resident.append(buf.nbytes())
+    total = time.perf_counter() - start_step
+    for name in list(buf.table):
+        buf.drop(name)
+    for vid, (src, i) in sorted(program.derived.items(), reverse=True):
+        if vid in grads:  # a slice of a stacked parameter: into its stack
+            base = grads.get(src, jnp.zeros(program.avals[src].shape, program.avals[src].dtype))
+            grads[src] = base.at[i].add(grads.pop(vid))
+    grad_leaves = [
+        grads[v] if v in grads else jnp.zeros(program.avals[v].shape, program.avals[v].dtype)
+        for v in program.param_ids
+    ]
+    p_def, r_def, _, aux_def = program.treedefs
+
+    def value(ref: Any) -> Any:
+        if isinstance(ref, Lit):
+            return ref.value
+        return gv[ref] if ref in gv else results[ref]
+
+    aux = jax.tree_util.tree_unflatten(aux_def, [value(r) for r in program.aux])
+    new_state = jax.tree_util.tree_unflatten(r_def, [value(r) for r in program.new_rest])
+    grad_tree = jax.tree_util.tree_unflatten(p_def, grad_leaves)
+    return AutoRunResult(
+        loss=loss,
+        aux=aux if model.traced.has_aux else None,
+        grads=grad_tree,
+        new_state=new_state,
+        peak_bytes=max([initial, *op_peak]),
+        initial_bytes=initial,
+        resident_bytes=tuple(resident),
+        op_peak_bytes=tuple(op_peak),
+        op_temp_bytes=tuple(op_temp),
+        op_times=tuple(op_times),
+        total_time=total,
+        param_bytes=_tree_bytes(params),
+        grad_bytes=_tree_bytes(grad_leaves),
+        input_bytes=_tree_bytes(tuple(args)),
+        output_bytes=_tree_bytes((aux, new_state)),
+        ops=tuple(schedule.ops),
+    )

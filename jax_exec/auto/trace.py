@@ -1,0 +1,438 @@
+"""Trace ``loss_fn(model, *args)`` into a flat forward program (docs/auto.md, "Tracing").
+
+The model is split (``nnx.split(model, nnx.Param, ...)``) into its parameters and the
+rest of its state; :func:`trace` builds the pure function
+``f(params, rest, args) -> (loss, aux, new_rest)`` that merges the model, calls
+``loss_fn`` and splits the updated state back, and traces it with ``jax.make_jaxpr``.
+The jaxpr is flattened into a :class:`Program`: one list of :class:`Eqn` over integer
+value ids, with every nested ``jit`` inlined (its equations become the program's, so
+cuts and options can fall inside it). ``custom_jvp`` / ``custom_vjp`` calls, user
+``jax.checkpoint`` regions, ``cond`` and other higher-order primitives stay single
+equations (opaque: JAX differentiates them as a whole). A ``scan`` (``nnx.scan``,
+``lax.scan``) is unrolled into its iterations (a chain of identical blocks): its
+stacked global inputs (a scanned stack's parameters) become per-iteration slices,
+globals too (``Program.derived``). Equations with side effects are refused with an
+error naming the primitive and the user code it came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
+
+INLINED = ("jit", "pjit", "closed_call", "core_call")
+
+
+class UnsupportedModel(TypeError):
+    """The planner cannot handle an operation or a piece of the model; the message
+    names it and where it came from."""
+
+
+@dataclass(frozen=True)
+class Lit:
+    """A literal operand (a trace-time constant scalar)."""
+
+    value: Any
+
+
+Ref = int | Lit
+
+
+@dataclass(frozen=True, eq=False)
+class Eqn:
+    """One equation of the flat program.
+
+    Attributes:
+        primitive: the JAX primitive.
+        params: its parameters (as in the jaxpr).
+        ins: operands: value ids, or :class:`Lit` for literals.
+        outs: value ids of the results.
+        source: where it came from (user file:line and JAX's name stack).
+        ctx: the equation's context manager factory (``eqn.ctx``), kept to bind alike.
+    """
+
+    primitive: Any
+    params: dict
+    ins: tuple[Ref, ...]
+    outs: tuple[int, ...]
+    source: str
+    ctx: Any = None
+
+    @property
+    def name(self) -> str:
+        return self.primitive.name
+
+    def bind(self, *args: Any) -> list:
+        """Apply the equation to concrete or traced operands; a list of results."""
+        params = self.primitive.get_bind_params(self.params)
+        manager = getattr(self.ctx, "manager", None)
+        if manager is not None:
+            with manager:
+                out = self.primitive.bind(*args, **params)
+        else:
+            out = self.primitive.bind(*args, **params)
+        return list(out) if self.primitive.multiple_results else [out]
+
+
+@dataclass(frozen=True)
+class ScanInfo:
+    """Where an unrolled scan's iterations are in the flat program.
+
+    Attributes:
+        starts: equation index where each iteration starts, then where the last ends.
+        carries: the carry values entering each iteration, then the final carry.
+        ys: per iteration (in execution order), its per-iteration outputs.
+        reverse: whether the scan ran its iterations in reverse.
+    """
+
+    starts: tuple[int, ...]
+    carries: tuple[tuple[Ref, ...], ...]
+    ys: tuple[tuple[Ref, ...], ...]
+    reverse: bool
+
+
+@dataclass(frozen=True, eq=False)
+class Program:
+    """The model's forward computation as flat equations over value ids.
+
+    Attributes:
+        avals: shape and dtype of every value id (``jax.ShapeDtypeStruct``).
+        eqns: the equations in execution (topological) order.
+        param_ids, rest_ids, arg_ids: value ids of the flattened parameters, other
+            model state and call arguments (the program's inputs).
+        consts: value id -> constant array (closed-over constants of the jaxpr).
+        loss: the loss (a value id or a literal).
+        aux: the flattened auxiliary outputs (``has_aux``).
+        new_rest: the flattened model state after the call.
+        treedefs: ``(params, rest, args, aux)`` tree structures.
+    """
+
+    avals: tuple
+    eqns: tuple[Eqn, ...]
+    param_ids: tuple[int, ...]
+    rest_ids: tuple[int, ...]
+    arg_ids: tuple[int, ...]
+    consts: dict
+    loss: Ref
+    aux: tuple[Ref, ...]
+    new_rest: tuple[Ref, ...]
+    treedefs: tuple
+    producer: dict = field(default_factory=dict)  # value id -> index of its equation
+    derived: dict = field(default_factory=dict)  # value id -> (global id, index)
+    scans: tuple = ()  # per unrolled scan: its ScanInfo
+
+    @property
+    def input_ids(self) -> tuple[int, ...]:
+        """The globals: inputs, constants and slices of stacked globals (scans)."""
+        return (
+            self.param_ids + self.rest_ids + self.arg_ids + tuple(self.consts)
+            + tuple(self.derived)
+        )  # fmt: skip
+
+    @property
+    def param_like(self) -> frozenset[int]:
+        """Parameters and the slices of stacked parameters (differentiated)."""
+        found = set(self.param_ids)
+        for vid, (src, _) in sorted(self.derived.items()):
+            if src in found:
+                found.add(vid)
+        return frozenset(found)
+
+    def nbytes(self, vid: int) -> int:
+        return aval_bytes(self.avals[vid])
+
+
+def aval_bytes(aval: Any) -> int:
+    """Bytes of an array of this shape and dtype."""
+    return int(np.prod(aval.shape, dtype=np.int64)) * int(aval.dtype.itemsize)
+
+
+def source_of(eqn: Any, fallback: str = "") -> str:
+    """``file:line (function)`` of the user code that made ``eqn``, and its name stack
+    (``fallback``, the enclosing ``jit``'s source, when the traceback has no user frame)."""
+    where = ""
+    tb = getattr(eqn.source_info, "traceback", None)
+    frames = getattr(tb, "frames", None) or ()
+    for frame in frames:
+        path = frame.file_name.replace("\\", "/")
+        if "/jax/" in path or "/flax/" in path or "/jax_exec/auto/" in path:
+            continue
+        where = f"{frame.file_name}:{frame.line_num} ({frame.function_name})"
+        break
+    if not where:
+        return fallback or "unknown source"
+    stack = str(getattr(eqn.source_info, "name_stack", "") or "")
+    return f"{where} [{stack}]" if stack else where
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.avals: list = []
+        self.eqns: list[Eqn] = []
+        self.consts: dict[int, Any] = {}
+        self.globals: set[int] = set()
+        self.derived: dict[int, tuple[int, int]] = {}
+        self.scans: list[ScanInfo] = []
+        self.unroll = True
+
+    def slice_of(self, ref: Ref, i: int, where: str) -> Ref:
+        """``ref[i]``: a global slice (no equation) for stacked globals, else traced."""
+        if isinstance(ref, Lit):
+            return Lit(np.asarray(ref.value)[i])
+        aval = self.avals[ref]
+        if ref in self.globals:
+            for vid, (src, j) in self.derived.items():
+                if src == ref and j == i:
+                    return vid
+            vid = self.new(jax.ShapeDtypeStruct(tuple(aval.shape[1:]), aval.dtype))
+            self.derived[vid] = (ref, i)
+            self.globals.add(vid)
+            return vid
+        closed = jax.make_jaxpr(lambda x: x[i])(aval)
+        return self.inline(closed.jaxpr, closed.consts, [ref], where)[0]
+
+    def unroll_scan(self, eqn: Any, ins: list[Ref], where: str) -> list[Ref]:
+        """A ``scan`` as its iterations one after another (each one the body's
+        equations); the stacked inputs are sliced, the stacked outputs stacked."""
+        p = eqn.params
+        if p.get("_split_transpose"):  # pragma: no cover - an internal AD variant
+            raise UnsupportedModel(f"scan at {where}: a split-transpose scan is not supported")
+        n_consts, n_carry, length = p["num_consts"], p["num_carry"], p["length"]
+        body = p["jaxpr"]
+        consts, carry, xs = (
+            ins[:n_consts],
+            ins[n_consts : n_consts + n_carry],
+            ins[n_consts + n_carry :],
+        )
+        order = range(length - 1, -1, -1) if p["reverse"] else range(length)
+        ys: list[list[Ref]] = []
+        starts, carries = [], []
+        for i in order:
+            starts.append(len(self.eqns))
+            carries.append(tuple(carry))
+            xs_i = [self.slice_of(r, i, where) for r in xs]
+            outs = self.inline(body.jaxpr, body.consts, [*consts, *carry, *xs_i], where)
+            carry = outs[:n_carry]
+            ys.append(outs[n_carry:])
+        starts.append(len(self.eqns))
+        carries.append(tuple(carry))
+        self.scans.append(
+            ScanInfo(tuple(starts), tuple(carries), tuple(tuple(y) for y in ys), bool(p["reverse"]))
+        )
+        if p["reverse"]:
+            ys.reverse()
+        stacked = []
+        for j, var in enumerate(eqn.outvars[n_carry:]):
+            parts = [y[j] for y in ys]
+            avals = [
+                self.avals[r]
+                if not isinstance(r, Lit)
+                else var.aval.update(shape=var.aval.shape[1:])
+                for r in parts
+            ]
+            closed = jax.make_jaxpr(lambda *a: jax.numpy.stack(a))(*avals)
+            stacked.append(self.inline(closed.jaxpr, closed.consts, parts, where)[0])
+        return [*carry, *stacked]
+
+    def new(self, aval: Any) -> int:
+        self.avals.append(jax.ShapeDtypeStruct(tuple(aval.shape), aval.dtype))
+        return len(self.avals) - 1
+
+    def inline(
+        self, jaxpr: Jaxpr, consts: Sequence, args: Sequence[Ref], where: str = ""
+    ) -> list[Ref]:
+        env: dict = {}
+        for var, value in zip(jaxpr.constvars, consts, strict=True):
+            vid = self.new(var.aval)
+            self.consts[vid] = value
+            self.globals.add(vid)
+            env[var] = vid
+        for var, ref in zip(jaxpr.invars, args, strict=True):
+            env[var] = ref
+
+        def read(atom: Any) -> Ref:
+            return Lit(atom.val) if isinstance(atom, Literal) else env[atom]
+
+        for eqn in jaxpr.eqns:
+            ins = [read(v) for v in eqn.invars]
+            if eqn.primitive.name in INLINED and _closed(eqn) is not None:
+                inner = _closed(eqn)
+                outs = self.inline(inner.jaxpr, inner.consts, ins, source_of(eqn, where))
+                for var, ref in zip(eqn.outvars, outs, strict=True):
+                    env[var] = ref
+                continue
+            if eqn.primitive.name == "scan" and self.unroll:
+                outs = self.unroll_scan(eqn, ins, source_of(eqn, where))
+                for var, ref in zip(eqn.outvars, outs, strict=True):
+                    env[var] = ref
+                continue
+            if eqn.effects:
+                raise UnsupportedModel(
+                    f"operation {eqn.primitive.name} at {source_of(eqn, where)} has side effects "
+                    f"({', '.join(map(str, eqn.effects))}): a schedule may run it twice "
+                    f"(recomputation), so the planner refuses it; remove it from loss_fn"
+                )
+            outs = tuple(self.new(v.aval) for v in eqn.outvars)
+            for var, vid in zip(eqn.outvars, outs, strict=True):
+                env[var] = vid
+            self.eqns.append(
+                Eqn(
+                    eqn.primitive,
+                    dict(eqn.params),
+                    tuple(ins),
+                    outs,
+                    source_of(eqn, where),
+                    eqn.ctx,
+                )
+            )
+        return [read(v) for v in jaxpr.outvars]
+
+
+def _closed(eqn: Any) -> ClosedJaxpr | None:
+    for key in ("jaxpr", "call_jaxpr"):
+        inner = eqn.params.get(key)
+        if isinstance(inner, ClosedJaxpr):
+            return inner
+        if isinstance(inner, Jaxpr):
+            return ClosedJaxpr(inner, ())
+    return None
+
+
+@dataclass(frozen=True)
+class Traced:
+    """A model and loss traced once for given argument shapes.
+
+    Attributes:
+        program: the flat forward program.
+        graphdef: the model's graph definition (``nnx.split``).
+        params, rest: the model's parameter and other state (as split at trace time).
+        pure: ``pure(params, rest, args) -> (loss, aux, new_rest)``, the traced function.
+        has_aux: whether ``loss_fn`` returns ``(loss, aux)``.
+    """
+
+    program: Program
+    graphdef: Any
+    params: Any
+    rest: Any
+    pure: Callable
+    has_aux: bool
+
+
+def split_model(model: Any) -> tuple[Any, Any, Any]:
+    """``nnx.split(model, nnx.Param, ...)`` with a clear error for non-NNX models."""
+    if not isinstance(model, nnx.Module):
+        raise TypeError(
+            f"model must be a Flax nnx.Module (loss_fn(model, *args) is called with it), "
+            f"got {type(model).__name__}"
+        )
+    return nnx.split(model, nnx.Param, ...)
+
+
+def pure_function(graphdef: Any, loss_fn: Callable, has_aux: bool) -> Callable:
+    """``f(params, rest, args) -> (loss, aux, new_rest)``: one call of ``loss_fn`` on the
+    merged model, with the model state after the call split back out."""
+
+    def pure(params: Any, rest: Any, args: tuple) -> tuple:
+        model = nnx.merge(graphdef, params, rest)
+        out = loss_fn(model, *args)
+        if has_aux:
+            if not (isinstance(out, tuple) and len(out) == 2):
+                raise TypeError(
+                    f"has_aux=True: loss_fn must return (loss, aux), got {type(out).__name__}"
+                )
+            loss, aux = out
+        else:
+            loss, aux = out, None
+        _, new_params, new_rest = nnx.split(model, nnx.Param, ...)
+        return loss, aux, new_params, new_rest
+
+    return pure
+
+
+def trace(loss_fn: Callable, model: Any, args: tuple, *, has_aux: bool = False) -> Traced:
+    """Trace ``loss_fn(model, *args)`` into a :class:`Traced` (see the module docstring).
+
+    Raises:
+        TypeError: not an NNX model, a loss that is not a real scalar, state whose
+            structure changes during the call, parameters written by ``loss_fn``.
+        UnsupportedModel: an operation with side effects.
+    """
+    graphdef, params, rest = split_model(model)
+    pure = pure_function(graphdef, loss_fn, has_aux)
+    closed, shapes = jax.make_jaxpr(pure, return_shape=True)(params, rest, tuple(args))
+    loss_shape, aux_shape, new_params_shape, new_rest_shape = shapes
+    if not (
+        isinstance(loss_shape, jax.ShapeDtypeStruct)
+        and loss_shape.shape == ()
+        and jax.numpy.issubdtype(loss_shape.dtype, jax.numpy.floating)
+    ):
+        raise TypeError(f"loss_fn(model, *args) must return a real scalar, got {loss_shape}")
+    p_leaves, p_def = jax.tree_util.tree_flatten(params)
+    r_leaves, r_def = jax.tree_util.tree_flatten(rest)
+    a_leaves, a_def = jax.tree_util.tree_flatten(tuple(args))
+    if jax.tree_util.tree_structure(new_rest_shape) != r_def:
+        raise TypeError(
+            "the model's state changed structure during loss_fn (variables created or "
+            "removed): the planner needs the same state before and after the call"
+        )
+    aux_leaves, aux_def = jax.tree_util.tree_flatten(aux_shape)
+    builder = _Builder()
+    jaxpr = closed.jaxpr
+    counts = (len(p_leaves), len(r_leaves), len(a_leaves))
+    inputs = [builder.new(v.aval) for v in jaxpr.invars]
+    builder.globals.update(inputs)
+    if len(inputs) != sum(counts):  # pragma: no cover - make_jaxpr flattens alike
+        raise AssertionError("jaxpr inputs do not match the flattened arguments")
+    outs = builder.inline(jaxpr, closed.consts, inputs)
+    n_aux, n_par = len(aux_leaves), len(p_leaves)
+    loss, aux = outs[0], tuple(outs[1 : 1 + n_aux])
+    new_params = outs[1 + n_aux : 1 + n_aux + n_par]
+    new_rest = tuple(outs[1 + n_aux + n_par :])
+    param_ids = tuple(inputs[: counts[0]])
+    if list(new_params) != list(param_ids):
+        raise TypeError(
+            "loss_fn writes to the model's nnx.Param variables; the planner (like a "
+            "gradient step) needs them unchanged during the call"
+        )
+    for leaf in p_leaves:
+        if not jax.numpy.issubdtype(leaf.dtype, jax.numpy.inexact):
+            raise TypeError(
+                f"an nnx.Param has dtype {leaf.dtype}: gradients need floating-point parameters"
+            )
+    producer = {vid: i for i, e in enumerate(builder.eqns) for vid in e.outs}
+    program = Program(
+        avals=tuple(builder.avals),
+        eqns=tuple(builder.eqns),
+        param_ids=param_ids,
+        rest_ids=tuple(inputs[counts[0] : counts[0] + counts[1]]),
+        arg_ids=tuple(inputs[counts[0] + counts[1] :]),
+        consts=dict(builder.consts),
+        loss=loss,
+        aux=aux,
+        new_rest=new_rest,
+        treedefs=(p_def, r_def, a_def, aux_def),
+        producer=producer,
+        derived=dict(builder.derived),
+        scans=tuple(builder.scans),
+    )
+    return Traced(program, graphdef, params, rest, pure, has_aux)
+
+
+def read(env: dict, ref: Ref) -> Any:
+    """The value of ``ref`` in ``env`` (value id -> array), literals as themselves."""
+    return ref.value if isinstance(ref, Lit) else env[ref]
+
+
+def evaluate(program: Program, eqns: Sequence[Eqn], env: dict) -> dict:
+    """Run ``eqns`` on ``env`` (value id -> array or tracer), adding their results."""
+    for eqn in eqns:
+        outs = eqn.bind(*(read(env, r) for r in eqn.ins))
+        for vid, val in zip(eqn.outs, outs, strict=True):
+            env[vid] = val
+    return env

@@ -1,0 +1,209 @@
+"""The block chain (schedir.blocks) and its DP (solvers.block_rotor), without JAX.
+
+The simulator is checked by hand on a skip connection; the DP against an exhaustive
+search over every persistent (tree-shaped) schedule and every option choice on random
+block chains of up to 3 stages with skip connections, values without cotangents, a
+non-empty a_0 and options that break the usual inequalities (large temporaries, zero
+sizes): at every budget it finds the brute-force optimum, and its least budget is the
+least budget of any persistent schedule.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+
+import schedir
+import solvers
+from schedir import B, F_all, F_ck, F_n, InvalidProblem, InvalidSchedule, Loss, Schedule
+from schedir.blocks import BlockChain, BlockOption, BlockStage, simulate_blocks
+from solvers.block_rotor import least_memory
+
+
+def opt(name="o", saved=0, rec_time=1.0, rec_tmp=0, bwd_time=2.0, bwd_tmp=0):
+    return BlockOption(name, saved, rec_time, rec_tmp, bwd_time, bwd_tmp)
+
+
+def skip_chain() -> BlockChain:
+    """Three stages; value 3 (8 bytes) is made by stage 0 and read by stage 2 (a skip)."""
+    stages = (
+        BlockStage("s0", 1.0, 0, (), (opt(saved=5), opt("none", 0, 1.0, 0, 3.0, 0))),
+        BlockStage("s1", 1.0, 0, (0,), (opt(saved=5),)),
+        BlockStage("s2", 1.0, 0, (1, 3), (opt(saved=5),)),
+    )
+    return BlockChain(
+        value_sizes=(10, 10, 10, 8),
+        grad_sizes=(10, 10, 10, 8),
+        cuts=((), (0, 3), (1, 3), (2,)),
+        stages=stages,
+        loss_time=1.0,
+        loss_tmp=0,
+    )
+
+
+def test_skip_value_counts_once():
+    p = skip_chain()
+    ops = [F_all(0), F_all(1), F_all(2), Loss(), B(2), B(1), B(0)]
+    trace = simulate_blocks(p, Schedule(ops, {"block_options": [0, 0, 0]}))
+    # after F_all(2): abar1 = {0, 3} + 5, abar2 = {1, 3} + 5, abar3 = {2} + 5: 3 counted once
+    assert trace.resident[2] == 10 + 8 + 5 + 10 + 5 + 10 + 5
+    # Loss adds d[3] (10) and keeps abar[3]; B(2) adds d[2], new cotangents of 1 and 3
+    assert trace.resident[3] == trace.resident[2] + 10
+    assert trace.op_peak[4] == trace.resident[3] + 10 + 8
+    # B(1) does not read 3: d[1] keeps d[2]'s cotangent of 3 (same array)
+    assert trace.op_peak[5] == trace.resident[4] + 10
+    chain = p.to_chain([0, 0, 0])
+    assert schedir.simulate(chain, ops).peak_memory >= trace.peak_memory
+
+
+def test_errors_name_the_field():
+    p = skip_chain()
+    ops = [F_all(0), F_all(1), F_all(2), Loss(), B(2), B(1), B(0)]
+    with pytest.raises(InvalidSchedule, match="meta\\['block_options'\\]"):
+        simulate_blocks(p, ops)
+    with pytest.raises(InvalidSchedule, match="options\\[0\\] = 2"):
+        simulate_blocks(p, Schedule(ops, {"block_options": [2, 0, 0]}))
+    with pytest.raises(InvalidSchedule, match="op 1: B\\(0\\): needs d\\[1\\]"):
+        simulate_blocks(p, Schedule([F_all(0), B(0)], {"block_options": [0, 0, 0]}))
+    with pytest.raises(InvalidProblem, match="value 3 is in cuts \\[1, 3\\]"):
+        BlockChain((1, 1, 1, 1), (1, 1, 1, 1), ((), (0, 3), (1,), (2, 3)), p.stages, 1.0, 0)
+    with pytest.raises(InvalidProblem, match="stages\\[1\\] \\(s2\\).reads: values \\[1\\]"):
+        BlockChain((1,) * 4, (1,) * 4, p.cuts, (p.stages[0], p.stages[2], p.stages[2]), 1.0, 0)
+
+
+# ------------------------------------------------------------- brute force
+
+
+def random_chain(rng: random.Random, L: int) -> BlockChain:
+    sizes, grads, cuts = [], [], [set() for _ in range(L + 1)]
+    reads = [set() for _ in range(L)]
+
+    def value(first_cut: int, last_reader: int, size: int, grad: bool) -> None:
+        v = len(sizes)
+        sizes.append(size)
+        grads.append(size if grad else 0)
+        for c in range(first_cut, last_reader + 1):
+            cuts[c].add(v)
+        if last_reader < L:
+            reads[last_reader].add(v)
+
+    if rng.random() < 0.3:  # an input resident from the start, read by stage 0
+        value(0, 0, rng.randint(1, 6), rng.random() < 0.5)
+    for c in range(1, L + 1):  # the main path: made by stage c-1, read by stage c
+        value(c, c, rng.randint(0, 10), rng.random() < 0.85)
+    for _ in range(rng.randint(0, 2)):  # skips and passive values
+        if L >= 2:
+            p = rng.randint(0, L - 2)
+            u = rng.randint(p + 2, L)
+            value(p + 1, u, rng.randint(1, 8), rng.random() < 0.6)
+    stages = []
+    for k in range(L):
+        options = [
+            opt(
+                f"o{j}",
+                saved=rng.choice([0, rng.randint(0, 12)]),
+                rec_time=round(rng.uniform(0.5, 2), 2),
+                rec_tmp=rng.choice([0, rng.randint(0, 15)]),
+                bwd_time=round(rng.uniform(1, 4), 2),
+                bwd_tmp=rng.choice([0, rng.randint(0, 15)]),
+            )
+            for j in range(rng.randint(1, 3))
+        ]
+        fwd_tmp = rng.choice([0, rng.randint(0, 15)])
+        stages.append(BlockStage(f"s{k}", round(rng.uniform(0.5, 2), 2), fwd_tmp, tuple(reads[k]),
+                                 tuple(options)))  # fmt: skip
+    loss_time, loss_tmp = round(rng.uniform(0.5, 2), 2), rng.choice([0, rng.randint(0, 10)])
+    cuts = tuple(tuple(c) for c in cuts)
+    return BlockChain(tuple(sizes), tuple(grads), cuts, tuple(stages), loss_time, loss_tmp)
+
+
+def trees(i: int, t: int, L: int):
+    """Every persistent op sequence for stages i..t, with the stages it records."""
+    if i == t + 1:
+        yield ()
+        return
+    if i == L:
+        yield (Loss(),)
+        return
+    for rest in trees(i + 1, t, L):
+        yield (F_all(i), *rest, B(i))
+    for j in range(i + 1, t + 1):
+        sweep = (F_ck(i), *(F_n(k) for k in range(i + 1, j)))
+        for right in trees(j, t, L):
+            for left in trees(i, j - 1, L):
+                yield (*sweep, *right, *left)
+
+
+def brute_force(p: BlockChain) -> list[tuple[int, float]]:
+    """(peak, makespan) of every persistent schedule and option choice."""
+    out = []
+    choices = itertools.product(*(range(len(s.options)) for s in p.stages))
+    all_trees = list(trees(0, p.length, p.length))
+    for options in choices:
+        for ops in all_trees:
+            trace = simulate_blocks(p, Schedule(ops, {"block_options": list(options)}))
+            out.append((trace.peak_memory, trace.makespan))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_dp_equals_brute_force(seed):
+    rng = random.Random(seed)
+    p = random_chain(rng, rng.randint(1, 3))
+    points = brute_force(p)
+    least = min(peak for peak, _ in points)
+    assert least_memory(p)[0] == least
+    with pytest.raises(solvers.Infeasible) as err:
+        solvers.solve(p, least - 1, method="block_rotor")
+    assert err.value.min_budget == least
+    peaks = {peak for peak, _ in points}
+    for budget in sorted(peaks | {least + 3, max(peaks) + 5}):
+        best = min(ms for peak, ms in points if peak <= budget)
+        s = solvers.solve(p, budget, method="block_rotor")
+        assert s.meta["exact"]
+        assert s.meta["makespan"] == pytest.approx(best, abs=1e-9), (budget, s.ops)
+        assert s.meta["peak_memory"] <= budget
+
+
+def test_discretized_dp_fits_and_reports():
+    rng = random.Random(7)
+    p = random_chain(rng, 3)
+    scale = 10_000
+    big = BlockChain(
+        tuple(v * scale for v in p.value_sizes),
+        tuple(v * scale for v in p.grad_sizes),
+        p.cuts,
+        tuple(
+            BlockStage(
+                s.name,
+                s.fwd_time,
+                s.fwd_tmp * scale,
+                s.reads,
+                tuple(
+                    BlockOption(
+                        o.name,
+                        o.saved * scale,
+                        o.rec_time,
+                        o.rec_tmp * scale,
+                        o.bwd_time,
+                        o.bwd_tmp * scale,
+                    )
+                    for o in s.options
+                ),
+            )
+            for s in p.stages
+        ),  # fmt: skip
+        p.loss_time,
+        p.loss_tmp * scale,
+    )
+    least = least_memory(big)[0]
+    exact = solvers.solve(big, least, method="block_rotor", max_slots=10**9)
+    assert exact.meta["exact"] and exact.meta["dp"] != "store_all"
+    s = solvers.solve(big, least, method="block_rotor", max_slots=200, slots=50)
+    assert s.meta["peak_memory"] <= least
+    assert not s.meta["exact"] and ("discretization" in s.meta or "fallback" in s.meta)
+    assert s.meta["makespan"] >= exact.meta["makespan"] - 1e-9
+    assert math.isfinite(s.meta["makespan"])
