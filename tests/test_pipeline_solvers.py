@@ -228,7 +228,7 @@ def test_interval_mapping_methods_refuse_training_problems(method):
     mappings the simulator found over the budget (peak 430 > 380); now they refuse."""
     chain = schedir.load("examples/chain_small.json")
     devs = [schedir.Device("g0", 1.0, 4000), schedir.Device("g1", 2.0, 4000)]
-    pb = schedir.PipelineProblem(chain, [10] * chain.length,
-                                 schedir.Platform.fully_connected(devs, 100.0), 4, True)  # fmt: skip
+    platform = schedir.Platform.fully_connected(devs, 100.0)
+    pb = schedir.PipelineProblem(chain, [10] * chain.length, platform, 4, True)
     with pytest.raises(NotImplementedError, match=f"{method} plans inference.*pipeline_1f1b"):
         solvers.solve(pb, 380, method)
