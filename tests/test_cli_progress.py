@@ -21,8 +21,10 @@ def impatient(monkeypatch):
     monkeypatch.setattr(solvers.registry, "_StderrProgress", eager)
 
 
-@pytest.mark.parametrize("command", [["solve", CHAIN, "-b", "1400"],
-                                     ["tradeoff", CHAIN, "-m", "rotor", "--points", "3"]])  # fmt: skip
+COMMANDS = [["solve", CHAIN, "-b", "1400"], ["tradeoff", CHAIN, "-m", "rotor", "--points", "3"]]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
 def test_long_solves_print_progress_unless_quiet(impatient, capsys, command) -> None:
     assert main(command) == 0
     out, err = capsys.readouterr()
