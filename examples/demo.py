@@ -29,7 +29,7 @@ import jax_exec
 import schedir
 import solvers
 from jax_exec.models import mse_loss, transformer_stack
-from schedir.cli_answers import answer_quality, gap_text
+from schedir.cli.answers import answer_quality, gap_text
 
 MiB = 2**20
 

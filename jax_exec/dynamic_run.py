@@ -30,8 +30,8 @@ import jax.numpy as jnp
 from jax_exec.pipeline import interval_kernels, split_microbatches
 from jax_exec.stages import as_stages
 from schedir import Device, Platform
-from schedir.pipeline_dag import DynamicTrace, Task, TaskGraph, simulate_dynamic
-from solvers.dynamic import Dmda, Eager, HistoryModel
+from schedir.pipeline.dag import DynamicTrace, Task, TaskGraph, simulate_dynamic
+from solvers.pipeline.dynamic import Dmda, Eager, HistoryModel
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class DynamicRunResult:
 
 
 class _RealState:
-    """What the policies read (the interface of ``schedir.pipeline_dag.DynamicSim``)."""
+    """What the policies read (the interface of ``schedir.pipeline.dag.DynamicSim``)."""
 
     def __init__(self, graph: TaskGraph, platform: Platform, t0: float):
         self.graph, self.platform, self.t0 = graph, platform, t0

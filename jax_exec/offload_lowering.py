@@ -47,7 +47,7 @@ from jax_exec.lowering import (
 )
 from jax_exec.stages import StageList, spec_bytes, split_layers
 from schedir import Offload, OffloadSchedule, Prefetch, Wait
-from schedir.offload import is_compute
+from schedir.offload.problem import is_compute
 
 
 def split_schedule(schedule: OffloadSchedule | Sequence) -> tuple[tuple, set[int]]:

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_exec.stages import Stage, as_stages
-from schedir.pipeline_ops import Bwd, Fwd, PipelineSchedule, Recv, Send
+from schedir.pipeline.ops import Bwd, Fwd, PipelineSchedule, Recv, Send
 
 
 @dataclass(frozen=True)

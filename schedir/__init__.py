@@ -6,14 +6,15 @@ the schedules.
 
 __version__ = "0.1.0"  # the package version (pyproject.toml reads it from here)
 
-from schedir.chain import Chain  # noqa: E402
-from schedir.discretize import Discretized, discretize
+from schedir.chain.discretize import Discretized, discretize
+from schedir.chain.ops import B, F_all, F_ck, F_n, Loss, parse_op
+from schedir.chain.problem import Chain  # noqa: E402
 from schedir.errors import InvalidProblem, InvalidSchedule
-from schedir.graph import Graph, Node, build_graph, chain_ops_to_graph, chain_to_graph
-from schedir.graph_ops import Compute, Free, parse_graph_op
-from schedir.graph_simulate import GraphSchedule, simulate_graph
+from schedir.graph.ops import Compute, Free, parse_graph_op
+from schedir.graph.problem import Graph, Node, build_graph, chain_ops_to_graph, chain_to_graph
+from schedir.graph.simulate import GraphSchedule, simulate_graph
 from schedir.io import from_dict, load, save
-from schedir.offload import (
+from schedir.offload.problem import (
     Evict,
     Offload,
     OffloadProblem,
@@ -24,7 +25,6 @@ from schedir.offload import (
     parse_offload_op,
     simulate_offload,
 )
-from schedir.ops import B, F_all, F_ck, F_n, Loss, parse_op
 from schedir.platform import PRESETS, CopyEngine, Device, Link, Platform
 from schedir.schedule import Schedule
 from schedir.simulate import Trace, op_time, simulate, simulate_chain
@@ -76,18 +76,8 @@ __all__ = [
 ]
 
 # Several devices: pipelines, steady state, dynamic runs (docs/pipelines.md).
-from schedir.pipeline import (  # noqa: E402
-    Interval,
-    Mapping,
-    MasterWorker,
-    PeriodReport,
-    PipelineProblem,
-    SteadyState,
-    evaluate,
-    training_period,
-)
-from schedir.pipeline_dag import Task, TaskGraph, pipeline_graph, simulate_dynamic  # noqa: E402
-from schedir.pipeline_ops import (  # noqa: E402
+from schedir.pipeline.dag import Task, TaskGraph, pipeline_graph, simulate_dynamic  # noqa: E402
+from schedir.pipeline.ops import (  # noqa: E402
     Bwd,
     Fwd,
     PipelineSchedule,
@@ -97,7 +87,17 @@ from schedir.pipeline_ops import (  # noqa: E402
     inference_pattern,
     one_f_one_b_ops,
 )
-from schedir.pipeline_sim import Noise, PipelineTrace, simulate_pipeline  # noqa: E402
+from schedir.pipeline.problem import (  # noqa: E402
+    Interval,
+    Mapping,
+    MasterWorker,
+    PeriodReport,
+    PipelineProblem,
+    SteadyState,
+    evaluate,
+    training_period,
+)
+from schedir.pipeline.simulate import Noise, PipelineTrace, simulate_pipeline  # noqa: E402
 from schedir.simulate import SCHEDULES as _SCHEDULES  # noqa: E402
 
 # The schedule classes each problem kind's simulator reads (schedir.simulate.SCHEDULES).

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from schedir.chain import Chain
+from schedir.chain.problem import Chain
 from schedir.errors import InvalidProblem, InvalidSchedule
 from schedir.platform import Platform
 from schedir.schedule import Schedule

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
-from schedir.graph_ops import Compute
-from schedir.graph_simulate import GraphSchedule
+from schedir.graph.ops import Compute
+from schedir.graph.simulate import GraphSchedule
 from schedir.schedule import Schedule
 from schedir.simulate import Trace, simulate
 

@@ -6,7 +6,7 @@ JSON format (version 1), readable without JAX::
      "ops": ["F_ck(0)", "F_n(1)", ..., "Loss()", "B(1)", "B(0)"],
      "meta": {"method": "rotor", "budget": 1024, "solve_time": 0.01, "options": {}}}
 
-Ops are written in their printed form and parsed by :func:`schedir.ops.parse_op`.
+Ops are written in their printed form and parsed by :func:`schedir.chain.ops.parse_op`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from schedir.chain.ops import OP_TYPES, parse_op
 from schedir.errors import InvalidSchedule
-from schedir.ops import OP_TYPES, parse_op
 
 FORMAT = "schedir.schedule"
 VERSION = 1

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from schedir.chain import Chain
+from schedir.chain.ops import B, F_all, F_ck, F_n, Loss
+from schedir.chain.problem import Chain
 from schedir.errors import InvalidSchedule
-from schedir.ops import B, F_all, F_ck, F_n, Loss
 from schedir.schedule import Schedule, as_ops
 
 Buffer = tuple[str, int]  # ("a" | "abar" | "d", k)

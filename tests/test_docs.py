@@ -73,7 +73,7 @@ RUNNABLE = [pytest.param(p, id=p.name) for p in PAGES if blocks(p, "python") or 
 def test_page(page: Path, monkeypatch, capsys) -> None:
     """The page's python blocks in order, then its schedir commands (which may use files
     the python blocks wrote)."""
-    from schedir.cli import main
+    from schedir.cli.app import main
 
     monkeypatch.chdir(ROOT)
     namespace: dict = {"__name__": f"docs_{page.stem}"}

@@ -35,7 +35,7 @@ import pytest
 
 import schedir
 import solvers
-from schedir.cli import main
+from schedir.cli.app import main
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = int(os.environ.get("SCHEDIR_FUZZ_CASES", "2400"))

@@ -26,8 +26,8 @@ from schedir import (
     simulate,
     simulate_chain,
 )
-from schedir.graph import chain_nodes, skip_graph
-from schedir.ops import B, F_all, F_ck, F_n, Loss
+from schedir.chain.ops import B, F_all, F_ck, F_n, Loss
+from schedir.graph.problem import chain_nodes, skip_graph
 
 
 def tiny() -> Graph:

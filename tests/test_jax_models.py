@@ -225,7 +225,7 @@ def test_real_sequential_with_functions_matches_nnx():
     want_leaves = jax.tree.leaves(want)
     chain = jax_exec.profile(model, mse_loss, x, y, timing="flops")
     assert chain.names[:5] == ("0:Linear", "1:relu", "2:Linear", "3:tanh", "4:Linear")
-    schedule = solvers.solve(chain, solvers.rotor.min_memory(chain) * 3 // 2, method="rotor")
+    schedule = solvers.solve(chain, solvers.chain.rotor.min_memory(chain) * 3 // 2, method="rotor")
     result = jax_exec.run(model, mse_loss, schedule, x, y)
     assert result.resident_bytes == schedir.simulate_chain(chain, schedule).resident
     loss, grads = jax_exec.value_and_grad(model, mse_loss, schedule)(x, y)
@@ -346,7 +346,7 @@ def test_tied_weights_are_held_once(lm):
 def test_tied_weights_and_tokens_on_every_path(lm):
     layers, x, y, chain, want_loss, want = lm
     assert chain.in_size[0] == x.nbytes and x.dtype == jnp.int32
-    rotor = solvers.solve(chain, solvers.rotor.min_memory(chain), method="rotor")
+    rotor = solvers.solve(chain, solvers.chain.rotor.min_memory(chain), method="rotor")
     for ops in (STORE_ALL, SEGMENT, NESTED, rotor.ops):
         trace = schedir.simulate_chain(chain, ops)
         result = jax_exec.run(layers, xent, ops, x, y)

@@ -16,7 +16,7 @@ from jax_exec.models import mlp_stack, mse_loss
 from jax_exec.offload import measure_platform
 from jax_exec.stages import as_stages
 from schedir import Offload, OffloadProblem, Platform, Prefetch
-from solvers.rotor_offload import build_table
+from solvers.offload.rotor_offload import build_table
 
 
 def plain(layers, x, y):

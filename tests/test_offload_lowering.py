@@ -19,7 +19,7 @@ from jax_exec.offload_lowering import (
     split_schedule,
 )
 from schedir import Offload, OffloadProblem, Platform
-from solvers.rotor_offload import build_table
+from solvers.offload.rotor_offload import build_table
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import pytest
 
 import solvers
 from schedir import Chain, Device, Link, Platform
-from schedir.pipeline import (
+from schedir.pipeline.problem import (
     PipelineProblem,
     all_mappings,
     capacity,
@@ -28,7 +28,7 @@ from schedir.pipeline import (
     interval_memory,
     training_period,
 )
-from schedir.pipeline_sim import simulate_pipeline
+from schedir.pipeline.simulate import simulate_pipeline
 
 INFERENCE_CASES = 200
 TRAINING_CASES = 60

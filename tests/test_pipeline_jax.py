@@ -58,8 +58,8 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
         stage_mesh,
     )
     from jax_exec.stages import as_stages
-    from schedir.pipeline import Interval, Mapping, PipelineProblem
-    from schedir.pipeline_ops import expand, gpipe_ops, inference_pattern, one_f_one_b_ops
+    from schedir.pipeline.ops import expand, gpipe_ops, inference_pattern, one_f_one_b_ops
+    from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
 
     assert len(jax.devices()) == 4
     checked = []

@@ -10,7 +10,17 @@ import pytest
 from test_pipeline_instances import random_problem
 
 import schedir
-from schedir.pipeline import (
+from schedir.pipeline.ops import (
+    Fwd,
+    PipelineSchedule,
+    Recv,
+    Send,
+    gpipe_ops,
+    inference_pattern,
+    one_f_one_b_ops,
+    parse_pipeline_op,
+)
+from schedir.pipeline.problem import (
     Interval,
     Mapping,
     MasterWorker,
@@ -21,17 +31,7 @@ from schedir.pipeline import (
     mapping_memory,
     training_period,
 )
-from schedir.pipeline_ops import (
-    Fwd,
-    PipelineSchedule,
-    Recv,
-    Send,
-    gpipe_ops,
-    inference_pattern,
-    one_f_one_b_ops,
-    parse_pipeline_op,
-)
-from schedir.pipeline_sim import Noise, simulate_pipeline
+from schedir.pipeline.simulate import Noise, simulate_pipeline
 
 
 def test_simulated_period_equals_formula_on_every_kind_of_mapping():
@@ -207,7 +207,7 @@ def _bad_inputs():
     devs = [schedir.Device("a"), schedir.Device("b")]
     plat = schedir.Platform.fully_connected(devs, 10.0)
     huge = schedir.Chain.from_rotor([1e300, 1.0], [1, 1, 1], [4, 4, 4], [0, 4, 4], [0, 0], [0] * 3)
-    from schedir.pipeline_dag import Task, TaskGraph
+    from schedir.pipeline.dag import Task, TaskGraph
 
     return [
         (lambda: schedir.Device("a", 0), "speed = 0"),

@@ -35,7 +35,7 @@ from jax_exec.auto.model import BlockModel, global_values
 from jax_exec.auto.trace import Lit
 from jax_exec.tree import Empty, LossNode, Record, Segment, parse_tree
 from schedir import Loss, Schedule
-from schedir.blocks import schedule_options, simulate_blocks
+from schedir.blocks.problem import schedule_options, simulate_blocks
 
 
 def recorded(fns: BlockFunctions) -> Callable:

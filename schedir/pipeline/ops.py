@@ -1,0 +1,305 @@
+"""Multi-resource schedules: per-device op lists and the usual pipeline patterns.
+
+Ops (each names a micro-batch or item ``mb``):
+
+- ``Fwd(first, last, mb)``: forward of stages first..last-1 on this device's compute
+  stream; needs a_first (the input if first == 0, else received), produces a_last.
+- ``Bwd(first, last, mb, recompute)``: backward of those stages (with the loss when
+  last == L); needs d_last (received, or the loss) and its own Fwd; produces d_first.
+  ``recompute`` is extra time (seconds at speed 1) spent recomputing dropped
+  activations (per-stage checkpointing).
+- ``Send(kind, index, mb, peer)``: sends a_index (kind "a") or d_index ("d") of ``mb``
+  to ``peer`` over link (this device, peer), a serial resource, in list order.
+- ``Recv(kind, index, mb, peer)``: declares that this device receives it from ``peer``.
+
+A :class:`PipelineSchedule` holds ``ops`` = ((device, (op, ...)), ...) and ``meta``.
+When ``meta["periodic"]`` = K, the ops describe items 0..K-1 and item n + rK repeats
+the pattern of item n (see :func:`expand`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import numbers
+import re
+from dataclasses import dataclass, field
+
+from schedir.errors import InvalidSchedule
+from schedir.pipeline.problem import Mapping, PipelineProblem, evaluate
+from schedir.platform import LIMIT
+
+
+def _index(op: object, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise InvalidSchedule(f"{type(op).__name__} {name} = {value!r}: expected an integer >= 0")
+
+
+def _check_stages(op) -> None:
+    for name in ("first", "last", "mb"):
+        _index(op, name, getattr(op, name))
+    if op.first >= op.last:
+        raise InvalidSchedule(f"{op}: expected first < last")
+
+
+def _check_message(op) -> None:
+    if op.kind not in ("a", "d"):
+        raise InvalidSchedule(f"{type(op).__name__} kind = {op.kind!r}: expected 'a' or 'd'")
+    for name in ("index", "mb"):
+        _index(op, name, getattr(op, name))
+    if not isinstance(op.peer, str) or not op.peer:
+        raise InvalidSchedule(f"{type(op).__name__} peer = {op.peer!r}: expected a device name")
+
+
+@dataclass(frozen=True)
+class Fwd:
+    first: int
+    last: int
+    mb: int
+
+    def __post_init__(self) -> None:
+        _check_stages(self)
+
+    def __str__(self) -> str:
+        return f"F({self.first}:{self.last},{self.mb})"
+
+
+@dataclass(frozen=True)
+class Bwd:
+    first: int
+    last: int
+    mb: int
+    recompute: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_stages(self)
+        r = self.recompute
+        if isinstance(r, bool) or not isinstance(r, numbers.Real) or not 0 <= r <= LIMIT:
+            raise InvalidSchedule(f"{self}: recompute = {r!r}: expected seconds in [0, 1e100]")
+
+    def __str__(self) -> str:
+        extra = f",+{self.recompute!r}" if self.recompute else ""
+        return f"B({self.first}:{self.last},{self.mb}{extra})"
+
+
+@dataclass(frozen=True)
+class Send:
+    kind: str
+    index: int
+    mb: int
+    peer: str
+
+    def __post_init__(self) -> None:
+        _check_message(self)
+
+    def __str__(self) -> str:
+        return f"Send({self.kind}{self.index},{self.mb},{self.peer})"
+
+
+@dataclass(frozen=True)
+class Recv:
+    kind: str
+    index: int
+    mb: int
+    peer: str
+
+    def __post_init__(self) -> None:
+        _check_message(self)
+
+    def __str__(self) -> str:
+        return f"Recv({self.kind}{self.index},{self.mb},{self.peer})"
+
+
+PipelineOp = Fwd | Bwd | Send | Recv
+_OP = re.compile(r"^(F|B|Send|Recv)\((.*)\)$")
+
+
+def parse_pipeline_op(text: str) -> PipelineOp:
+    """Inverse of ``str(op)``: ``F(0:3,5)``, ``B(0:3,5,+0.1)``, ``Send(a3,5,gpu1)``."""
+    m = _OP.match(text.strip())
+    if not m:
+        raise InvalidSchedule(f"cannot parse pipeline op {text!r}")
+    name, args = m.group(1), m.group(2).split(",")
+    try:
+        if name in ("F", "B"):
+            first, last = (int(v) for v in args[0].split(":"))
+            if name == "F":
+                return Fwd(first, last, int(args[1]))
+            extra = float(args[2].lstrip("+")) if len(args) > 2 else 0.0
+            return Bwd(first, last, int(args[1]), extra)
+        kind, index = args[0][0], int(args[0][1:])
+        cls = Send if name == "Send" else Recv
+        return cls(kind, index, int(args[1]), ",".join(args[2:]))
+    except InvalidSchedule as err:
+        raise InvalidSchedule(f"pipeline op {text!r}: {err}") from None
+    except (ValueError, IndexError):
+        raise InvalidSchedule(f"cannot parse pipeline op {text!r}") from None
+
+
+@dataclass(frozen=True)
+class PipelineSchedule:
+    """Per-device op lists and JSON-compatible metadata (see the module docstring)."""
+
+    ops: tuple
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        lists = []
+        for k, entry in enumerate(self.ops):
+            if (
+                not isinstance(entry, list | tuple)
+                or len(entry) != 2
+                or not isinstance(entry[0], str)
+                or isinstance(entry[1], str)
+                or not isinstance(entry[1], list | tuple)
+            ):
+                raise InvalidSchedule(f"ops[{k}]: expected [device name, [op, ...]]")
+            dev, ops = entry
+            ops = tuple(parse_pipeline_op(o) if isinstance(o, str) else o for o in ops)
+            for o in ops:
+                if not isinstance(o, Fwd | Bwd | Send | Recv):
+                    raise InvalidSchedule(f"device {dev}: {o!r} is not a pipeline op")
+            lists.append((str(dev), ops))
+        object.__setattr__(self, "ops", tuple(lists))
+        if not isinstance(self.meta, dict):
+            raise InvalidSchedule(f"meta = {self.meta!r}: expected a JSON object")
+        try:
+            object.__setattr__(self, "meta", json.loads(json.dumps(dict(self.meta))))
+        except (TypeError, ValueError) as err:
+            raise InvalidSchedule(f"meta is not JSON-serializable: {err}") from None
+
+    @property
+    def mapping(self) -> Mapping | None:
+        m = self.meta.get("mapping")
+        return None if m is None else Mapping.from_dict(m)
+
+    def to_dict(self) -> dict:
+        return {
+            "format": "schedir.pipeline_schedule",
+            "version": 1,
+            "ops": [[dev, [str(o) for o in ops]] for dev, ops in self.ops],
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PipelineSchedule:
+        if not isinstance(d, dict) or d.get("format") != "schedir.pipeline_schedule":
+            raise InvalidSchedule("expected format 'schedir.pipeline_schedule'")
+        if d.get("version", 1) != 1:
+            raise InvalidSchedule(f"version = {d.get('version')!r}: this library reads version 1")
+        ops = d.get("ops")
+        if not isinstance(ops, list):
+            raise InvalidSchedule(f"ops = {ops!r}: expected a list of [device, [op, ...]]")
+        return cls(tuple(ops), d.get("meta", {}))
+
+
+def _shift(op: PipelineOp, offset: int) -> PipelineOp:
+    """``op`` for item mb + offset (offset >= 0: still a valid op, not checked again)."""
+    moved = copy.copy(op)
+    object.__setattr__(moved, "mb", op.mb + offset)
+    return moved
+
+
+def expand(schedule: PipelineSchedule, items: int) -> PipelineSchedule:
+    """The op lists of ``items`` items from a periodic pattern (a no-op otherwise)."""
+    K = schedule.meta.get("periodic")
+    if not K:
+        return schedule
+    reps = math.ceil(items / K)
+    lists = []
+    for dev, ops in schedule.ops:
+        out = [_shift(o, r * K) for r in range(reps) for o in ops]
+        lists.append((dev, tuple(o for o in out if o.mb < items)))
+    meta = {k: v for k, v in schedule.meta.items() if k != "periodic"}
+    return PipelineSchedule(tuple(lists), {**meta, "items": items})
+
+
+def inference_pattern(problem: PipelineProblem, mapping: Mapping) -> PipelineSchedule:
+    """The periodic round-robin pattern of an inference mapping (K = lcm of |R|)."""
+    mapping.check(problem)
+    ivs = mapping.intervals
+    K = math.lcm(*(len(iv.devices) for iv in ivs))
+    lists: dict[str, list] = {u: [] for iv in ivs for u in iv.devices}
+    for n in range(K):
+        for g, iv in enumerate(ivs):
+            u = iv.devices[n % len(iv.devices)]
+            if g > 0:
+                prev = ivs[g - 1].devices
+                lists[u].append(Recv("a", iv.first, n, prev[n % len(prev)]))
+            lists[u].append(Fwd(iv.first, iv.last, n))
+            if g + 1 < len(ivs):
+                nxt = ivs[g + 1].devices
+                lists[u].append(Send("a", iv.last, n, nxt[n % len(nxt)]))
+    rep = evaluate(problem, mapping)
+    meta = {"mapping": mapping.to_dict(), "periodic": K, "kind": "inference",
+            "period": rep.period, "latency": rep.latency}  # fmt: skip
+    return PipelineSchedule(tuple((u, tuple(v)) for u, v in lists.items()), meta)
+
+
+def _stage_devices(problem: PipelineProblem, mapping: Mapping) -> list[str]:
+    mapping.check(problem)
+    if any(len(iv.devices) != 1 for iv in mapping.intervals):
+        raise InvalidSchedule("training pipelines take one device per interval (no replication)")
+    return [iv.devices[0] for iv in mapping.intervals]
+
+
+def _training_ops(problem, mapping, order, recompute) -> PipelineSchedule:
+    devs = _stage_devices(problem, mapping)
+    ivs, P = mapping.intervals, len(mapping.intervals)
+    recompute = recompute or [0.0] * P
+    lists = []
+    for p, (iv, u) in enumerate(zip(ivs, devs, strict=True)):
+        ops: list = []
+        for kind, mb in order(p, P):
+            if kind == "F":
+                if p > 0:
+                    ops.append(Recv("a", iv.first, mb, devs[p - 1]))
+                ops.append(Fwd(iv.first, iv.last, mb))
+                if p + 1 < P:
+                    ops.append(Send("a", iv.last, mb, devs[p + 1]))
+            else:
+                if p + 1 < P:
+                    ops.append(Recv("d", iv.last, mb, devs[p + 1]))
+                ops.append(Bwd(iv.first, iv.last, mb, recompute[p]))
+                if p > 0:
+                    ops.append(Send("d", iv.first, mb, devs[p - 1]))
+        lists.append((u, tuple(ops)))
+    return PipelineSchedule(tuple(lists), {"mapping": mapping.to_dict(), "kind": "training"})
+
+
+def gpipe_ops(
+    problem: PipelineProblem, mapping: Mapping, recompute: list[float] | None = None
+) -> PipelineSchedule:
+    """GPipe (Huang et al., NeurIPS 2019): all forwards, then all backwards (reversed)."""
+    m = problem.microbatches
+
+    def order(p: int, P: int):
+        return [("F", i) for i in range(m)] + [("B", i) for i in reversed(range(m))]
+
+    s = _training_ops(problem, mapping, order, recompute)
+    return PipelineSchedule(s.ops, {**s.meta, "pattern": "gpipe"})
+
+
+def one_f_one_b_order(p: int, P: int, m: int) -> list[tuple[str, int]]:
+    """1F1B order of stage p of P (PipeDream-Flush, Narayanan et al., SC 2021): P-p-1
+    warm-up forwards, then alternate one forward and one backward, then drain; at most
+    P - p micro-batches are in flight on stage p."""
+    warm = min(P - p - 1, m)
+    seq = [("F", i) for i in range(warm)]
+    f = warm
+    for b in range(m):
+        if f < m:
+            seq.append(("F", f))
+            f += 1
+        seq.append(("B", b))
+    return seq
+
+
+def one_f_one_b_ops(
+    problem: PipelineProblem, mapping: Mapping, recompute: list[float] | None = None
+) -> PipelineSchedule:
+    """The 1F1B schedule of ``problem.microbatches`` micro-batches on ``mapping``."""
+    m = problem.microbatches
+    s = _training_ops(problem, mapping, lambda p, P: one_f_one_b_order(p, P, m), recompute)
+    return PipelineSchedule(s.ops, {**s.meta, "pattern": "1f1b"})
