@@ -13,9 +13,7 @@
   refused), shared parameters, state (docs/jax_exec.md, "What the stage list accepts").
 """
 
-from jax_exec.graph_profile import profile_graph, sequential_dag
-from jax_exec.graph_run import GraphRunResult, run_graph
-from jax_exec.lowering import (
+from jax_exec.chain.lowering import (
     Lowered,
     Residual,
     expected_activations,
@@ -23,13 +21,19 @@ from jax_exec.lowering import (
     saved_activations,
     value_and_grad,
 )
-from jax_exec.offload import OffloadRunResult, measure_platform, run_offload
-from jax_exec.offload_lowering import lower_offload, offload_residuals, offload_value_and_grad
-from jax_exec.planning import plan
-from jax_exec.profile import profile
-from jax_exec.runtime import RunResult, run
+from jax_exec.chain.planning import plan
+from jax_exec.chain.profile import profile
+from jax_exec.chain.runtime import RunResult, run
+from jax_exec.chain.tree import parse_tree
+from jax_exec.graph.profile import profile_graph, sequential_dag
+from jax_exec.graph.runtime import GraphRunResult, run_graph
+from jax_exec.offload.lowering import (
+    lower_offload,
+    offload_residuals,
+    offload_value_and_grad,
+)
+from jax_exec.offload.runtime import OffloadRunResult, measure_platform, run_offload
 from jax_exec.stages import Stage, StageList, as_stages, split_layers
-from jax_exec.tree import parse_tree
 
 __all__ = [
     "GraphRunResult",
@@ -60,9 +64,9 @@ __all__ = [
 ]
 
 # Several devices (docs/pipelines.md).
-from jax_exec.dynamic_run import DynamicRunResult, run_dynamic  # noqa: E402
-from jax_exec.pipeline import PipelineRunResult, run_pipeline  # noqa: E402
-from jax_exec.spmd_pipeline import (  # noqa: E402
+from jax_exec.pipeline.dynamic import DynamicRunResult, run_dynamic  # noqa: E402
+from jax_exec.pipeline.mpmd import PipelineRunResult, run_pipeline  # noqa: E402
+from jax_exec.pipeline.spmd import (  # noqa: E402
     nnx_blocks,
     sequential,
     shard_stacked,

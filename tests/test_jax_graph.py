@@ -19,10 +19,10 @@ import pytest
 from flax import nnx
 
 import jax_exec
-import jax_exec.graph_profile as gp
+import jax_exec.graph.profile as gp
 import schedir
 import solvers
-from jax_exec.graph_profile import (
+from jax_exec.graph.profile import (
     Add,
     Block,
     Concat,
@@ -32,7 +32,7 @@ from jax_exec.graph_profile import (
     residual_dag,
     sequential_dag,
 )
-from jax_exec.graph_run import run_graph
+from jax_exec.graph.runtime import run_graph
 from jax_exec.models import mse_loss
 
 RTOL, ATOL = 1e-5, 1e-6

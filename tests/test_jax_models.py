@@ -20,8 +20,12 @@ import jax_exec
 import schedir
 import solvers
 from jax_exec.models import mse_loss
-from jax_exec.offload import run_offload
-from jax_exec.offload_lowering import lower_offload, offload_residuals, offload_value_and_grad
+from jax_exec.offload.lowering import (
+    lower_offload,
+    offload_residuals,
+    offload_value_and_grad,
+)
+from jax_exec.offload.runtime import run_offload
 from schedir import B, F_all, F_ck, F_n, Loss, Offload, OffloadProblem, Platform, Prefetch, Wait
 
 RTOL, ATOL = 1e-5, 1e-6

@@ -13,7 +13,7 @@ import jax_exec
 import schedir
 import solvers
 from jax_exec.models import mlp_stack, mse_loss
-from jax_exec.offload import measure_platform
+from jax_exec.offload.runtime import measure_platform
 from jax_exec.stages import as_stages
 from schedir import Offload, OffloadProblem, Platform, Prefetch
 from solvers.offload.rotor_offload import build_table

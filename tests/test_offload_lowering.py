@@ -12,7 +12,7 @@ import pytest
 import jax_exec
 import solvers
 from jax_exec.models import mlp_stack, mse_loss
-from jax_exec.offload_lowering import (
+from jax_exec.offload.lowering import (
     lower_offload,
     offload_residuals,
     offload_value_and_grad,

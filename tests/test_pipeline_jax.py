@@ -46,10 +46,10 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
 
     import schedir
     import solvers
-    from jax_exec.dynamic_run import run_dynamic
     from jax_exec.models import MLPBlock, mlp_stack, mse_loss
-    from jax_exec.pipeline import run_pipeline
-    from jax_exec.spmd_pipeline import (
+    from jax_exec.pipeline.dynamic import run_dynamic
+    from jax_exec.pipeline.mpmd import run_pipeline
+    from jax_exec.pipeline.spmd import (
         nnx_blocks,
         sequential,
         shard_stacked,

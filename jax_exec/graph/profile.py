@@ -19,7 +19,7 @@ models as graphs"):
   sum, computed inside ``B{v}``'s kernel, of v's slots in its users' outputs.
 
 Every node is one compiled kernel (:func:`node_kernels`), which the runtime
-(:func:`jax_exec.graph_run.run_graph`) runs for ``Compute``; sizes are the exact bytes
+(:func:`jax_exec.graph.runtime.run_graph`) runs for ``Compute``; sizes are the exact bytes
 of the arrays it returns, ``tmp`` its ``memory_analysis()`` temporary bytes, ``cost``
 the median time of its ``Compute`` in the runtime or its FLOPs / ``flops_per_second``.
 """
@@ -422,7 +422,7 @@ def _measure(
     """Seconds per node: the median, over ``repeats`` runs of every node once in order
     (after one warm-up run), of its ``Compute`` as the runtime executes it (dispatch,
     kernel, wait), so that a schedule's makespan predicts the runtime's time."""
-    from jax_exec.graph_run import execute  # graph_run imports this module
+    from jax_exec.graph.runtime import execute  # graph_run imports this module
 
     graph = _graph(spec, {s["name"]: 0.0 for s in spec})
     ops = tuple(Compute(i) for i in graph.computed)

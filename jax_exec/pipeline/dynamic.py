@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jax_exec.pipeline import interval_kernels, split_microbatches
+from jax_exec.pipeline.mpmd import interval_kernels, split_microbatches
 from jax_exec.stages import as_stages
 from schedir import Device, Platform
 from schedir.pipeline.dag import DynamicTrace, Task, TaskGraph, simulate_dynamic

@@ -19,9 +19,9 @@ from typing import Any
 
 import jax
 
+from jax_exec.chain.tree import check_schedule
 from jax_exec.kernels import chain_kernels, loss_kernel
 from jax_exec.stages import split_layers
-from jax_exec.tree import check_schedule
 from schedir import B, F_all, F_ck, F_n, GraphSchedule, Loss, Schedule
 
 
@@ -123,18 +123,20 @@ def run(
     every op (:class:`RunResult`). Raises :class:`schedir.InvalidSchedule` for a
     schedule made for another chain length or one that cannot run. A schedule with
     copy ops (``Offload``, ``Prefetch``, ``Wait``) runs in
-    :func:`jax_exec.offload.run_offload` and returns an ``OffloadRunResult``. A
+    :func:`jax_exec.offload.runtime.run_offload` and returns an ``OffloadRunResult``. A
     ``GraphSchedule`` runs a DAG model (``layers``: a dict of nodes, ``x``: a dict of
-    inputs) in :func:`jax_exec.graph_run.run_graph`, which returns a ``GraphRunResult``.
+    inputs) in :func:`jax_exec.graph.runtime.run_graph`, which returns a ``GraphRunResult``.
     """
     if isinstance(schedule, GraphSchedule):  # a DAG model and a graph schedule
-        from jax_exec.graph_run import run_graph
+        from jax_exec.graph.runtime import run_graph
 
         return run_graph(layers, loss_fn, None, schedule, x, y)
     if not hasattr(schedule, "ops"):
         schedule = tuple(schedule)
     if has_copies(schedule.ops if hasattr(schedule, "ops") else schedule):
-        from jax_exec.offload import run_offload  # copy ops: the runtime with host memory
+        from jax_exec.offload.runtime import (
+            run_offload,  # copy ops: the runtime with host memory
+        )
 
         return run_offload(layers, loss_fn, schedule, x, y)
     model = split_layers(layers)

@@ -37,7 +37,7 @@ from typing import Any
 
 import jax
 
-from jax_exec.lowering import (
+from jax_exec.chain.lowering import (
     Lowered,
     Residual,
     is_model_input,

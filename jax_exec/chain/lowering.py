@@ -3,10 +3,10 @@
 The schedule's tree (:mod:`jax_exec.tree`) becomes one differentiable function of
 ``(params, x, y)``:
 
-- a :class:`~jax_exec.tree.Segment` (``F_ck(i) F_n(i+1..j-1)``) runs stages i..j-1
+- a :class:`~jax_exec.chain.tree.Segment` (``F_ck(i) F_n(i+1..j-1)``) runs stages i..j-1
   under ``jax.checkpoint`` (only its input is saved; its backward recomputes the
   stages with the inner structure of the subtree);
-- a :class:`~jax_exec.tree.Record` (``F_all(i) .. B(i)``) runs stage i as a
+- a :class:`~jax_exec.chain.tree.Record` (``F_all(i) .. B(i)``) runs stage i as a
   ``jax.custom_vjp`` whose residuals are exactly the profiler's ``abar[i+1]``: the
   stage input, its output and the new residuals of its ``jax.vjp``. Plain autodiff
   would sometimes drop the output (when nothing needs it), so the saved set would no
@@ -37,6 +37,16 @@ import jax
 from jax._src.ad_checkpoint import saved_residuals
 from jax.ad_checkpoint import checkpoint_name
 
+from jax_exec.chain.tree import (
+    Empty,
+    LossNode,
+    Node,
+    Record,
+    Segment,
+    check_schedule,
+    parse_tree,
+    unit_chain,
+)
 from jax_exec.kernels import stage_functions
 from jax_exec.stages import (
     LayerWatch,
@@ -46,16 +56,6 @@ from jax_exec.stages import (
     check_loss,
     spec_bytes,
     split_layers,
-)
-from jax_exec.tree import (
-    Empty,
-    LossNode,
-    Node,
-    Record,
-    Segment,
-    check_schedule,
-    parse_tree,
-    unit_chain,
 )
 from schedir import Loss, Schedule, simulate_chain
 
@@ -288,10 +288,10 @@ def value_and_grad(
     (``jax_exec.offload_lowering``: ``checkpoint_name`` and
     ``save_and_offload_only_these_names``).
     """
-    from jax_exec.runtime import has_copies
+    from jax_exec.chain.runtime import has_copies
 
     if has_copies(schedule.ops if hasattr(schedule, "ops") else schedule):
-        from jax_exec.offload_lowering import lower_offload
+        from jax_exec.offload.lowering import lower_offload
 
         return jitted_step(layers, lambda model: lower_offload(model, loss_fn, schedule))
     return jitted_step(layers, lambda model: Lowered(*lower_model(model, loss_fn, schedule), model))

@@ -27,10 +27,10 @@ from typing import Any
 
 import jax
 
+from jax_exec.chain.runtime import _Buffers
+from jax_exec.chain.tree import unit_chain
 from jax_exec.kernels import chain_kernels, loss_kernel
-from jax_exec.runtime import _Buffers
 from jax_exec.stages import split_layers
-from jax_exec.tree import unit_chain
 from schedir import (
     B,
     CopyEngine,

@@ -1,7 +1,7 @@
 """The op-by-op runtime for graph schedules (docs/jax_exec.md, runtime path).
 
 :func:`run_graph` executes the ``Compute``/``Free`` ops of a ``GraphSchedule`` on the
-graph :func:`jax_exec.graph_profile.profile_graph` made of a DAG model. Every graph
+graph :func:`jax_exec.graph.profile.profile_graph` made of a DAG model. Every graph
 node is a buffer of explicit arrays (layout in :mod:`jax_exec.graph_profile`):
 
 - an input node: the caller's array (never deleted: the runtime does not own it;
@@ -31,7 +31,8 @@ from typing import Any
 
 import jax
 
-from jax_exec.graph_profile import (
+from jax_exec.chain.runtime import RunResult, _tree_bytes
+from jax_exec.graph.profile import (
     DagKernels,
     backward_name,
     check_graph,
@@ -39,7 +40,6 @@ from jax_exec.graph_profile import (
     layout_graph,
     residual_name,
 )
-from jax_exec.runtime import RunResult, _tree_bytes
 from schedir import Compute, Free, Graph, GraphSchedule, Schedule, simulate_graph
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import jax
 
 import solvers
-from jax_exec.profile import profile
+from jax_exec.chain.profile import profile
 from schedir import Chain, Schedule
 
 
