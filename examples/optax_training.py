@@ -58,8 +58,8 @@ def main() -> None:
     store_all = solvers.solve(chain, 10**15, "store_all").meta["peak_memory"]
     schedule = solvers.solve(chain, store_all // 2, method="rotor")
     print(
-        f"{chain.length} stages: store-all needs {store_all / 1e6:.2f} MB of activations, "
-        f"the rotor schedule {schedule.meta['peak_memory'] / 1e6:.2f} MB "
+        f"{chain.length} stages: store-all needs {store_all / 2**20:.2f} MiB of activations, "
+        f"the rotor schedule {schedule.meta['peak_memory'] / 2**20:.2f} MiB "
         f"(predicted time x{schedule.meta['makespan'] / chain.store_all_time():.2f})"
     )
 
