@@ -34,6 +34,7 @@ from solvers.registry import (
     get,
     register,
     solve,
+    unregister,
 )
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "register",
     "solve",
     "tradeoff",
+    "unregister",
     # the kind packages, and each solver module by its name as before the grouping
     "blocks",
     "chain",

@@ -89,6 +89,24 @@ def register(name: str, *, problem: type, exact: bool, description: str):
     return wrap
 
 
+def unregister(name: str, problem: type) -> Method:
+    """Remove the method ``name`` for ``problem`` (a class) from the registry and return
+    it (to register it again, or in tests). Unknown pairs raise ``KeyError`` naming them.
+
+    >>> import schedir, solvers
+    >>> entry = solvers.unregister("chen_sqrt", schedir.Chain)
+    >>> "chen_sqrt" in [m.name for m in solvers.available(schedir.Chain)]
+    False
+    >>> _ = solvers.register("chen_sqrt", problem=schedir.Chain, exact=entry.exact,
+    ...                      description=entry.description)(entry.function)
+    """
+    try:
+        return _METHODS.pop((name, problem))
+    except KeyError:
+        known = ", ".join(f"{n} ({p.__name__})" for n, p in _METHODS)
+        raise KeyError(f"no solver {name!r} registered for {problem!r}; known: {known}") from None
+
+
 def available(problem: object | type | None = None) -> list[Method]:
     """Registered methods, optionally only those that read ``problem`` (an instance or class).
 
