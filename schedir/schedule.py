@@ -32,7 +32,10 @@ class Schedule:
     ``Schedule.from_json(s.to_json()) == s`` always holds.
 
     Schedules of other problem kinds subclass this one and set ``FORMAT``, ``OPS`` (a
-    description for errors), and override ``parse_op`` / ``is_op``.
+    description for errors), and override ``parse_op`` / ``is_op``. A kind whose ops
+    are not one flat sequence (a pipeline: one op list per device) overrides
+    :meth:`checked_ops` (normalize and check ``ops``), :meth:`ops_to_json` and
+    ``__len__`` (the number of ops) instead.
     """
 
     ops: tuple
@@ -50,21 +53,31 @@ class Schedule:
         return type(op) in OP_TYPES.values()
 
     def __post_init__(self) -> None:
-        ops = tuple(self.parse_op(op) if isinstance(op, str) else op for op in self.ops)
+        object.__setattr__(self, "ops", self.checked_ops(self.ops))
+        object.__setattr__(self, "meta", normalized_meta(self.meta))
+
+    def checked_ops(self, ops) -> tuple:
+        """``ops`` as a tuple of op objects (printed forms parsed); InvalidSchedule
+        naming the first one that is not an op of this class."""
+        ops = tuple(self.parse_op(op) if isinstance(op, str) else op for op in ops)
         for i, op in enumerate(ops):
             if not self.is_op(op):
                 raise InvalidSchedule(f"op {i}: {op!r} is not {self.OPS}")
-        object.__setattr__(self, "ops", ops)
-        object.__setattr__(self, "meta", normalized_meta(self.meta))
+        return ops
+
+    def ops_to_json(self) -> list:
+        """The ``ops`` entry of the JSON form (printed ops)."""
+        return [str(op) for op in self.ops]
 
     def __len__(self) -> int:
+        """The number of ops."""
         return len(self.ops)
 
     def to_dict(self) -> dict:
         return {
             "format": self.FORMAT,
             "version": VERSION,
-            "ops": [str(op) for op in self.ops],
+            "ops": self.ops_to_json(),
             "meta": self.meta,
         }
 

@@ -44,7 +44,7 @@ from schedir.chain.ops import B, F_all, F_ck, F_n, Loss
 from schedir.chain.problem import Chain
 from schedir.errors import InvalidProblem, InvalidSchedule
 from schedir.schedule import Schedule, as_ops
-from schedir.simulate import SIMULATORS, Trace
+from schedir.trace import Trace
 
 FORMAT = "schedir.block_chain"
 
@@ -443,6 +443,3 @@ def simulate_blocks(problem: BlockChain, schedule_or_ops, *, record_buffers: boo
         ops=ops,
         buffers=tuple(bufs) if record_buffers else None,
     )
-
-
-SIMULATORS[BlockChain] = simulate_blocks

@@ -1,16 +1,23 @@
 """Operations of a chain schedule (docs/semantics.md, the op table).
 
 Each op is a small frozen, hashable value that prints as ``F_ck(3)`` and parses back
-with :func:`parse_op`. Memory semantics live in :mod:`schedir.simulate`.
+with :func:`parse_op`. What each op reads, adds and frees is :func:`effect`: the one
+statement of the op table, read by the chain simulator, the offload simulator and the
+executors.
 """
 
 from __future__ import annotations
 
 import numbers
 import re
+from collections.abc import Container
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from schedir.errors import InvalidSchedule
+
+if TYPE_CHECKING:
+    from schedir.chain.problem import Chain
 
 
 @dataclass(frozen=True)
@@ -79,3 +86,137 @@ def parse_op(text: str) -> ChainOp:
     if not arg:
         raise InvalidSchedule(f"cannot parse op {text!r}: {name} needs a stage index")
     return OP_TYPES[name](int(arg))
+
+
+Buffer = tuple[str, int]  # ("a" | "abar" | "d", k): a[k], abar[k], d[k]
+
+
+def buffer_name(buf: Buffer) -> str:
+    """Printed form of a buffer, e.g. ``abar[3]``."""
+    return f"{buf[0]}[{buf[1]}]"
+
+
+class MissingBuffer(InvalidSchedule):
+    """An op's input is not resident. ``wanted``: the buffers any one of which would do
+    (``a[k]`` or ``abar[k]`` for a stage input; one buffer otherwise)."""
+
+    def __init__(self, op, wanted: tuple[Buffer, ...]):
+        self.op, self.wanted = op, wanted
+        if len(wanted) == 1:
+            why = f"needs {buffer_name(wanted[0])}, which is not resident"
+        else:
+            names = " or ".join(buffer_name(b) for b in wanted)
+            why = f"needs {names}, neither is resident"
+        super().__init__(why)
+
+
+@dataclass(frozen=True)
+class Effect:
+    """What one chain op does (docs/semantics.md, the op table).
+
+    Attributes:
+        reads: buffers the op reads (all resident when it starts).
+        adds: buffers it makes resident (its output).
+        frees: buffers it frees when it ends (a subset of ``reads``).
+        time: its duration, seconds.
+        tmp: temporary bytes it needs while it runs, on top of the resident buffers
+            and its output.
+    """
+
+    reads: tuple[Buffer, ...]
+    adds: tuple[Buffer, ...]
+    frees: tuple[Buffer, ...]
+    time: float
+    tmp: int
+
+
+def effect(chain: Chain, op: ChainOp, resident: Container[Buffer]) -> Effect:
+    """The :class:`Effect` of ``op`` on ``chain`` when ``resident`` buffers are held.
+
+    The op table of docs/semantics.md, written once. The input of stage k is ``a[k]``
+    when resident, else ``abar[k]`` (the recorded form holds a_k too):
+
+    - ``F_ck(k)``: reads it, adds ``a[k+1]``; ``F_n(k)``: also frees it;
+      ``F_all(k)``: adds ``abar[k+1]`` (output and residuals). Temporaries
+      ``fwd_tmp[k]``, time ``fwd_time[k]``.
+    - ``Loss()``: reads the input of stage L, adds ``d[L]``, frees ``a[L]`` when that
+      was the input (``abar[L]`` stays for ``B(L-1)``). Temporaries ``bwd_tmp[L]``,
+      time ``fwd_time[L] + bwd_time[L]``.
+    - ``B(k)``: reads ``d[k+1]``, ``abar[k+1]`` and the input of stage k, adds
+      ``d[k]``; frees ``d[k+1]``, ``abar[k+1]`` and ``a[k]`` when that was the input.
+      Temporaries ``bwd_tmp[k]``, time ``bwd_time[k]``.
+
+    Whether an output is already resident, and whether each backward runs once, is
+    the caller's state (a simulator or an executor); this function only reads
+    ``resident``. Raises :class:`MissingBuffer` (an ``InvalidSchedule``) when an input
+    is not resident, ``InvalidSchedule`` when the stage is out of range.
+
+    >>> from schedir import Chain
+    >>> c = Chain.from_rotor([1.0, 1.0], [2.0, 2.0, 0.5], [4, 8, 2], [0, 12, 6], [0, 0],
+    ...                      [0, 0, 0])
+    >>> effect(c, F_n(0), {("a", 0)})
+    Effect(reads=(('a', 0),), adds=(('a', 1),), frees=(('a', 0),), time=1.0, tmp=0)
+    >>> e = effect(c, B(0), {("a", 0), ("abar", 1), ("d", 1)})
+    >>> e.adds, e.frees
+    ((('d', 0),), (('a', 0), ('d', 1), ('abar', 1)))
+    """
+    L = chain.length
+    if isinstance(op, Loss):
+        k = L
+    elif isinstance(op, _StageOp) and type(op) in OP_TYPES.values():
+        k = op.index
+        if k >= L:
+            raise InvalidSchedule(f"stage {k} out of range 0..{L - 1} (the loss runs as Loss())")
+    else:
+        raise InvalidSchedule(f"{op!r} is not a chain op")
+    reads: tuple[Buffer, ...] = ()
+    if isinstance(op, B):
+        reads = (("d", k + 1), ("abar", k + 1))
+        for buf in reads:
+            if buf not in resident:
+                raise MissingBuffer(op, (buf,))
+    src = next((b for b in (("a", k), ("abar", k)) if b in resident), None)
+    if src is None:
+        raise MissingBuffer(op, (("a", k), ("abar", k)))
+    reads = (*reads, src)
+    frees_src = (src,) if src[0] == "a" else ()
+    if isinstance(op, Loss):
+        time = chain.fwd_time[L] + chain.bwd_time[L]
+        return Effect(reads, (("d", L),), frees_src, time, chain.bwd_tmp[L])
+    if isinstance(op, B):
+        frees = (*frees_src, ("d", k + 1), ("abar", k + 1))
+        return Effect(reads, (("d", k),), frees, chain.bwd_time[k], chain.bwd_tmp[k])
+    out = ("abar" if isinstance(op, F_all) else "a", k + 1)
+    frees = (src,) if isinstance(op, F_n) else ()
+    return Effect(reads, (out,), frees, chain.fwd_time[k], chain.fwd_tmp[k])
+
+
+def op_time(chain: Chain, op: ChainOp) -> float:
+    """Time of one op on ``chain``, seconds (the ``time`` of its :func:`effect`)."""
+    if isinstance(op, Loss):
+        return chain.fwd_time[-1] + chain.bwd_time[-1]
+    if isinstance(op, B):
+        return chain.bwd_time[op.index]
+    return chain.fwd_time[op.index]
+
+
+def backward_index(chain: Chain, op: ChainOp) -> int | None:
+    """The backward ``op`` completes: k for ``B(k)``, L for ``Loss()``, None for a forward."""
+    if isinstance(op, Loss):
+        return chain.length
+    return op.index if isinstance(op, B) else None
+
+
+def incomplete_step(done: list[bool], n_ops: int) -> InvalidSchedule | None:
+    """The error for a sequence that is not a complete training step (None when it is):
+    ``done[k]`` says whether ``B(k)`` ran, ``done[L]`` whether ``Loss()`` ran."""
+    L = len(done) - 1
+    missing = [f"B({k})" for k in range(L - 1, -1, -1) if not done[k]]
+    if not done[L]:
+        missing.insert(0, "Loss()")
+    if not missing:
+        return None
+    return InvalidSchedule(
+        f"op {n_ops} (after the last op): incomplete training step, "
+        f"{', '.join(missing)} never ran so d[0] is not computed"
+    )

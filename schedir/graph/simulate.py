@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from schedir.errors import InvalidSchedule
-from schedir.graph.ops import GRAPH_OP_TYPES, Compute, Free, parse_graph_op
+from schedir.graph.ops import GRAPH_OP_TYPES, Compute, effect, parse_graph_op
 from schedir.graph.problem import Graph
-from schedir.io import FORMATS
 from schedir.schedule import Schedule
-from schedir.simulate import SIMULATORS, Trace
+from schedir.trace import Span, Trace
 
 FORMAT = "schedir.graph_schedule"
 
@@ -83,35 +82,22 @@ def simulate_graph(
     done = [False] * n
     clock = 0.0
     res_after, op_peaks, starts, ends, bufs = [], [], [], [], []
+    held = _Resident(resident)
     for step, op in enumerate(ops):
-        i = op.node
-        if i >= n:
-            raise InvalidSchedule(f"op {step}: {op}: node {i} out of range 0..{n - 1}")
-        name = nodes[i].name
+        try:
+            eff = effect(graph, op, held)
+        except InvalidSchedule as err:
+            raise InvalidSchedule(f"op {step}: {op}: {err}") from None
         start = clock
-        if isinstance(op, Compute):
-            if nodes[i].kind == "input":
-                raise InvalidSchedule(f"op {step}: {op}: {name} is an input, it cannot be computed")
-            for j in nodes[i].inputs:
-                if not resident[j]:
-                    raise InvalidSchedule(
-                        f"op {step}: {op}: {name} needs {nodes[j].name} (node {j}), not resident"
-                    )
-            if resident[i]:
-                raise InvalidSchedule(f"op {step}: {op}: {name} is already resident")
-            resident[i] = True
-            total += nodes[i].size
-            need = total + nodes[i].tmp
-            done[i] = True
-            clock += nodes[i].cost
-        elif isinstance(op, Free):
-            if not resident[i]:
-                raise InvalidSchedule(f"op {step}: {op}: {name} is not resident")
-            resident[i] = False
-            total -= nodes[i].size
-            need = total
-        else:  # pragma: no cover - GraphSchedule() rejects foreign ops
-            raise InvalidSchedule(f"op {step}: {op!r} is not a graph op")
+        for j in eff.adds:
+            resident[j] = True
+            total += nodes[j].size
+            done[j] = True
+        for j in eff.frees:  # only Free frees, and what it frees is gone when it ends
+            resident[j] = False
+            total -= nodes[j].size
+        need = total + eff.tmp
+        clock += eff.time
         peak = max(peak, need)
         op_peaks.append(need)
         res_after.append(total)
@@ -139,6 +125,30 @@ def simulate_graph(
     )
 
 
-SIMULATORS[Graph] = simulate_graph
-FORMATS[FORMAT] = GraphSchedule
-FORMATS["schedir.graph"] = Graph
+class _Resident:
+    """``j in resident`` over the simulator's list of flags (no set rebuilt per op)."""
+
+    __slots__ = ("flags",)
+
+    def __init__(self, flags: list[bool]):
+        self.flags = flags
+
+    def __contains__(self, j: object) -> bool:
+        return isinstance(j, int) and 0 <= j < len(self.flags) and self.flags[j]
+
+
+def graph_lanes(graph: Graph, schedule: Schedule, trace: Trace) -> dict[str, list[Span]]:
+    """One ``compute`` lane of the Compute ops (Free ops take no time and are not drawn).
+
+    Kind: the node's kind, ``recompute`` for the second and later computes of a node.
+    """
+    seen: set[int] = set()
+    spans = []
+    for op, s, e in zip(trace.ops, trace.start, trace.end, strict=True):
+        if not isinstance(op, Compute):
+            continue
+        node = graph.nodes[op.node]
+        kind = "recompute" if op.node in seen else node.kind
+        seen.add(op.node)
+        spans.append(Span(s, e, node.name, kind))
+    return {"compute": spans}

@@ -20,15 +20,17 @@ the pattern of item n (see :func:`expand`).
 from __future__ import annotations
 
 import copy
-import json
 import math
 import numbers
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
 from schedir.errors import InvalidSchedule
-from schedir.pipeline.problem import Mapping, PipelineProblem, evaluate
+from schedir.pipeline.model import evaluate
+from schedir.pipeline.problem import Mapping, PipelineProblem
 from schedir.platform import LIMIT
+from schedir.schedule import Schedule
 
 
 def _index(op: object, name: str, value: object) -> None:
@@ -138,15 +140,31 @@ def parse_pipeline_op(text: str) -> PipelineOp:
 
 
 @dataclass(frozen=True)
-class PipelineSchedule:
-    """Per-device op lists and JSON-compatible metadata (see the module docstring)."""
+class PipelineSchedule(Schedule):
+    """Per-device op lists and JSON-compatible metadata (see the module docstring).
 
-    ops: tuple
-    meta: dict = field(default_factory=dict)
+    ``ops`` = ((device name, (op, ...)), ...); ``len(schedule)`` counts the ops of
+    every device. JSON format ``schedir.pipeline_schedule`` (version 1; a missing
+    version reads as 1)::
 
-    def __post_init__(self) -> None:
+        {"format": "schedir.pipeline_schedule", "version": 1,
+         "ops": [["gpu0", ["F(0:2,0)", "Send(a2,0,gpu1)"]], ["gpu1", [...]]], "meta": {}}
+    """
+
+    FORMAT: ClassVar[str] = "schedir.pipeline_schedule"
+    OPS: ClassVar[str] = "a pipeline op (Fwd, Bwd, Send, Recv)"
+
+    @staticmethod
+    def parse_op(text: str):
+        return parse_pipeline_op(text)
+
+    @staticmethod
+    def is_op(op) -> bool:
+        return isinstance(op, Fwd | Bwd | Send | Recv)
+
+    def checked_ops(self, ops) -> tuple:
         lists = []
-        for k, entry in enumerate(self.ops):
+        for k, entry in enumerate(ops):
             if (
                 not isinstance(entry, list | tuple)
                 or len(entry) != 2
@@ -155,43 +173,34 @@ class PipelineSchedule:
                 or not isinstance(entry[1], list | tuple)
             ):
                 raise InvalidSchedule(f"ops[{k}]: expected [device name, [op, ...]]")
-            dev, ops = entry
-            ops = tuple(parse_pipeline_op(o) if isinstance(o, str) else o for o in ops)
-            for o in ops:
-                if not isinstance(o, Fwd | Bwd | Send | Recv):
+            dev, dev_ops = entry
+            dev_ops = tuple(self.parse_op(o) if isinstance(o, str) else o for o in dev_ops)
+            for o in dev_ops:
+                if not self.is_op(o):
                     raise InvalidSchedule(f"device {dev}: {o!r} is not a pipeline op")
-            lists.append((str(dev), ops))
-        object.__setattr__(self, "ops", tuple(lists))
-        if not isinstance(self.meta, dict):
-            raise InvalidSchedule(f"meta = {self.meta!r}: expected a JSON object")
-        try:
-            object.__setattr__(self, "meta", json.loads(json.dumps(dict(self.meta))))
-        except (TypeError, ValueError) as err:
-            raise InvalidSchedule(f"meta is not JSON-serializable: {err}") from None
+            lists.append((str(dev), dev_ops))
+        return tuple(lists)
+
+    def ops_to_json(self) -> list:
+        return [[dev, [str(o) for o in ops]] for dev, ops in self.ops]
+
+    def __len__(self) -> int:
+        return sum(len(ops) for _, ops in self.ops)
 
     @property
     def mapping(self) -> Mapping | None:
         m = self.meta.get("mapping")
         return None if m is None else Mapping.from_dict(m)
 
-    def to_dict(self) -> dict:
-        return {
-            "format": "schedir.pipeline_schedule",
-            "version": 1,
-            "ops": [[dev, [str(o) for o in ops]] for dev, ops in self.ops],
-            "meta": self.meta,
-        }
-
     @classmethod
     def from_dict(cls, d: dict) -> PipelineSchedule:
-        if not isinstance(d, dict) or d.get("format") != "schedir.pipeline_schedule":
-            raise InvalidSchedule("expected format 'schedir.pipeline_schedule'")
-        if d.get("version", 1) != 1:
-            raise InvalidSchedule(f"version = {d.get('version')!r}: this library reads version 1")
-        ops = d.get("ops")
-        if not isinstance(ops, list):
-            raise InvalidSchedule(f"ops = {ops!r}: expected a list of [device, [op, ...]]")
-        return cls(tuple(ops), d.get("meta", {}))
+        if isinstance(d, dict) and "version" not in d:
+            d = {**d, "version": 1}
+        if isinstance(d, dict) and d.get("format") == cls.FORMAT:
+            ops = d.get("ops")
+            if not isinstance(ops, list):
+                raise InvalidSchedule(f"ops = {ops!r}: expected a list of [device, [op, ...]]")
+        return super().from_dict(d)
 
 
 def _shift(op: PipelineOp, offset: int) -> PipelineOp:

@@ -39,10 +39,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from schedir.errors import InvalidProblem, InvalidSchedule
-from schedir.io import FORMATS
+from schedir.pipeline.model import link_time, working_set
 from schedir.pipeline.ops import Bwd, Fwd, PipelineSchedule, Recv, Send, expand
-from schedir.pipeline.problem import PipelineProblem, link_time, working_set
-from schedir.simulate import JUDGES, SIMULATORS
+from schedir.pipeline.problem import PipelineProblem
+from schedir.trace import Span
 
 
 @dataclass(frozen=True)
@@ -442,7 +442,31 @@ def judge_pipeline(problem: PipelineProblem, trace: PipelineTrace, budget: int |
     }
 
 
-SIMULATORS[PipelineProblem] = simulate_pipeline
-JUDGES[PipelineProblem] = judge_pipeline
-FORMATS["schedir.pipeline"] = PipelineProblem
-FORMATS["schedir.pipeline_schedule"] = PipelineSchedule
+_SPAN_KINDS = {"F": "forward", "B": "backward", "Send": "copy"}
+
+
+def pipeline_lanes(problem: PipelineProblem, schedule, trace: PipelineTrace) -> dict:
+    """One lane per device (its compute stream: forward, backward) in platform order,
+    then one per directed link ``src->dst`` (its sends: copy), in order of first use."""
+    out: dict[str, list[Span]] = {d.name: [] for d in problem.platform.devices}
+    for rec in trace.records:
+        lane = rec.resource[1] if rec.resource[0] == "compute" else "->".join(rec.resource[1:])
+        kind = _SPAN_KINDS.get(rec.op.split("(", 1)[0], "other")
+        out.setdefault(lane, []).append(Span(rec.start, rec.end, rec.op, kind))
+    return {lane: spans for lane, spans in out.items() if spans}
+
+
+def pipeline_memory(trace: PipelineTrace) -> tuple[list[float], list[int]]:
+    """The largest device memory at every instant (``peak_memory`` is its maximum)."""
+    events = sorted(
+        (t, k, dev, level)
+        for dev, (times, levels) in trace.memory.items()
+        for k, (t, level) in enumerate(zip(times, levels, strict=True))
+    )
+    current: dict[str, int] = {}
+    times, values = [0.0], [0]
+    for t, _, dev, level in events:
+        current[dev] = int(level)
+        times.append(t)
+        values.append(max(current.values()))
+    return times, values
