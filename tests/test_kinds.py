@@ -145,3 +145,68 @@ def test_ir_core_imports_no_application_and_no_heavy_library() -> None:
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def _schedir_imports() -> dict[str, set[str]]:
+    """Module -> the schedir modules it imports (anywhere in it, lazy imports too)."""
+    import ast
+
+    files = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in (ROOT / "schedir").rglob("*.py")
+    }
+    edges: dict[str, set[str]] = {}
+    for name, path in files.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            found |= (
+                {next(t for t in targets if t in files)}
+                if any(t in files for t in targets)
+                else set()
+            )
+        edges[name] = found - {name}
+    return edges
+
+
+def test_no_import_cycle_between_modules_of_the_ir() -> None:
+    """Strongly connected components of schedir's module imports (package __init__
+    files hand names on and are left out: every module imports its parents)."""
+    edges = {
+        m: {t for t in ts if not (ROOT / t.replace(".", "/") / "__init__.py").exists()}
+        for m, ts in _schedir_imports().items()
+        if not (ROOT / m.replace(".", "/") / "__init__.py").exists()
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    assert not cycles, cycles
