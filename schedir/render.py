@@ -21,7 +21,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from schedir import kind as kinds
-from schedir.schedule import Schedule
+from schedir.chain.schedule import Schedule
 from schedir.simulate import simulate
 from schedir.trace import Span, Trace
 

@@ -9,8 +9,8 @@ from schedir.blocks.problem import (
     schedule_options,
     simulate_blocks,
 )
+from schedir.chain.schedule import Schedule
 from schedir.chain.simulate import chain_lanes
-from schedir.schedule import Schedule
 
 KIND = _kind.register(
     _kind.Kind(

@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 
 from schedir.chain.ops import B, F_all, F_ck, F_n, Loss
 from schedir.chain.problem import Chain
+from schedir.chain.schedule import Schedule, as_ops
 from schedir.errors import InvalidProblem, InvalidSchedule
-from schedir.schedule import Schedule, as_ops
 from schedir.trace import Trace
 
 FORMAT = "schedir.block_chain"

@@ -6,8 +6,8 @@ from schedir import kind as _kind
 from schedir.chain.discretize import Discretized, discretize
 from schedir.chain.ops import B, Effect, F_all, F_ck, F_n, Loss, effect, parse_op
 from schedir.chain.problem import Chain
+from schedir.chain.schedule import Schedule
 from schedir.chain.simulate import chain_lanes, simulate_chain
-from schedir.schedule import Schedule
 
 KIND = _kind.register(
     _kind.Kind(

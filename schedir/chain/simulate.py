@@ -26,8 +26,8 @@ from schedir.chain.ops import (
     op_time,
 )
 from schedir.chain.problem import Chain
+from schedir.chain.schedule import Schedule, as_ops
 from schedir.errors import InvalidSchedule
-from schedir.schedule import Schedule, as_ops
 from schedir.trace import Span, Trace
 
 __all__ = ["Trace", "buffer_name", "chain_lanes", "op_time", "simulate_chain"]

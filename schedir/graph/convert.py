@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 from schedir.chain.ops import effect
 from schedir.chain.problem import Chain
+from schedir.chain.schedule import as_ops
 from schedir.errors import InvalidSchedule
 from schedir.graph.ops import Compute, Free, parse_graph_op
 from schedir.graph.problem import Graph, Node
-from schedir.schedule import as_ops
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
+from schedir.chain.schedule import Schedule
 from schedir.errors import InvalidSchedule
 from schedir.graph.ops import GRAPH_OP_TYPES, Compute, effect, parse_graph_op
 from schedir.graph.problem import Graph
-from schedir.schedule import Schedule
 from schedir.trace import Span, Trace
 
 FORMAT = "schedir.graph_schedule"

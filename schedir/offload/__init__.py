@@ -3,6 +3,7 @@
 (compute, d2h, h2d)."""
 
 from schedir import kind as _kind
+from schedir.chain.schedule import Schedule
 from schedir.offload.ops import (
     Evict,
     Offload,
@@ -21,7 +22,6 @@ from schedir.offload.simulate import (
     simulate_offload,
 )
 from schedir.platform import Platform
-from schedir.schedule import Schedule
 
 KIND = _kind.register(
     _kind.Kind(

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from schedir.chain.ops import OP_TYPES, B, F_all, F_ck, F_n, Loss, parse_op
+from schedir.chain.schedule import Schedule
 from schedir.errors import InvalidSchedule
-from schedir.schedule import Schedule
 
 _BUF_RE = re.compile(r"^(a|abar|d|w|g)\[(\d+)\]$")
 KINDS = ("a", "abar", "d", "w", "g")

@@ -22,10 +22,10 @@ from schedir.chain.ops import (
     effect,
     incomplete_step,
 )
+from schedir.chain.schedule import Schedule
 from schedir.errors import InvalidSchedule
 from schedir.offload.ops import Evict, Offload, OffloadSchedule, Prefetch, Wait, is_compute
 from schedir.offload.problem import OffloadProblem
-from schedir.schedule import Schedule
 from schedir.trace import Span
 
 FIRST, LAST = -math.inf, math.inf

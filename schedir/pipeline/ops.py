@@ -26,11 +26,11 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
+from schedir.chain.schedule import Schedule
 from schedir.errors import InvalidSchedule
 from schedir.pipeline.model import evaluate
 from schedir.pipeline.problem import Mapping, PipelineProblem
 from schedir.platform import LIMIT
-from schedir.schedule import Schedule
 
 
 def _index(op: object, name: str, value: object) -> None:
