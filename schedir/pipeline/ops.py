@@ -139,6 +139,76 @@ def parse_pipeline_op(text: str) -> PipelineOp:
         raise InvalidSchedule(f"cannot parse pipeline op {text!r}") from None
 
 
+Data = tuple[str, str, int, int]  # (device, "a" | "d", stage index, item): a_k or d_k of item mb
+
+
+@dataclass(frozen=True)
+class Effect:
+    """What one pipeline op does (the module docstring's rules, written once).
+
+    Attributes:
+        resource: ``("compute", device)`` for Fwd / Bwd, ``("link", device, peer)`` for
+            Send (a serial resource), ``()`` for Recv (a declaration: it runs nothing).
+        reads: data the op waits for on its device: ``(device, "a", first, mb)`` for a
+            Fwd with first > 0 (a Fwd with first == 0 reads the item's input, released
+            at its arrival time), ``(device, "d", last, mb)`` for a Bwd with last < L,
+            what a Send sends; for a Recv, what it expects to arrive.
+        adds: data the op makes available: a_last (Fwd) or d_first (Bwd) on its
+            device, the sent data on the peer (Send).
+        stash: the forward whose stash a Bwd reads, ``(device, first, last, mb)``.
+        work: compute seconds at speed 1 (Fwd: forward times; Bwd: backward times,
+            plus ``recompute``, plus the loss when last == L); 0 for messages.
+        nbytes: bytes a Send carries (x_index); 0 otherwise.
+    """
+
+    resource: tuple
+    reads: tuple[Data, ...]
+    adds: tuple[Data, ...]
+    stash: tuple[str, int, int, int] | None
+    work: float
+    nbytes: int
+
+
+def effect(problem: PipelineProblem, device: str, op: PipelineOp) -> Effect:
+    """The :class:`Effect` of ``op`` in the list of ``device``: the rules of the module
+    docstring, read by the simulator and by the multi-device executors.
+
+    Raises ``InvalidSchedule`` when the op's stages are out of range 0..L.
+
+    >>> from schedir import Chain, Device, Platform, PipelineProblem
+    >>> c = Chain.from_rotor([1.0, 2.0], [1.0, 1.0, 0.5], [8, 4, 2], [0, 8, 4], [0, 0],
+    ...                      [0, 0, 0])
+    >>> pb = PipelineProblem(c, (1, 1), Platform.fully_connected(
+    ...     [Device("g0", 1.0, None), Device("g1", 1.0, None)], 4.0), training=True)
+    >>> effect(pb, "g1", Bwd(1, 2, 0))
+    Effect(resource=('compute', 'g1'), reads=(), adds=(('g1', 'd', 1, 0),), \
+stash=('g1', 1, 2, 0), work=1.5, nbytes=0)
+    >>> effect(pb, "g0", Send("a", 1, 0, "g1")).adds
+    (('g1', 'a', 1, 0),)
+    """
+    chain, L = problem.chain, problem.length
+    if isinstance(op, Recv):
+        return Effect((), ((device, op.kind, op.index, op.mb),), (), None, 0.0, 0)
+    if isinstance(op, Send):
+        held, sent = (device, op.kind, op.index, op.mb), (op.peer, op.kind, op.index, op.mb)
+        nbytes = chain.in_size[op.index] if op.index <= L else 0
+        return Effect(("link", device, op.peer), (held,), (sent,), None, 0.0, nbytes)
+    if not isinstance(op, Fwd | Bwd):
+        raise InvalidSchedule(f"{op!r} is not a pipeline op")
+    if not 0 <= op.first < op.last <= L:
+        raise InvalidSchedule(f"stages out of range 0..{L}")
+    if isinstance(op, Fwd):
+        reads = ((device, "a", op.first, op.mb),) if op.first > 0 else ()
+        work = sum(chain.fwd_time[op.first : op.last])
+        return Effect(("compute", device), reads, ((device, "a", op.last, op.mb),), None, work, 0)
+    work = sum(chain.bwd_time[op.first : op.last]) + op.recompute
+    if op.last == L:
+        work += chain.fwd_time[L] + chain.bwd_time[L]
+    reads = ((device, "d", op.last, op.mb),) if op.last < L else ()
+    stash = (device, op.first, op.last, op.mb)
+    return Effect(("compute", device), reads, ((device, "d", op.first, op.mb),), stash, work, 0)
+
+
 @dataclass(frozen=True)
 class PipelineSchedule(Schedule):
     """Per-device op lists and JSON-compatible metadata (see the module docstring).
