@@ -207,16 +207,16 @@ def backward_index(chain: Chain, op: ChainOp) -> int | None:
     return op.index if isinstance(op, B) else None
 
 
-def incomplete_step(done: list[bool], n_ops: int) -> InvalidSchedule | None:
-    """The error for a sequence that is not a complete training step (None when it is):
-    ``done[k]`` says whether ``B(k)`` ran, ``done[L]`` whether ``Loss()`` ran."""
+def check_complete_step(done: list[bool], n_ops: int) -> None:
+    """Raise ``InvalidSchedule`` when a sequence of ``n_ops`` ops is not a complete
+    training step: ``done[k]`` says whether ``B(k)`` ran, ``done[L]`` whether ``Loss()``
+    ran."""
     L = len(done) - 1
     missing = [f"B({k})" for k in range(L - 1, -1, -1) if not done[k]]
     if not done[L]:
         missing.insert(0, "Loss()")
-    if not missing:
-        return None
-    return InvalidSchedule(
-        f"op {n_ops} (after the last op): incomplete training step, "
-        f"{', '.join(missing)} never ran so d[0] is not computed"
-    )
+    if missing:
+        raise InvalidSchedule(
+            f"op {n_ops} (after the last op): incomplete training step, "
+            f"{', '.join(missing)} never ran so d[0] is not computed"
+        )

@@ -21,8 +21,8 @@ from schedir.chain.ops import (
     Buffer,
     backward_index,
     buffer_name,
+    check_complete_step,
     effect,
-    incomplete_step,
     op_time,
 )
 from schedir.chain.problem import Chain
@@ -93,9 +93,7 @@ def simulate_chain(
         if record_buffers:
             bufs.append(frozenset(buffer_name(b) for b in resident))
 
-    error = incomplete_step(backward_done, len(ops))
-    if error is not None:
-        raise error
+    check_complete_step(backward_done, len(ops))
     return Trace(
         makespan=clock,
         peak_memory=peak,

@@ -19,8 +19,8 @@ from schedir.chain.ops import (
     MissingBuffer,
     backward_index,
     buffer_name,
+    check_complete_step,
     effect,
-    incomplete_step,
 )
 from schedir.chain.schedule import Schedule
 from schedir.errors import InvalidSchedule
@@ -305,9 +305,7 @@ def run(problem: OffloadProblem, ops: tuple, record_buffers: bool) -> OffloadTra
         if record_buffers:
             bufs.append(frozenset(buffer_name(b) for b in device))
 
-    error = incomplete_step(done, len(ops))
-    if error is not None:
-        raise error
+    check_complete_step(done, len(ops))
     for buf, copy in copies.items():
         if copy.direction == "offload" and not copy.waited:
             release_offload(buf)
