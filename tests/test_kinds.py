@@ -210,3 +210,15 @@ def test_no_import_cycle_between_modules_of_the_ir() -> None:
         if v not in index:
             visit(v)
     assert not cycles, cycles
+
+
+def test_a_message_beyond_the_chain_is_an_invalid_schedule(tmp_path: Path, capsys) -> None:
+    """Regression: Send(a9, ...) on a 3-stage chain raised IndexError (exit 3 in the CLI)."""
+    problem, _, _ = pipeline_case()
+    bad = schedir.PipelineSchedule((("gpu0", ("F(0:3,0)", "Send(a9,0,gpu1)")),))
+    with pytest.raises(schedir.InvalidSchedule, match=r"Send\(a9,0,gpu1\): index 9 out of range"):
+        schedir.simulate(problem, bad)
+    schedir.save(problem, tmp_path / "p.json")
+    schedir.save(bad, tmp_path / "s.json")
+    assert main(["simulate", str(tmp_path / "p.json"), str(tmp_path / "s.json")]) == 2
+    assert "index 9 out of range 0..3" in capsys.readouterr().err

@@ -173,7 +173,8 @@ def effect(problem: PipelineProblem, device: str, op: PipelineOp) -> Effect:
     """The :class:`Effect` of ``op`` in the list of ``device``: the rules of the module
     docstring, read by the simulator and by the multi-device executors.
 
-    Raises ``InvalidSchedule`` when the op's stages are out of range 0..L.
+    Raises ``InvalidSchedule`` when the op's stages (or a message's index) are out of
+    range 0..L.
 
     >>> from schedir import Chain, Device, Platform, PipelineProblem
     >>> c = Chain.from_rotor([1.0, 2.0], [1.0, 1.0, 0.5], [8, 4, 2], [0, 8, 4], [0, 0],
@@ -187,11 +188,13 @@ stash=('g1', 1, 2, 0), work=1.5, nbytes=0)
     (('g1', 'a', 1, 0),)
     """
     chain, L = problem.chain, problem.length
+    if isinstance(op, Send | Recv) and op.index > L:
+        raise InvalidSchedule(f"index {op.index} out of range 0..{L}")
     if isinstance(op, Recv):
         return Effect((), ((device, op.kind, op.index, op.mb),), (), None, 0.0, 0)
     if isinstance(op, Send):
         held, sent = (device, op.kind, op.index, op.mb), (op.peer, op.kind, op.index, op.mb)
-        nbytes = chain.in_size[op.index] if op.index <= L else 0
+        nbytes = chain.in_size[op.index]
         return Effect(("link", device, op.peer), (held,), (sent,), None, 0.0, nbytes)
     if not isinstance(op, Fwd | Bwd):
         raise InvalidSchedule(f"{op!r} is not a pipeline op")
