@@ -12,7 +12,7 @@ import numbers
 import re
 from collections.abc import Container
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from schedir.errors import InvalidSchedule
 
@@ -110,9 +110,9 @@ class MissingBuffer(InvalidSchedule):
         super().__init__(why)
 
 
-@dataclass(frozen=True)
-class Effect:
-    """What one chain op does (docs/semantics.md, the op table).
+class Effect(NamedTuple):
+    """What one chain op does (docs/semantics.md, the op table). Immutable; a
+    NamedTuple rather than a frozen dataclass because simulators build one per op.
 
     Attributes:
         reads: buffers the op reads (all resident when it starts).
@@ -128,6 +128,9 @@ class Effect:
     frees: tuple[Buffer, ...]
     time: float
     tmp: int
+
+
+_FORWARDS = frozenset({F_ck, F_n, F_all})
 
 
 def effect(chain: Chain, op: ChainOp, resident: Container[Buffer]) -> Effect:
@@ -149,7 +152,8 @@ def effect(chain: Chain, op: ChainOp, resident: Container[Buffer]) -> Effect:
     Whether an output is already resident, and whether each backward runs once, is
     the caller's state (a simulator or an executor); this function only reads
     ``resident``. Raises :class:`MissingBuffer` (an ``InvalidSchedule``) when an input
-    is not resident, ``InvalidSchedule`` when the stage is out of range.
+    is not resident, ``InvalidSchedule`` when the op is not a chain op or its stage
+    is out of range.
 
     >>> from schedir import Chain
     >>> c = Chain.from_rotor([1.0, 1.0], [2.0, 2.0, 0.5], [4, 8, 2], [0, 12, 6], [0, 0],
@@ -160,35 +164,37 @@ def effect(chain: Chain, op: ChainOp, resident: Container[Buffer]) -> Effect:
     >>> e.adds, e.frees
     ((('d', 0),), (('a', 0), ('d', 1), ('abar', 1)))
     """
-    L = chain.length
-    if isinstance(op, Loss):
+    cls = type(op)
+    L = len(chain.fwd_time) - 1  # chain.length, without the property call per op
+    if cls is Loss:
         k = L
-    elif isinstance(op, _StageOp) and type(op) in OP_TYPES.values():
+    elif cls is B or cls in _FORWARDS:
         k = op.index
         if k >= L:
             raise InvalidSchedule(f"stage {k} out of range 0..{L - 1} (the loss runs as Loss())")
     else:
         raise InvalidSchedule(f"{op!r} is not a chain op")
-    reads: tuple[Buffer, ...] = ()
-    if isinstance(op, B):
-        reads = (("d", k + 1), ("abar", k + 1))
-        for buf in reads:
+    if cls is B:
+        d, abar = ("d", k + 1), ("abar", k + 1)
+        for buf in (d, abar):
             if buf not in resident:
                 raise MissingBuffer(op, (buf,))
-    src = next((b for b in (("a", k), ("abar", k)) if b in resident), None)
-    if src is None:
-        raise MissingBuffer(op, (("a", k), ("abar", k)))
-    reads = (*reads, src)
-    frees_src = (src,) if src[0] == "a" else ()
-    if isinstance(op, Loss):
+    a = ("a", k)
+    if a in resident:
+        src, frees_src = a, (a,)
+    else:
+        src, frees_src = ("abar", k), ()
+        if src not in resident:
+            raise MissingBuffer(op, (a, src))
+    if cls is B:
+        return Effect((d, abar, src), (("d", k),), (*frees_src, d, abar), chain.bwd_time[k],
+                      chain.bwd_tmp[k])  # fmt: skip
+    if cls is Loss:
         time = chain.fwd_time[L] + chain.bwd_time[L]
-        return Effect(reads, (("d", L),), frees_src, time, chain.bwd_tmp[L])
-    if isinstance(op, B):
-        frees = (*frees_src, ("d", k + 1), ("abar", k + 1))
-        return Effect(reads, (("d", k),), frees, chain.bwd_time[k], chain.bwd_tmp[k])
-    out = ("abar" if isinstance(op, F_all) else "a", k + 1)
-    frees = (src,) if isinstance(op, F_n) else ()
-    return Effect(reads, (out,), frees, chain.fwd_time[k], chain.fwd_tmp[k])
+        return Effect((src,), (("d", L),), frees_src, time, chain.bwd_tmp[L])
+    out = ("abar", k + 1) if cls is F_all else ("a", k + 1)
+    return Effect((src,), (out,), (src,) if cls is F_n else (), chain.fwd_time[k],
+                  chain.fwd_tmp[k])  # fmt: skip
 
 
 def op_time(chain: Chain, op: ChainOp) -> float:

@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from schedir.chain.ops import (
+    B,
     Buffer,
-    backward_index,
+    Loss,
     buffer_name,
     check_complete_step,
     effect,
@@ -52,9 +53,9 @@ def simulate_chain(
     L = chain.length
     x = chain.in_size + (0,)
 
-    def size(buf: Buffer) -> int:
-        kind, k = buf
-        return chain.saved_size[k - 1] if kind == "abar" else x[k]
+    size: dict[Buffer, int] = {("a", k): x[k] for k in range(L + 1)}
+    size.update({("d", k): x[k] for k in range(L + 1)})
+    size.update({("abar", k): chain.saved_size[k - 1] for k in range(1, L + 1)})
 
     resident: set[Buffer] = {("a", 0)}
     total = x[0]
@@ -67,7 +68,7 @@ def simulate_chain(
             eff = effect(chain, op, resident)
         except InvalidSchedule as err:
             raise InvalidSchedule(f"op {i}: {op}: {err}") from None
-        done = backward_index(chain, op)
+        done = L if type(op) is Loss else op.index if type(op) is B else None
         if done is not None and backward_done[done]:
             what = "the loss" if done == L else f"B({done})"
             raise InvalidSchedule(
@@ -77,11 +78,11 @@ def simulate_chain(
             if buf in resident:
                 raise InvalidSchedule(f"op {i}: {op}: {buffer_name(buf)} is already resident")
             resident.add(buf)
-            total += size(buf)
+            total += size[buf]
         need = total + eff.tmp
         for buf in eff.frees:
             resident.remove(buf)
-            total -= size(buf)
+            total -= size[buf]
         if done is not None:
             backward_done[done] = True
         peak = max(peak, need)
