@@ -164,8 +164,29 @@ def effect(chain: Chain, op: ChainOp, resident: Container[Buffer]) -> Effect:
     >>> e.adds, e.frees
     ((('d', 0),), (('a', 0), ('d', 1), ('abar', 1)))
     """
+    reads, adds, frees = buffer_moves(op, len(chain.fwd_time) - 1, resident)
     cls = type(op)
-    L = len(chain.fwd_time) - 1  # chain.length, without the property call per op
+    if cls is Loss:
+        time = chain.fwd_time[-1] + chain.bwd_time[-1]
+        return Effect(reads, adds, frees, time, chain.bwd_tmp[-1])
+    k = op.index
+    if cls is B:
+        return Effect(reads, adds, frees, chain.bwd_time[k], chain.bwd_tmp[k])
+    return Effect(reads, adds, frees, chain.fwd_time[k], chain.fwd_tmp[k])
+
+
+def buffer_moves(
+    op: ChainOp, length: int, resident: Container[Buffer]
+) -> tuple[tuple[Buffer, ...], tuple[Buffer, ...], tuple[Buffer, ...]]:
+    """``(reads, adds, frees)`` of ``op`` on a chain of ``length`` stages: the buffer
+    part of :func:`effect`, for models that cost the ops their own way (the block
+    chains of ``schedir.blocks``). Same rules and errors as :func:`effect`.
+
+    >>> buffer_moves(F_all(1), 3, {("abar", 1)})
+    ((('abar', 1),), (('abar', 2),), ())
+    """
+    cls = type(op)
+    L = length
     if cls is Loss:
         k = L
     elif cls is B or cls in _FORWARDS:
@@ -187,14 +208,11 @@ def effect(chain: Chain, op: ChainOp, resident: Container[Buffer]) -> Effect:
         if src not in resident:
             raise MissingBuffer(op, (a, src))
     if cls is B:
-        return Effect((d, abar, src), (("d", k),), (*frees_src, d, abar), chain.bwd_time[k],
-                      chain.bwd_tmp[k])  # fmt: skip
+        return (d, abar, src), (("d", k),), (*frees_src, d, abar)
     if cls is Loss:
-        time = chain.fwd_time[L] + chain.bwd_time[L]
-        return Effect((src,), (("d", L),), frees_src, time, chain.bwd_tmp[L])
+        return (src,), (("d", L),), frees_src
     out = ("abar", k + 1) if cls is F_all else ("a", k + 1)
-    return Effect((src,), (out,), (src,) if cls is F_n else (), chain.fwd_time[k],
-                  chain.fwd_tmp[k])  # fmt: skip
+    return (src,), (out,), (src,) if cls is F_n else ()
 
 
 def op_time(chain: Chain, op: ChainOp) -> float:
