@@ -44,7 +44,7 @@ from schedir.chain.ops import B, F_all, Loss, buffer_moves, check_complete_step
 from schedir.chain.problem import Chain
 from schedir.chain.schedule import Schedule, as_ops
 from schedir.errors import InvalidProblem, InvalidSchedule
-from schedir.trace import Trace
+from schedir.trace import Trace, TraceRecorder
 
 FORMAT = "schedir.block_chain"
 
@@ -365,9 +365,7 @@ def simulate_blocks(problem: BlockChain, schedule_or_ops, *, record_buffers: boo
             raise fail(i, op, f"{buf[0]}[{buf[1]}] is already resident")
         resident[buf] = members(buf)
 
-    initial = total()
-    peak, clock = initial, 0.0
-    res_after, op_peaks, starts, ends, bufs = [], [], [], [], []
+    recorder = TraceRecorder(total(), record_buffers)
     for i, op in enumerate(ops):
         try:  # the chain's op table; the costs are the block options'
             _, adds, frees = buffer_moves(op, L, resident)
@@ -393,23 +391,6 @@ def simulate_blocks(problem: BlockChain, schedule_or_ops, *, record_buffers: boo
         for buf in frees:
             del resident[buf]
         done[k] = done[k] or isinstance(op, Loss | B)
-        peak = max(peak, need)
-        op_peaks.append(need)
-        res_after.append(total())
-        starts.append(clock)
-        clock += dt
-        ends.append(clock)
-        if record_buffers:
-            bufs.append(frozenset(f"{b[0]}[{b[1]}]" for b in resident))
+        recorder.record(need, total(), dt, lambda: (f"{b[0]}[{b[1]}]" for b in resident))
     check_complete_step(done, len(ops))
-    return Trace(
-        makespan=clock,
-        peak_memory=peak,
-        initial_memory=initial,
-        resident=tuple(res_after),
-        op_peak=tuple(op_peaks),
-        start=tuple(starts),
-        end=tuple(ends),
-        ops=ops,
-        buffers=tuple(bufs) if record_buffers else None,
-    )
+    return recorder.trace(ops)

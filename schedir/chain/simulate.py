@@ -29,7 +29,7 @@ from schedir.chain.ops import (
 from schedir.chain.problem import Chain
 from schedir.chain.schedule import Schedule, as_ops
 from schedir.errors import InvalidSchedule
-from schedir.trace import Span, Trace
+from schedir.trace import Span, Trace, TraceRecorder
 
 __all__ = ["Trace", "buffer_name", "chain_lanes", "op_time", "simulate_chain"]
 
@@ -59,10 +59,8 @@ def simulate_chain(
 
     resident: set[Buffer] = {("a", 0)}
     total = x[0]
-    peak = total
     backward_done = [False] * (L + 1)  # index L is the loss
-    clock = 0.0
-    res_after, op_peaks, starts, ends, bufs = [], [], [], [], []
+    recorder = TraceRecorder(total, record_buffers)
     for i, op in enumerate(ops):
         try:
             eff = effect(chain, op, resident)
@@ -85,27 +83,10 @@ def simulate_chain(
             total -= size[buf]
         if done is not None:
             backward_done[done] = True
-        peak = max(peak, need)
-        op_peaks.append(need)
-        res_after.append(total)
-        starts.append(clock)
-        clock += eff.time
-        ends.append(clock)
-        if record_buffers:
-            bufs.append(frozenset(buffer_name(b) for b in resident))
+        recorder.record(need, total, eff.time, lambda: map(buffer_name, resident))
 
     check_complete_step(backward_done, len(ops))
-    return Trace(
-        makespan=clock,
-        peak_memory=peak,
-        initial_memory=x[0],
-        resident=tuple(res_after),
-        op_peak=tuple(op_peaks),
-        start=tuple(starts),
-        end=tuple(ends),
-        ops=ops,
-        buffers=tuple(bufs) if record_buffers else None,
-    )
+    return recorder.trace(ops)
 
 
 def chain_lanes(problem, schedule, trace) -> dict:

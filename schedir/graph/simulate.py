@@ -19,7 +19,7 @@ from schedir.chain.schedule import Schedule
 from schedir.errors import InvalidSchedule
 from schedir.graph.ops import GRAPH_OP_TYPES, Compute, effect, parse_graph_op
 from schedir.graph.problem import Graph
-from schedir.trace import Span, Trace
+from schedir.trace import Span, Trace, TraceRecorder
 
 FORMAT = "schedir.graph_schedule"
 
@@ -77,18 +77,14 @@ def simulate_graph(
     for i in graph.inputs:
         resident[i] = True
         total += nodes[i].size
-    initial = total
-    peak = total
     done = [False] * n
-    clock = 0.0
-    res_after, op_peaks, starts, ends, bufs = [], [], [], [], []
+    recorder = TraceRecorder(total, record_buffers)
     held = _Resident(resident)
     for step, op in enumerate(ops):
         try:
             eff = effect(graph, op, held)
         except InvalidSchedule as err:
             raise InvalidSchedule(f"op {step}: {op}: {err}") from None
-        start = clock
         for j in eff.adds:
             resident[j] = True
             total += nodes[j].size
@@ -96,15 +92,12 @@ def simulate_graph(
         for j in eff.frees:  # only Free frees, and what it frees is gone when it ends
             resident[j] = False
             total -= nodes[j].size
-        need = total + eff.tmp
-        clock += eff.time
-        peak = max(peak, need)
-        op_peaks.append(need)
-        res_after.append(total)
-        starts.append(start)
-        ends.append(clock)
-        if record_buffers:
-            bufs.append(frozenset(nodes[j].name for j in range(n) if resident[j]))
+        recorder.record(
+            total + eff.tmp,
+            total,
+            eff.time,
+            lambda: (nodes[j].name for j in range(n) if resident[j]),
+        )
     missing = [nodes[i].name for i in graph.computed if not done[i]]
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
@@ -112,17 +105,7 @@ def simulate_graph(
             f"op {len(ops)} (after the last op): incomplete step, never computed: "
             f"{', '.join(missing[:5])}{more}"
         )
-    return Trace(
-        makespan=clock,
-        peak_memory=peak,
-        initial_memory=initial,
-        resident=tuple(res_after),
-        op_peak=tuple(op_peaks),
-        start=tuple(starts),
-        end=tuple(ends),
-        ops=ops,
-        buffers=tuple(bufs) if record_buffers else None,
-    )
+    return recorder.trace(ops)
 
 
 class _Resident:
