@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import solvers  # noqa: E402
 from schedir import Chain, Graph, chain_to_graph, simulate  # noqa: E402
-from schedir.graph.problem import dropped_recorded_inputs, skip_graph  # noqa: E402
+from schedir.graph.convert import dropped_recorded_inputs  # noqa: E402
+from schedir.graph.generators import skip_graph  # noqa: E402
 from solvers.graph.baselines import (  # noqa: E402
     chen_sqrt_graph,
     store_all_graph,

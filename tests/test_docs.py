@@ -79,7 +79,9 @@ def test_page(page: Path, monkeypatch, capsys) -> None:
     namespace: dict = {"__name__": f"docs_{page.stem}"}
     for i, code in enumerate(blocks(page, "python")):
         try:
-            exec(compile(code, f"{page.name}[block {i}]", "exec"), namespace)
+            # dont_inherit: the page runs as a script, without this file's __future__
+            # imports (string annotations would break a page's dataclasses)
+            exec(compile(code, f"{page.name}[block {i}]", "exec", dont_inherit=True), namespace)
         except Exception as err:
             raise AssertionError(f"{page.name}, python block {i} failed: {err!r}") from err
     for argv in schedir_commands(page):

@@ -27,7 +27,8 @@ from schedir import (
     simulate_chain,
 )
 from schedir.chain.ops import B, F_all, F_ck, F_n, Loss
-from schedir.graph.problem import chain_nodes, skip_graph
+from schedir.graph.convert import chain_nodes
+from schedir.graph.generators import skip_graph
 
 
 def tiny() -> Graph:

@@ -14,7 +14,9 @@ from graph_cases import random_dag
 
 import solvers
 from schedir import Chain, Compute, Free, Graph, InvalidProblem, chain_to_graph, simulate
-from schedir.graph.problem import build_graph, dropped_recorded_inputs, skip_graph
+from schedir.graph.convert import dropped_recorded_inputs
+from schedir.graph.generators import skip_graph
+from schedir.graph.problem import build_graph
 from solvers.graph.baselines import chen_sqrt_graph, store_all_graph, store_all_graph_ops
 from solvers.graph.checkmate_lp import checkmate_lp
 from solvers.graph.checkmate_milp import checkmate_milp

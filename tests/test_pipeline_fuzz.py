@@ -20,15 +20,10 @@ import pytest
 
 import solvers
 from schedir import Chain, Device, Link, Platform
-from schedir.pipeline.problem import (
-    PipelineProblem,
-    all_mappings,
-    capacity,
-    exhaustive,
-    interval_memory,
-    training_period,
-)
+from schedir.pipeline.model import capacity, interval_memory, training_period
+from schedir.pipeline.problem import PipelineProblem
 from schedir.pipeline.simulate import simulate_pipeline
+from solvers.pipeline.exhaustive import all_mappings, exhaustive
 
 INFERENCE_CASES = 200
 TRAINING_CASES = 60

@@ -10,6 +10,13 @@ import pytest
 from test_pipeline_instances import random_problem
 
 import schedir
+from schedir.pipeline.model import (
+    buffer_counts,
+    evaluate,
+    interval_memory,
+    mapping_memory,
+    training_period,
+)
 from schedir.pipeline.ops import (
     Fwd,
     PipelineSchedule,
@@ -20,18 +27,9 @@ from schedir.pipeline.ops import (
     one_f_one_b_ops,
     parse_pipeline_op,
 )
-from schedir.pipeline.problem import (
-    Interval,
-    Mapping,
-    MasterWorker,
-    all_mappings,
-    buffer_counts,
-    evaluate,
-    interval_memory,
-    mapping_memory,
-    training_period,
-)
+from schedir.pipeline.problem import Interval, Mapping, MasterWorker
 from schedir.pipeline.simulate import Noise, simulate_pipeline
+from solvers.pipeline.exhaustive import all_mappings
 
 
 def test_simulated_period_equals_formula_on_every_kind_of_mapping():

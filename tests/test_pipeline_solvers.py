@@ -11,9 +11,11 @@ from test_pipeline_instances import random_problem
 
 import schedir
 import solvers
-from schedir.pipeline.problem import MasterWorker, evaluate, exhaustive
+from schedir.pipeline.model import evaluate
+from schedir.pipeline.problem import MasterWorker
 from schedir.pipeline.simulate import simulate_pipeline
 from solvers.pipeline.dp import dp_mapping
+from solvers.pipeline.exhaustive import exhaustive
 from solvers.pipeline.greedy import greedy_mapping
 from solvers.pipeline.master_worker_lp import bandwidth_centric, steady_state_lp
 from solvers.pipeline.milp import milp_mapping

@@ -47,7 +47,7 @@ from jax_exec.chain.lowering import (
 )
 from jax_exec.stages import StageList, spec_bytes, split_layers
 from schedir import Offload, OffloadSchedule, Prefetch, Wait
-from schedir.offload.problem import is_compute
+from schedir.offload.ops import is_compute
 
 
 def split_schedule(schedule: OffloadSchedule | Sequence) -> tuple[tuple, set[int]]:

@@ -40,11 +40,11 @@ import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from schedir.chain.ops import B, F_all, F_ck, F_n, Loss
+from schedir.chain.ops import B, F_all, Loss, buffer_moves, check_complete_step
 from schedir.chain.problem import Chain
+from schedir.chain.schedule import Schedule, as_ops
 from schedir.errors import InvalidProblem, InvalidSchedule
-from schedir.schedule import Schedule, as_ops
-from schedir.simulate import SIMULATORS, Trace
+from schedir.trace import Trace, TraceRecorder
 
 FORMAT = "schedir.block_chain"
 
@@ -360,89 +360,37 @@ def simulate_blocks(problem: BlockChain, schedule_or_ops, *, record_buffers: boo
     def fail(i: int, op, why: str) -> InvalidSchedule:
         return InvalidSchedule(f"op {i}: {op}: {why}")
 
-    def source(i: int, op, k: int) -> tuple[str, int]:
-        for buf in (("a", k), ("abar", k)):
-            if buf in resident:
-                return buf
-        raise fail(i, op, f"needs a[{k}] or abar[{k}], neither is resident")
-
     def add(i: int, op, buf: tuple[str, int]) -> None:
         if buf in resident:
             raise fail(i, op, f"{buf[0]}[{buf[1]}] is already resident")
         resident[buf] = members(buf)
 
-    initial = total()
-    peak, clock = initial, 0.0
-    res_after, op_peaks, starts, ends, bufs = [], [], [], [], []
+    recorder = TraceRecorder(total(), record_buffers)
     for i, op in enumerate(ops):
+        try:  # the chain's op table; the costs are the block options'
+            _, adds, frees = buffer_moves(op, L, resident)
+        except InvalidSchedule as err:
+            raise fail(i, op, str(err)) from None
+        k = L if isinstance(op, Loss) else op.index
+        if isinstance(op, Loss | B) and done[k]:
+            what = "the loss" if k == L else f"B({k})"
+            raise fail(i, op, f"{what} already ran (every backward runs exactly once)")
+        for buf in adds:
+            add(i, op, buf)
         if isinstance(op, Loss):
-            src = source(i, op, L)
-            if done[L]:
-                raise fail(i, op, "the loss already ran (every backward runs exactly once)")
-            add(i, op, ("d", L))
             need, dt = total() + problem.loss_tmp, problem.loss_time
-            if src[0] == "a":
-                del resident[src]
-            done[L] = True
         else:
-            k = op.index
-            if k >= L:
-                raise fail(i, op, f"stage {k} out of range 0..{L - 1} (the loss runs as Loss())")
             stage = problem.stages[k]
             option = stage.options[opts[k]]
             if isinstance(op, B):
-                for buf in (("d", k + 1), ("abar", k + 1)):
-                    if buf not in resident:
-                        raise fail(i, op, f"needs {buf[0]}[{buf[1]}], which is not resident")
-                src = source(i, op, k)
-                if done[k]:
-                    raise fail(i, op, f"B({k}) already ran (every backward runs exactly once)")
-                add(i, op, ("d", k))
                 need, dt = total() + option.bwd_tmp, option.bwd_time
-                if src[0] == "a":
-                    del resident[src]
-                del resident[("d", k + 1)]
-                del resident[("abar", k + 1)]
-                done[k] = True
-            elif isinstance(op, F_ck | F_n | F_all):
-                src = source(i, op, k)
-                if isinstance(op, F_all):
-                    add(i, op, ("abar", k + 1))
-                    need, dt = total() + option.rec_tmp, option.rec_time
-                else:
-                    add(i, op, ("a", k + 1))
-                    need, dt = total() + stage.fwd_tmp, stage.fwd_time
-                if isinstance(op, F_n):
-                    del resident[src]
-            else:  # pragma: no cover - Schedule() rejects foreign ops
-                raise fail(i, op, "not a chain op")
-        peak = max(peak, need)
-        op_peaks.append(need)
-        res_after.append(total())
-        starts.append(clock)
-        clock += dt
-        ends.append(clock)
-        if record_buffers:
-            bufs.append(frozenset(f"{b[0]}[{b[1]}]" for b in resident))
-    missing = [f"B({k})" for k in range(L - 1, -1, -1) if not done[k]]
-    if not done[L]:
-        missing.insert(0, "Loss()")
-    if missing:
-        raise InvalidSchedule(
-            f"op {len(ops)} (after the last op): incomplete training step, "
-            f"{', '.join(missing)} never ran so d[0] is not computed"
-        )
-    return Trace(
-        makespan=clock,
-        peak_memory=peak,
-        initial_memory=initial,
-        resident=tuple(res_after),
-        op_peak=tuple(op_peaks),
-        start=tuple(starts),
-        end=tuple(ends),
-        ops=ops,
-        buffers=tuple(bufs) if record_buffers else None,
-    )
-
-
-SIMULATORS[BlockChain] = simulate_blocks
+            elif isinstance(op, F_all):
+                need, dt = total() + option.rec_tmp, option.rec_time
+            else:
+                need, dt = total() + stage.fwd_tmp, stage.fwd_time
+        for buf in frees:
+            del resident[buf]
+        done[k] = done[k] or isinstance(op, Loss | B)
+        recorder.record(need, total(), dt, lambda: (f"{b[0]}[{b[1]}]" for b in resident))
+    check_complete_step(done, len(ops))
+    return recorder.trace(ops)

@@ -223,10 +223,13 @@ class Chain:
     def to_graph(self):
         """This chain as a ``schedir.Graph`` whose nodes cost what running them costs
         (``schedir.graph.chain_to_graph``: one node per output, so a recording forward
-        is two runs of the stage there)."""
-        from schedir.graph.problem import chain_to_graph  # graph imports chain
+        is two runs of the stage there).
 
-        return chain_to_graph(self)
+        The graph kind registers that conversion (``schedir.kind.convert(chain,
+        "graph")``): the chain kind does not import the kinds built on it."""
+        from schedir.kind import convert
+
+        return convert(self, "graph")
 
     def store_all_time(self) -> float:
         """Makespan without recomputation: every forward and backward once."""

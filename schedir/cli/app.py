@@ -155,7 +155,7 @@ def _solve_one(problem, budget: int, entry, options: dict, base, args) -> tuple[
         overhead=meta["makespan"] / base - 1 if base else None,
         **quality,
         solve_time=meta["solve_time"],
-        ops=len(schedule.ops),
+        ops=len(schedule),
     )
     return row, schedule
 
@@ -290,14 +290,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         out = {
             "makespan": trace.makespan,
             "peak_memory": trace.peak_memory,
-            "ops": len(schedule.ops),
+            "ops": len(schedule),
             "budget": budget,
         }
         if args.trace:
             out["trace"] = {k: list(getattr(trace, k)) for k in per_op}
         print_json(out)
         return 0
-    print(f"{args.schedule} on {args.problem} ({describe(problem)}): {len(schedule.ops)} ops")
+    print(f"{args.schedule} on {args.problem} ({describe(problem)}): {len(schedule)} ops")
     print(f"makespan  {format_time(trace.makespan)}")
     fits = ""
     if budget is not None:

@@ -145,7 +145,7 @@ def load_file(path: str | Path, what: str = "problem"):
 def load_problem(path: str | Path, *, as_graph: bool = False):
     """A problem from ``path``; with ``as_graph``, a chain's graph (``Chain.to_graph()``)."""
     problem = load_file(path)
-    if isinstance(problem, schedir.Schedule) or type(problem).__name__.endswith("Schedule"):
+    if isinstance(problem, schedir.Schedule):
         raise CLIError(f"{path}: this is a schedule, expected a problem (chain, graph, ...)")
     check_magnitudes(problem, path)
     if as_graph:
@@ -160,12 +160,8 @@ def load_problem(path: str | Path, *, as_graph: bool = False):
 
 def load_schedule(path: str | Path) -> schedir.Schedule:
     schedule = load_file(path, "schedule")
-    if not type(schedule).__name__.endswith("Schedule"):
+    if not isinstance(schedule, schedir.Schedule):  # every kind's schedule derives from it
         raise CLIError(f"{path}: this is a {type(schedule).__name__}, expected a schedule")
-    try:  # schedule classes that do not derive from Schedule check their meta here
-        schedir.schedule.normalized_meta(schedule.meta)
-    except InvalidSchedule as err:
-        raise CLIError(f"{path}: {err}") from None
     return schedule
 
 
@@ -440,8 +436,9 @@ def bytes_text(n: int) -> str:
 
 
 def describe(problem) -> str:
-    """``'chain, 6 stages'``, ``'graph, 20 nodes'``, else the problem's class name."""
-    kind = type(problem).__name__.lower()
+    """``'chain, 6 stages'``, ``'graph, 20 nodes'``: the problem's kind and its size."""
+    found = schedir.kind.of(problem)
+    kind = found.name if found is not None else type(problem).__name__.lower()
     n = getattr(problem, "length", None)
     if n is not None:
         return f"{kind}, {n} stages"

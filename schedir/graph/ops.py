@@ -2,16 +2,21 @@
 
 ``Compute(i)`` computes node i (its inputs must be resident; its output becomes
 resident) and ``Free(i)`` frees node i's output. They print as ``Compute(3)`` and
-``Free(3)`` and parse back with :func:`parse_graph_op`. Memory semantics live in
-:mod:`schedir.graph_simulate`.
+``Free(3)`` and parse back with :func:`parse_graph_op`. What each op reads, adds and
+frees is :func:`effect`, read by the graph simulator and the executors.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Container
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from schedir.errors import InvalidSchedule
+
+if TYPE_CHECKING:
+    from schedir.graph.problem import Graph
 
 
 @dataclass(frozen=True)
@@ -53,3 +58,60 @@ def parse_graph_op(text: str) -> GraphOp:
             f"cannot parse graph op {text!r}: expected 'Compute(i)' or 'Free(i)' with i >= 0"
         )
     return GRAPH_OP_TYPES[match.group(1)](int(match.group(2)))
+
+
+@dataclass(frozen=True)
+class Effect:
+    """What one graph op does (docs/graphs.md).
+
+    Attributes:
+        reads: nodes whose outputs the op reads (resident when it starts).
+        adds: nodes whose outputs it makes resident.
+        frees: nodes whose outputs it frees.
+        time: its duration, seconds (a node's ``cost``; 0 for ``Free``).
+        tmp: temporary bytes while it runs, on top of the resident outputs.
+    """
+
+    reads: tuple[int, ...]
+    adds: tuple[int, ...]
+    frees: tuple[int, ...]
+    time: float
+    tmp: int
+
+
+def effect(graph: Graph, op: GraphOp, resident: Container[int]) -> Effect:
+    """The :class:`Effect` of ``op`` on ``graph`` when the outputs of the nodes in
+    ``resident`` are held: the op table of docs/graphs.md, written once.
+
+    ``Compute(i)`` reads every input of node i (all resident), adds i (not resident,
+    not an ``input`` node), takes ``cost[i]`` seconds and ``tmp[i]`` temporary bytes;
+    ``Free(i)`` frees i (resident) in no time. Raises ``InvalidSchedule`` naming the
+    node when a precondition fails.
+
+    >>> from schedir.graph import build_graph
+    >>> g = build_graph([{"name": "x", "kind": "input", "cost": 0, "size": 4},
+    ...                  {"name": "y", "cost": 1.5, "size": 8, "inputs": ["x"], "tmp": 2}])
+    >>> effect(g, Compute(1), {0})
+    Effect(reads=(0,), adds=(1,), frees=(), time=1.5, tmp=2)
+    >>> effect(g, Free(0), {0, 1}).frees
+    (0,)
+    """
+    nodes = graph.nodes
+    i = op.node
+    if i >= len(nodes):
+        raise InvalidSchedule(f"node {i} out of range 0..{len(nodes) - 1}")
+    node = nodes[i]
+    if isinstance(op, Free):
+        if i not in resident:
+            raise InvalidSchedule(f"{node.name} is not resident")
+        return Effect((), (), (i,), 0.0, 0)
+    if not isinstance(op, Compute):
+        raise InvalidSchedule(f"{op!r} is not a graph op")
+    if node.kind == "input":
+        raise InvalidSchedule(f"{node.name} is an input, it cannot be computed")
+    for j in node.inputs:
+        if j not in resident:
+            raise InvalidSchedule(f"{node.name} needs {nodes[j].name} (node {j}), not resident")
+    if i in resident:
+        raise InvalidSchedule(f"{node.name} is already resident")
+    return Effect(tuple(node.inputs), (i,), (), node.cost, node.tmp)

@@ -15,12 +15,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
+from schedir.chain.schedule import Schedule
 from schedir.errors import InvalidSchedule
-from schedir.graph.ops import GRAPH_OP_TYPES, Compute, Free, parse_graph_op
+from schedir.graph.ops import GRAPH_OP_TYPES, Compute, effect, parse_graph_op
 from schedir.graph.problem import Graph
-from schedir.io import FORMATS
-from schedir.schedule import Schedule
-from schedir.simulate import SIMULATORS, Trace
+from schedir.trace import Span, Trace, TraceRecorder
 
 FORMAT = "schedir.graph_schedule"
 
@@ -78,47 +77,27 @@ def simulate_graph(
     for i in graph.inputs:
         resident[i] = True
         total += nodes[i].size
-    initial = total
-    peak = total
     done = [False] * n
-    clock = 0.0
-    res_after, op_peaks, starts, ends, bufs = [], [], [], [], []
+    recorder = TraceRecorder(total, record_buffers)
+    held = _Resident(resident)
     for step, op in enumerate(ops):
-        i = op.node
-        if i >= n:
-            raise InvalidSchedule(f"op {step}: {op}: node {i} out of range 0..{n - 1}")
-        name = nodes[i].name
-        start = clock
-        if isinstance(op, Compute):
-            if nodes[i].kind == "input":
-                raise InvalidSchedule(f"op {step}: {op}: {name} is an input, it cannot be computed")
-            for j in nodes[i].inputs:
-                if not resident[j]:
-                    raise InvalidSchedule(
-                        f"op {step}: {op}: {name} needs {nodes[j].name} (node {j}), not resident"
-                    )
-            if resident[i]:
-                raise InvalidSchedule(f"op {step}: {op}: {name} is already resident")
-            resident[i] = True
-            total += nodes[i].size
-            need = total + nodes[i].tmp
-            done[i] = True
-            clock += nodes[i].cost
-        elif isinstance(op, Free):
-            if not resident[i]:
-                raise InvalidSchedule(f"op {step}: {op}: {name} is not resident")
-            resident[i] = False
-            total -= nodes[i].size
-            need = total
-        else:  # pragma: no cover - GraphSchedule() rejects foreign ops
-            raise InvalidSchedule(f"op {step}: {op!r} is not a graph op")
-        peak = max(peak, need)
-        op_peaks.append(need)
-        res_after.append(total)
-        starts.append(start)
-        ends.append(clock)
-        if record_buffers:
-            bufs.append(frozenset(nodes[j].name for j in range(n) if resident[j]))
+        try:
+            eff = effect(graph, op, held)
+        except InvalidSchedule as err:
+            raise InvalidSchedule(f"op {step}: {op}: {err}") from None
+        for j in eff.adds:
+            resident[j] = True
+            total += nodes[j].size
+            done[j] = True
+        for j in eff.frees:  # only Free frees, and what it frees is gone when it ends
+            resident[j] = False
+            total -= nodes[j].size
+        recorder.record(
+            total + eff.tmp,
+            total,
+            eff.time,
+            lambda: (nodes[j].name for j in range(n) if resident[j]),
+        )
     missing = [nodes[i].name for i in graph.computed if not done[i]]
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
@@ -126,19 +105,33 @@ def simulate_graph(
             f"op {len(ops)} (after the last op): incomplete step, never computed: "
             f"{', '.join(missing[:5])}{more}"
         )
-    return Trace(
-        makespan=clock,
-        peak_memory=peak,
-        initial_memory=initial,
-        resident=tuple(res_after),
-        op_peak=tuple(op_peaks),
-        start=tuple(starts),
-        end=tuple(ends),
-        ops=ops,
-        buffers=tuple(bufs) if record_buffers else None,
-    )
+    return recorder.trace(ops)
 
 
-SIMULATORS[Graph] = simulate_graph
-FORMATS[FORMAT] = GraphSchedule
-FORMATS["schedir.graph"] = Graph
+class _Resident:
+    """``j in resident`` over the simulator's list of flags (no set rebuilt per op)."""
+
+    __slots__ = ("flags",)
+
+    def __init__(self, flags: list[bool]):
+        self.flags = flags
+
+    def __contains__(self, j: object) -> bool:
+        return isinstance(j, int) and 0 <= j < len(self.flags) and self.flags[j]
+
+
+def graph_lanes(graph: Graph, schedule: Schedule, trace: Trace) -> dict[str, list[Span]]:
+    """One ``compute`` lane of the Compute ops (Free ops take no time and are not drawn).
+
+    Kind: the node's kind, ``recompute`` for the second and later computes of a node.
+    """
+    seen: set[int] = set()
+    spans = []
+    for op, s, e in zip(trace.ops, trace.start, trace.end, strict=True):
+        if not isinstance(op, Compute):
+            continue
+        node = graph.nodes[op.node]
+        kind = "recompute" if op.node in seen else node.kind
+        seen.add(op.node)
+        spans.append(Span(s, e, node.name, kind))
+    return {"compute": spans}

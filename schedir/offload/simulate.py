@@ -1,4 +1,4 @@
-"""The two-stream simulator behind :func:`schedir.offload.simulate_offload`.
+"""The two-stream simulator of offload schedules: :func:`simulate_offload`.
 
 Program order decides validity and the ``resident`` figures; a timed event list
 (compute stream, offload engine, prefetch engine) gives the device and host memory
@@ -10,13 +10,92 @@ starts that were delayed by a busy engine. Rules are in ``docs/offload.md``.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from schedir.chain.ops import B, F_all, F_ck, F_n, Loss
+from schedir.chain.ops import (
+    B,
+    Loss,
+    MissingBuffer,
+    backward_index,
+    buffer_name,
+    check_complete_step,
+    effect,
+)
+from schedir.chain.schedule import Schedule
 from schedir.errors import InvalidSchedule
-from schedir.simulate import op_time
+from schedir.offload.ops import Evict, Offload, OffloadSchedule, Prefetch, Wait, is_compute
+from schedir.offload.problem import OffloadProblem
+from schedir.trace import Span
 
 FIRST, LAST = -math.inf, math.inf
+
+
+@dataclass(frozen=True)
+class OffloadTrace:
+    """What a schedule does on an :class:`OffloadProblem`.
+
+    Attributes:
+        makespan: end of the last op on any stream, seconds.
+        peak_memory: peak of the timed device memory curve, bytes.
+        program_peak: max of ``initial_memory`` and ``op_peak`` (program order), bytes.
+        host_peak: peak host bytes (offloaded activations, weights, gradients).
+        initial_memory: device bytes before the first op (x_0).
+        resident: device bytes after each op in program order (an offloaded buffer
+            counts until its ``Wait``, a prefetched one from its ``Prefetch``).
+        op_peak: program-order bytes each op needs (compute ops: resident after adding
+            the output, plus temporaries; other ops: resident after them).
+        host_resident: host bytes after each op (program order).
+        start, end: per op, seconds: compute ops on the compute stream, copy ops the
+            copy itself, ``Wait`` the compute stream's wait (``Evict``: instant).
+        stream: per op, ``"compute"``, ``"offload"``, ``"prefetch"`` or ``"wait"``.
+        device_curve, host_curve: ``(time, bytes)`` after every memory event, in order.
+        ops: the ops.
+        buffers: device-resident buffer names after each op (when asked for).
+    """
+
+    makespan: float
+    peak_memory: int
+    program_peak: int
+    host_peak: int
+    initial_memory: int
+    resident: tuple[int, ...]
+    op_peak: tuple[int, ...]
+    host_resident: tuple[int, ...]
+    start: tuple[float, ...]
+    end: tuple[float, ...]
+    stream: tuple[str, ...]
+    device_curve: tuple[tuple[float, int], ...]
+    host_curve: tuple[tuple[float, int], ...]
+    ops: tuple
+    buffers: tuple[frozenset[str], ...] | None = None
+
+
+def _as_offload_ops(schedule_or_ops) -> tuple:
+    if isinstance(schedule_or_ops, OffloadSchedule):
+        return schedule_or_ops.ops
+    if isinstance(schedule_or_ops, Schedule):
+        return schedule_or_ops.ops  # a plain chain schedule: no copy ops
+    return OffloadSchedule(tuple(schedule_or_ops)).ops
+
+
+def simulate_offload(
+    problem: OffloadProblem, schedule_or_ops: Schedule | Iterable, *, record_buffers: bool = False
+) -> OffloadTrace:
+    """Run a schedule with copy ops on ``problem`` and return its :class:`OffloadTrace`.
+
+    Raises :class:`InvalidSchedule` (op index, op, buffer) when an op cannot run, when
+    the step is incomplete, or when host memory exceeds ``platform.host_memory``.
+
+    >>> from schedir import Chain, F_all, Loss, B, Platform
+    >>> c = Chain.from_rotor([1.0], [2.0, 0.5], [4, 8], [0, 12], [0], [0, 0])
+    >>> p = OffloadProblem(c, Platform.host_offload(4.0))
+    >>> t = simulate_offload(p, [Offload("a[0]"), F_all(0), Wait("a[0]"),
+    ...                          Prefetch("a[0]"), Loss(), Wait("a[0]"), B(0)])
+    >>> t.makespan, t.peak_memory, t.program_peak
+    (4.0, 28, 28)
+    """
+    return run(problem, _as_offload_ops(schedule_or_ops), record_buffers)
 
 
 @dataclass
@@ -28,13 +107,8 @@ class _Copy:
     waited: bool = False
 
 
-def _name(buf: tuple[str, int]) -> str:
-    return f"{buf[0]}[{buf[1]}]"
-
-
-def run(problem, ops: tuple, record_buffers: bool):
-    from schedir.offload.problem import Evict, Offload, OffloadTrace, Prefetch, Wait
-
+def run(problem: OffloadProblem, ops: tuple, record_buffers: bool) -> OffloadTrace:
+    """The simulation behind :func:`simulate_offload` (``ops`` already checked)."""
     chain, platform = problem.chain, problem.platform
     L = chain.length
     x = chain.in_size + (0,)
@@ -53,9 +127,9 @@ def run(problem, ops: tuple, record_buffers: bool):
         hi = {"a": L, "d": L, "abar": L}.get(kind, L)
         lo = 1 if kind == "abar" else 0
         if kind in ("w", "g") and weights is None:
-            raise fail(i, op, f"{_name(buf)}: this problem does not model weights")
+            raise fail(i, op, f"{buffer_name(buf)}: this problem does not model weights")
         if not lo <= k <= hi:
-            raise fail(i, op, f"{_name(buf)} out of range ({kind}[{lo}..{hi}])")
+            raise fail(i, op, f"{buffer_name(buf)} out of range ({kind}[{lo}..{hi}])")
 
     def fail(i: int, op, why: str) -> InvalidSchedule:
         return InvalidSchedule(f"op {i}: {op}: {why}")
@@ -99,49 +173,43 @@ def run(problem, ops: tuple, record_buffers: bool):
         event(dev_events, max(copy.end, copy.readers_end), FIRST, -size(buf))
 
     for i, op in enumerate(ops):
-        if isinstance(op, F_ck | F_n | F_all | Loss | B):
+        if is_compute(op):
+            try:
+                eff = effect(chain, op, device)
+            except MissingBuffer as err:
+                on_host = [b for b in err.wanted if b in host]
+                why = ""
+                if on_host and len(err.wanted) == 1:
+                    why = " (it is on the host: Prefetch it first)"
+                elif on_host:
+                    why = f" ({buffer_name(on_host[0])} is on the host: Prefetch it first)"
+                raise fail(i, op, f"{err}{why}") from None
+            except InvalidSchedule as err:
+                raise fail(i, op, str(err)) from None
             k = L if isinstance(op, Loss) else op.index
-            if k >= L and not isinstance(op, Loss):
-                raise fail(i, op, f"stage {k} out of range 0..{L - 1} (the loss runs as Loss())")
-            needed = []
-            if isinstance(op, B):
-                needed = [("d", k + 1), ("abar", k + 1)]
-            src = next((b for b in (("a", k), ("abar", k)) if b in device), None)
-            if src is None:
-                where = [b for b in (("a", k), ("abar", k)) if b in host]
-                why = f" ({_name(where[0])} is on the host: Prefetch it first)" if where else ""
-                raise fail(i, op, f"needs a[{k}] or abar[{k}], neither is resident{why}")
-            needed.append(src)
+            needed = list(eff.reads)
             if weights is not None and weights[k] > 0:
                 needed.append(("w", k))
             ready = tc
             for buf in needed:
                 if buf not in device:
                     why = " (it is on the host: Prefetch it first)" if buf in host else ""
-                    raise fail(i, op, f"needs {_name(buf)}, which is not resident{why}")
+                    raise fail(i, op, f"needs {buffer_name(buf)}, which is not resident{why}")
                 if device[buf] == "pre":
                     ready = max(ready, settle_prefetch(buf))
-            if isinstance(op, Loss | B) and done[k]:
+            backward = backward_index(chain, op)
+            if backward is not None and done[backward]:
                 raise fail(i, op, "already ran (every backward runs exactly once)")
-            if isinstance(op, Loss):
-                outs, tmp = [("d", L)], chain.bwd_tmp[L]
-                frees = [src] if src[0] == "a" else []
-            elif isinstance(op, B):
-                outs, tmp = [("d", k)], chain.bwd_tmp[k]
-                if weights is not None and weights[k] > 0:
-                    outs.append(("g", k))
-                frees = ([src] if src[0] == "a" else []) + [("d", k + 1), ("abar", k + 1)]
-            else:
-                outs = [("abar" if isinstance(op, F_all) else "a", k + 1)]
-                tmp = chain.fwd_tmp[k]
-                frees = [src] if isinstance(op, F_n) else []
+            outs, tmp, frees = list(eff.adds), eff.tmp, eff.frees
+            if isinstance(op, B) and weights is not None and weights[k] > 0:
+                outs.append(("g", k))
             for buf in outs:
                 if buf in device:
-                    raise fail(i, op, f"{_name(buf)} is already resident")
+                    raise fail(i, op, f"{buffer_name(buf)} is already resident")
                 if buf in host:
-                    raise fail(i, op, f"{_name(buf)} is on the host already (prefetch it)")
+                    raise fail(i, op, f"{buffer_name(buf)} is on the host already (prefetch it)")
             start = ready
-            end = start + op_time(chain, op)
+            end = start + eff.time
             added = sum(size(b) for b in outs)
             for buf in outs:
                 device[buf] = "dev"
@@ -151,7 +219,7 @@ def run(problem, ops: tuple, record_buffers: bool):
             freed = 0
             for buf in frees:
                 if device[buf] == "off":
-                    raise fail(i, op, f"frees {_name(buf)} while it is being offloaded")
+                    raise fail(i, op, f"frees {buffer_name(buf)} while it is being offloaded")
                 del device[buf]
                 freed += size(buf)
             for buf in needed:
@@ -159,7 +227,8 @@ def run(problem, ops: tuple, record_buffers: bool):
                     copies[buf].readers_end = max(copies[buf].readers_end, end)
             total -= freed
             event(dev_events, end, 2 * i + 1, -(tmp + freed))
-            done[k] = done[k] or isinstance(op, Loss | B)
+            if backward is not None:
+                done[backward] = True
             tc = end
             stream = "compute"
         elif isinstance(op, Offload | Prefetch | Wait | Evict):
@@ -171,10 +240,10 @@ def run(problem, ops: tuple, record_buffers: bool):
                 if device.get(buf) != "dev":
                     state = {"off": "already being offloaded", "pre": "still being prefetched"}
                     raise fail(
-                        i, op, f"{_name(buf)} is {state.get(device.get(buf), 'not resident')}"
+                        i, op, f"{buffer_name(buf)} is {state.get(device.get(buf), 'not resident')}"
                     )
                 if buf in host:
-                    raise fail(i, op, f"{_name(buf)} is already on the host (use Evict)")
+                    raise fail(i, op, f"{buffer_name(buf)} is already on the host (use Evict)")
                 start = max(tc, engine["offload"])
                 end = start + engines["offload"].time(size(buf))
                 if math.isinf(end):
@@ -188,9 +257,11 @@ def run(problem, ops: tuple, record_buffers: bool):
                 stream = "offload"
             elif isinstance(op, Prefetch):
                 if buf in device:
-                    raise fail(i, op, f"{_name(buf)} is already on the device")
+                    raise fail(i, op, f"{buffer_name(buf)} is already on the device")
                 if buf not in host:
-                    raise fail(i, op, f"{_name(buf)} is not on the host (Offload and Wait first)")
+                    raise fail(
+                        i, op, f"{buffer_name(buf)} is not on the host (Offload and Wait first)"
+                    )
                 start = max(tc, engine["prefetch"])
                 end = start + engines["prefetch"].time(size(buf))
                 if math.isinf(end):
@@ -206,7 +277,7 @@ def run(problem, ops: tuple, record_buffers: bool):
             elif isinstance(op, Wait):
                 copy = copies.get(buf)
                 if copy is None:
-                    raise fail(i, op, f"no copy of {_name(buf)} was issued")
+                    raise fail(i, op, f"no copy of {buffer_name(buf)} was issued")
                 if copy.direction == "offload" and not copy.waited:
                     release_offload(buf)
                     del device[buf]
@@ -218,7 +289,7 @@ def run(problem, ops: tuple, record_buffers: bool):
                 stream = "wait"
             else:  # Evict
                 if device.get(buf) != "dev" or buf not in host:
-                    raise fail(i, op, f"{_name(buf)} needs a device copy and a host copy")
+                    raise fail(i, op, f"{buffer_name(buf)} needs a device copy and a host copy")
                 del device[buf]
                 total -= size(buf)
                 event(dev_events, tc, FIRST, -size(buf))
@@ -232,16 +303,9 @@ def run(problem, ops: tuple, record_buffers: bool):
         ends.append(end)
         streams.append(stream)
         if record_buffers:
-            bufs.append(frozenset(_name(b) for b in device))
+            bufs.append(frozenset(buffer_name(b) for b in device))
 
-    missing = [f"B({k})" for k in range(L - 1, -1, -1) if not done[k]]
-    if not done[L]:
-        missing.insert(0, "Loss()")
-    if missing:
-        raise InvalidSchedule(
-            f"op {len(ops)} (after the last op): incomplete training step, "
-            f"{', '.join(missing)} never ran so d[0] is not computed"
-        )
+    check_complete_step(done, len(ops))
     for buf, copy in copies.items():
         if copy.direction == "offload" and not copy.waited:
             release_offload(buf)
@@ -281,3 +345,25 @@ def run(problem, ops: tuple, record_buffers: bool):
         ops=ops,
         buffers=tuple(bufs) if record_buffers else None,
     )
+
+
+def offload_lanes(problem: OffloadProblem, schedule: Schedule, trace: OffloadTrace) -> dict:
+    """Three lanes: ``compute`` (chain ops; kind = the op's class name), ``d2h`` (the
+    offload engine's copies) and ``h2d`` (the prefetch engine's); ``Wait``/``Evict``
+    are idle time on the compute stream and are not drawn."""
+    out: dict[str, list[Span]] = {"compute": [], "d2h": [], "h2d": []}
+    lane = {"compute": "compute", "offload": "d2h", "prefetch": "h2d"}
+    for op, s, e, stream in zip(trace.ops, trace.start, trace.end, trace.stream, strict=True):
+        if stream in lane:
+            kind = type(op).__name__ if stream == "compute" else "copy"
+            out[lane[stream]].append(Span(s, e, str(op), kind))
+    return out
+
+
+def offload_memory(trace: OffloadTrace) -> tuple[list[float], list[int]]:
+    """The timed device memory curve (what ``peak_memory`` is the peak of), as steps."""
+    times, values = [0.0], [trace.initial_memory]
+    for t, level in trace.device_curve:
+        times.append(t)
+        values.append(level)
+    return times, values

@@ -1,9 +1,17 @@
 """The pipeline kind: a chain cut into intervals over several devices, inference
 streams and 1F1B/GPipe training; steady state and dynamic task graphs
-(docs/pipelines.md)."""
+(docs/pipelines.md). Drawn with one lane per device and per link."""
 
+from schedir import kind as _kind
 from schedir.pipeline.dag import Task, TaskGraph, pipeline_graph, simulate_dynamic
 from schedir.pipeline.master_worker import MasterWorker, SteadyState
+from schedir.pipeline.model import (
+    PeriodReport,
+    buffer_counts,
+    evaluate,
+    training_period,
+    working_set,
+)
 from schedir.pipeline.ops import (
     Bwd,
     Fwd,
@@ -14,20 +22,37 @@ from schedir.pipeline.ops import (
     inference_pattern,
     one_f_one_b_ops,
 )
-from schedir.pipeline.problem import (
-    Interval,
-    Mapping,
-    PeriodReport,
-    PipelineProblem,
-    buffer_counts,
-    evaluate,
-    exhaustive,
-    training_period,
-    working_set,
+from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
+from schedir.pipeline.simulate import (
+    Noise,
+    PipelineTrace,
+    judge_pipeline,
+    pipeline_lanes,
+    pipeline_memory,
+    simulate_pipeline,
 )
-from schedir.pipeline.simulate import Noise, PipelineTrace, simulate_pipeline
+from schedir.platform import Platform
+
+KIND = _kind.register(
+    _kind.Kind(
+        name="pipeline",
+        problem=PipelineProblem,
+        schedules=(PipelineSchedule,),
+        formats={
+            "schedir.pipeline": PipelineProblem,
+            PipelineSchedule.FORMAT: PipelineSchedule,
+            "schedir.platform": Platform,
+        },
+        simulate=simulate_pipeline,
+        judge=judge_pipeline,
+        lanes=pipeline_lanes,
+        budget="optional",  # the devices' memories bound the peaks; a budget bounds all
+        memory=pipeline_memory,
+    )
+)
 
 __all__ = [
+    "KIND",
     "Bwd",
     "Fwd",
     "Interval",
@@ -45,7 +70,6 @@ __all__ = [
     "TaskGraph",
     "buffer_counts",
     "evaluate",
-    "exhaustive",
     "gpipe_ops",
     "inference_pattern",
     "one_f_one_b_ops",

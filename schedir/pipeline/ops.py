@@ -20,14 +20,16 @@ the pattern of item n (see :func:`expand`).
 from __future__ import annotations
 
 import copy
-import json
 import math
 import numbers
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
+from schedir.chain.schedule import Schedule
 from schedir.errors import InvalidSchedule
-from schedir.pipeline.problem import Mapping, PipelineProblem, evaluate
+from schedir.pipeline.model import evaluate
+from schedir.pipeline.problem import Mapping, PipelineProblem
 from schedir.platform import LIMIT
 
 
@@ -137,16 +139,105 @@ def parse_pipeline_op(text: str) -> PipelineOp:
         raise InvalidSchedule(f"cannot parse pipeline op {text!r}") from None
 
 
+Data = tuple[str, str, int, int]  # (device, "a" | "d", stage index, item): a_k or d_k of item mb
+
+
 @dataclass(frozen=True)
-class PipelineSchedule:
-    """Per-device op lists and JSON-compatible metadata (see the module docstring)."""
+class Effect:
+    """What one pipeline op does (the module docstring's rules, written once).
 
-    ops: tuple
-    meta: dict = field(default_factory=dict)
+    Attributes:
+        resource: ``("compute", device)`` for Fwd / Bwd, ``("link", device, peer)`` for
+            Send (a serial resource), ``()`` for Recv (a declaration: it runs nothing).
+        reads: data the op waits for on its device: ``(device, "a", first, mb)`` for a
+            Fwd with first > 0 (a Fwd with first == 0 reads the item's input, released
+            at its arrival time), ``(device, "d", last, mb)`` for a Bwd with last < L,
+            what a Send sends; for a Recv, what it expects to arrive.
+        adds: data the op makes available: a_last (Fwd) or d_first (Bwd) on its
+            device, the sent data on the peer (Send).
+        stash: the forward whose stash a Bwd reads, ``(device, first, last, mb)``.
+        work: compute seconds at speed 1 (Fwd: forward times; Bwd: backward times,
+            plus ``recompute``, plus the loss when last == L); 0 for messages.
+        nbytes: bytes a Send carries (x_index); 0 otherwise.
+    """
 
-    def __post_init__(self) -> None:
+    resource: tuple
+    reads: tuple[Data, ...]
+    adds: tuple[Data, ...]
+    stash: tuple[str, int, int, int] | None
+    work: float
+    nbytes: int
+
+
+def effect(problem: PipelineProblem, device: str, op: PipelineOp) -> Effect:
+    """The :class:`Effect` of ``op`` in the list of ``device``: the rules of the module
+    docstring, read by the simulator and by the multi-device executors.
+
+    Raises ``InvalidSchedule`` when the op's stages (or a message's index) are out of
+    range 0..L.
+
+    >>> from schedir import Chain, Device, Platform, PipelineProblem
+    >>> c = Chain.from_rotor([1.0, 2.0], [1.0, 1.0, 0.5], [8, 4, 2], [0, 8, 4], [0, 0],
+    ...                      [0, 0, 0])
+    >>> pb = PipelineProblem(c, (1, 1), Platform.fully_connected(
+    ...     [Device("g0", 1.0, None), Device("g1", 1.0, None)], 4.0), training=True)
+    >>> effect(pb, "g1", Bwd(1, 2, 0))
+    Effect(resource=('compute', 'g1'), reads=(), adds=(('g1', 'd', 1, 0),), \
+stash=('g1', 1, 2, 0), work=1.5, nbytes=0)
+    >>> effect(pb, "g0", Send("a", 1, 0, "g1")).adds
+    (('g1', 'a', 1, 0),)
+    """
+    chain, L = problem.chain, problem.length
+    if isinstance(op, Send | Recv) and op.index > L:
+        raise InvalidSchedule(f"index {op.index} out of range 0..{L}")
+    if isinstance(op, Recv):
+        return Effect((), ((device, op.kind, op.index, op.mb),), (), None, 0.0, 0)
+    if isinstance(op, Send):
+        held, sent = (device, op.kind, op.index, op.mb), (op.peer, op.kind, op.index, op.mb)
+        nbytes = chain.in_size[op.index]
+        return Effect(("link", device, op.peer), (held,), (sent,), None, 0.0, nbytes)
+    if not isinstance(op, Fwd | Bwd):
+        raise InvalidSchedule(f"{op!r} is not a pipeline op")
+    if not 0 <= op.first < op.last <= L:
+        raise InvalidSchedule(f"stages out of range 0..{L}")
+    if isinstance(op, Fwd):
+        reads = ((device, "a", op.first, op.mb),) if op.first > 0 else ()
+        work = sum(chain.fwd_time[op.first : op.last])
+        return Effect(("compute", device), reads, ((device, "a", op.last, op.mb),), None, work, 0)
+    work = sum(chain.bwd_time[op.first : op.last]) + op.recompute
+    if op.last == L:
+        work += chain.fwd_time[L] + chain.bwd_time[L]
+    reads = ((device, "d", op.last, op.mb),) if op.last < L else ()
+    stash = (device, op.first, op.last, op.mb)
+    return Effect(("compute", device), reads, ((device, "d", op.first, op.mb),), stash, work, 0)
+
+
+@dataclass(frozen=True)
+class PipelineSchedule(Schedule):
+    """Per-device op lists and JSON-compatible metadata (see the module docstring).
+
+    ``ops`` = ((device name, (op, ...)), ...); ``len(schedule)`` counts the ops of
+    every device. JSON format ``schedir.pipeline_schedule`` (version 1; a missing
+    version reads as 1)::
+
+        {"format": "schedir.pipeline_schedule", "version": 1,
+         "ops": [["gpu0", ["F(0:2,0)", "Send(a2,0,gpu1)"]], ["gpu1", [...]]], "meta": {}}
+    """
+
+    FORMAT: ClassVar[str] = "schedir.pipeline_schedule"
+    OPS: ClassVar[str] = "a pipeline op (Fwd, Bwd, Send, Recv)"
+
+    @staticmethod
+    def parse_op(text: str):
+        return parse_pipeline_op(text)
+
+    @staticmethod
+    def is_op(op) -> bool:
+        return isinstance(op, Fwd | Bwd | Send | Recv)
+
+    def checked_ops(self, ops) -> tuple:
         lists = []
-        for k, entry in enumerate(self.ops):
+        for k, entry in enumerate(ops):
             if (
                 not isinstance(entry, list | tuple)
                 or len(entry) != 2
@@ -155,43 +246,34 @@ class PipelineSchedule:
                 or not isinstance(entry[1], list | tuple)
             ):
                 raise InvalidSchedule(f"ops[{k}]: expected [device name, [op, ...]]")
-            dev, ops = entry
-            ops = tuple(parse_pipeline_op(o) if isinstance(o, str) else o for o in ops)
-            for o in ops:
-                if not isinstance(o, Fwd | Bwd | Send | Recv):
+            dev, dev_ops = entry
+            dev_ops = tuple(self.parse_op(o) if isinstance(o, str) else o for o in dev_ops)
+            for o in dev_ops:
+                if not self.is_op(o):
                     raise InvalidSchedule(f"device {dev}: {o!r} is not a pipeline op")
-            lists.append((str(dev), ops))
-        object.__setattr__(self, "ops", tuple(lists))
-        if not isinstance(self.meta, dict):
-            raise InvalidSchedule(f"meta = {self.meta!r}: expected a JSON object")
-        try:
-            object.__setattr__(self, "meta", json.loads(json.dumps(dict(self.meta))))
-        except (TypeError, ValueError) as err:
-            raise InvalidSchedule(f"meta is not JSON-serializable: {err}") from None
+            lists.append((str(dev), dev_ops))
+        return tuple(lists)
+
+    def ops_to_json(self) -> list:
+        return [[dev, [str(o) for o in ops]] for dev, ops in self.ops]
+
+    def __len__(self) -> int:
+        return sum(len(ops) for _, ops in self.ops)
 
     @property
     def mapping(self) -> Mapping | None:
         m = self.meta.get("mapping")
         return None if m is None else Mapping.from_dict(m)
 
-    def to_dict(self) -> dict:
-        return {
-            "format": "schedir.pipeline_schedule",
-            "version": 1,
-            "ops": [[dev, [str(o) for o in ops]] for dev, ops in self.ops],
-            "meta": self.meta,
-        }
-
     @classmethod
     def from_dict(cls, d: dict) -> PipelineSchedule:
-        if not isinstance(d, dict) or d.get("format") != "schedir.pipeline_schedule":
-            raise InvalidSchedule("expected format 'schedir.pipeline_schedule'")
-        if d.get("version", 1) != 1:
-            raise InvalidSchedule(f"version = {d.get('version')!r}: this library reads version 1")
-        ops = d.get("ops")
-        if not isinstance(ops, list):
-            raise InvalidSchedule(f"ops = {ops!r}: expected a list of [device, [op, ...]]")
-        return cls(tuple(ops), d.get("meta", {}))
+        if isinstance(d, dict) and "version" not in d:
+            d = {**d, "version": 1}
+        if isinstance(d, dict) and d.get("format") == cls.FORMAT:
+            ops = d.get("ops")
+            if not isinstance(ops, list):
+                raise InvalidSchedule(f"ops = {ops!r}: expected a list of [device, [op, ...]]")
+        return super().from_dict(d)
 
 
 def _shift(op: PipelineOp, offset: int) -> PipelineOp:

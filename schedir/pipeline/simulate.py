@@ -39,10 +39,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from schedir.errors import InvalidProblem, InvalidSchedule
-from schedir.io import FORMATS
-from schedir.pipeline.ops import Bwd, Fwd, PipelineSchedule, Recv, Send, expand
-from schedir.pipeline.problem import PipelineProblem, link_time, working_set
-from schedir.simulate import JUDGES, SIMULATORS
+from schedir.pipeline.model import link_time, working_set
+from schedir.pipeline.ops import Bwd, Fwd, PipelineSchedule, Send, effect, expand
+from schedir.pipeline.problem import PipelineProblem
+from schedir.trace import Span
 
 
 @dataclass(frozen=True)
@@ -171,8 +171,7 @@ def simulate_pipeline(
                                          "release_interval")  # fmt: skip
     if schedule.meta.get("periodic"):
         schedule = expand(schedule, items or max(problem.microbatches, 50 * hyper))
-    chain, L, plat = problem.chain, problem.length, problem.platform
-    x = chain.in_size
+    plat = problem.platform
     noise = noise or Noise()
     rng = noise.generator() if noise.sigma > 0 else None
     dev_factor = noise.device_factors([d.name for d in plat.devices])
@@ -193,51 +192,39 @@ def simulate_pipeline(
     for dev, ops in schedule.ops:
         speed = plat.device(dev).speed
         for op in ops:
+            try:
+                eff = effect(problem, dev, op)
+            except InvalidSchedule as err:
+                raise InvalidSchedule(f"device {dev}: {op}: {err}") from None
             t = len(res)
-            if isinstance(op, Recv):
+            if not eff.resource:  # a Recv: matched against the Sends below
                 recvs.append((dev, op))
                 continue
             label.append(op)
             owner.append(dev)
             deps.append([])
             rel.append(0.0)
-            if isinstance(op, Fwd | Bwd):
-                if not 0 <= op.first < op.last <= L:
-                    raise InvalidSchedule(f"device {dev}: {op}: stages out of range 0..{L}")
-                weights_on[dev].update(range(op.first, op.last))
-                res.append(("compute", dev))
-                items_seen.add(op.mb)
-                f = noise.factor(rng) * dev_factor[dev]
-                if isinstance(op, Fwd):
-                    dur.append(sum(chain.fwd_time[op.first : op.last]) / speed * f)
-                    produced[dev, "a", op.last, op.mb] = t
-                    fwd_task[dev, op.first, op.last, op.mb] = t
-                    if op.first == 0:
-                        rel[t] = op.mb * release_interval
-                    else:
-                        pending.append((t, (dev, "a", op.first, op.mb)))
-                else:
-                    w = sum(chain.bwd_time[op.first : op.last]) + op.recompute
-                    if op.last == L:
-                        w += chain.fwd_time[L] + chain.bwd_time[L]
-                    dur.append(w / speed * f)
-                    produced[dev, "d", op.first, op.mb] = t
-                    key = (dev, op.first, op.last, op.mb)
-                    if key not in fwd_task:
-                        raise InvalidSchedule(f"device {dev}: {op} before its forward")
-                    deps[t].append(fwd_task[key])
-                    if op.last < L:
-                        pending.append((t, (dev, "d", op.last, op.mb)))
-            elif isinstance(op, Send):
-                lt = link_time(problem, dev, op.peer, x[op.index])
+            res.append(eff.resource)
+            pending += [(t, key) for key in eff.reads]
+            if eff.resource[0] == "link":
+                lt = link_time(problem, dev, op.peer, eff.nbytes)
                 if math.isinf(lt):
                     raise InvalidSchedule(f"device {dev}: {op}: no link {dev}->{op.peer}")
-                res.append(("link", dev, op.peer))
                 dur.append(lt)
-                pending.append((t, (dev, op.kind, op.index, op.mb)))
-                delivered[op.peer, op.kind, op.index, op.mb] = t
+                delivered[eff.adds[0]] = t
+                continue
+            weights_on[dev].update(range(op.first, op.last))
+            items_seen.add(op.mb)
+            dur.append(eff.work / speed * noise.factor(rng) * dev_factor[dev])
+            produced[eff.adds[0]] = t
+            if isinstance(op, Fwd):
+                fwd_task[dev, op.first, op.last, op.mb] = t
+                if op.first == 0:
+                    rel[t] = op.mb * release_interval
+            elif eff.stash not in fwd_task:
+                raise InvalidSchedule(f"device {dev}: {op} before its forward")
             else:
-                raise InvalidSchedule(f"device {dev}: {op!r} is not a pipeline op")
+                deps[t].append(fwd_task[eff.stash])
     for t, key in pending:
         src = produced.get(key)
         if src is None or (isinstance(label[t], Fwd | Bwd) and key in delivered):
@@ -442,7 +429,31 @@ def judge_pipeline(problem: PipelineProblem, trace: PipelineTrace, budget: int |
     }
 
 
-SIMULATORS[PipelineProblem] = simulate_pipeline
-JUDGES[PipelineProblem] = judge_pipeline
-FORMATS["schedir.pipeline"] = PipelineProblem
-FORMATS["schedir.pipeline_schedule"] = PipelineSchedule
+_SPAN_KINDS = {"F": "forward", "B": "backward", "Send": "copy"}
+
+
+def pipeline_lanes(problem: PipelineProblem, schedule, trace: PipelineTrace) -> dict:
+    """One lane per device (its compute stream: forward, backward) in platform order,
+    then one per directed link ``src->dst`` (its sends: copy), in order of first use."""
+    out: dict[str, list[Span]] = {d.name: [] for d in problem.platform.devices}
+    for rec in trace.records:
+        lane = rec.resource[1] if rec.resource[0] == "compute" else "->".join(rec.resource[1:])
+        kind = _SPAN_KINDS.get(rec.op.split("(", 1)[0], "other")
+        out.setdefault(lane, []).append(Span(rec.start, rec.end, rec.op, kind))
+    return {lane: spans for lane, spans in out.items() if spans}
+
+
+def pipeline_memory(trace: PipelineTrace) -> tuple[list[float], list[int]]:
+    """The largest device memory at every instant (``peak_memory`` is its maximum)."""
+    events = sorted(
+        (t, k, dev, level)
+        for dev, (times, levels) in trace.memory.items()
+        for k, (t, level) in enumerate(zip(times, levels, strict=True))
+    )
+    current: dict[str, int] = {}
+    times, values = [0.0], [0]
+    for t, _, dev, level in events:
+        current[dev] = int(level)
+        times.append(t)
+        values.append(max(current.values()))
+    return times, values

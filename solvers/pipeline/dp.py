@@ -27,15 +27,9 @@ import math
 from functools import cache
 
 from schedir import InvalidProblem
+from schedir.pipeline.model import capacity, evaluate, interval_memory
 from schedir.pipeline.ops import PipelineSchedule, inference_pattern
-from schedir.pipeline.problem import (
-    Interval,
-    Mapping,
-    PipelineProblem,
-    capacity,
-    evaluate,
-    interval_memory,
-)
+from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
 from solvers.registry import Infeasible, register
 
 

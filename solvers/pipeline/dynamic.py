@@ -21,8 +21,9 @@ import math
 from collections import defaultdict
 
 from schedir.pipeline.dag import DynamicTrace, TaskGraph, pipeline_graph, simulate_dynamic
+from schedir.pipeline.model import capacity
 from schedir.pipeline.ops import Fwd, PipelineSchedule, Recv, Send
-from schedir.pipeline.problem import PipelineProblem, capacity
+from schedir.pipeline.problem import PipelineProblem
 from schedir.pipeline.simulate import Noise, simulate_pipeline
 from schedir.platform import Platform
 from solvers.registry import Infeasible, register

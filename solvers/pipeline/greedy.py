@@ -18,15 +18,8 @@ from __future__ import annotations
 
 import math
 
-from schedir.pipeline.problem import (
-    Interval,
-    Mapping,
-    PipelineProblem,
-    boundary_period,
-    capacity,
-    evaluate,
-    mapping_memory,
-)
+from schedir.pipeline.model import boundary_period, capacity, evaluate, mapping_memory
+from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
 from solvers.pipeline.dp import mapping_schedule, require_inference
 from solvers.registry import Infeasible, register
 

@@ -47,16 +47,8 @@ import highspy
 import numpy as np
 import scipy.sparse as sp
 
-from schedir.pipeline.problem import (
-    Interval,
-    Mapping,
-    PipelineProblem,
-    capacity,
-    evaluate,
-    interval_memory,
-    link_time,
-    mapping_memory,
-)
+from schedir.pipeline.model import capacity, evaluate, interval_memory, link_time, mapping_memory
+from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
 from solvers.pipeline.dp import mapping_schedule, require_inference
 from solvers.registry import Infeasible, register
 

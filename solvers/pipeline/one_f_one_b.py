@@ -29,18 +29,12 @@ import math
 from functools import cache
 
 from schedir import Chain
+from schedir.pipeline.model import capacity, link_time, training_period
 from schedir.pipeline.ops import PipelineSchedule, one_f_one_b_ops
-from schedir.pipeline.problem import (
-    Interval,
-    Mapping,
-    PipelineProblem,
-    capacity,
-    compositions,
-    link_time,
-    training_period,
-)
+from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
 from schedir.pipeline.simulate import simulate_pipeline
 from solvers.chain.rotor import min_memory
+from solvers.pipeline.exhaustive import compositions
 from solvers.registry import Infeasible, register
 
 
