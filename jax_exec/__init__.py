@@ -23,7 +23,7 @@ from jax_exec.chain.lowering import (
 )
 from jax_exec.chain.planning import plan
 from jax_exec.chain.profile import profile
-from jax_exec.chain.runtime import RunResult, run
+from jax_exec.chain.runtime import run_chain
 from jax_exec.chain.tree import parse_tree
 from jax_exec.graph.profile import profile_graph, sequential_dag
 from jax_exec.graph.runtime import GraphRunResult, run_graph
@@ -33,6 +33,7 @@ from jax_exec.offload.lowering import (
     offload_value_and_grad,
 )
 from jax_exec.offload.runtime import OffloadRunResult, measure_platform, run_offload
+from jax_exec.result import RunResult
 from jax_exec.stages import Stage, StageList, as_stages, split_layers
 
 __all__ = [
@@ -55,7 +56,6 @@ __all__ = [
     "plan",
     "profile",
     "profile_graph",
-    "run",
     "run_graph",
     "saved_activations",
     "sequential_dag",
@@ -87,4 +87,8 @@ __all__ += [
     "stack_blocks",
     "stage_mesh",
 ]
+# The executor protocol: one ``run`` for every schedule class (docs/jax_exec.md).
+from jax_exec.executor import Executor, executor_for, register, run, unregister  # noqa: E402
+
+__all__ += ["Executor", "executor_for", "register", "run", "run_chain", "unregister"]
 from jax_exec import auto  # noqa: E402, F401
