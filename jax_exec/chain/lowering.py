@@ -95,10 +95,10 @@ def _recorded(stage: Stage, offload_in: bool = False, offload_out: bool = False)
 
     @jax.custom_vjp
     def recorded(params: Any, rest: Any, a: jax.Array) -> jax.Array:
-        return functions(a).fwd(params, rest, a)
+        return functions(a).fwd(params, rest, (a,))
 
     def recorded_fwd(params: Any, rest: Any, a: jax.Array):
-        out, new = functions(a).rec(params, rest, a)
+        out, new = functions(a).rec(params, rest, (a,))
         kept_a = _to(host, a) if offload_in else a
         kept = _to(host, (out, new)) if offload_out else (out, new)
         return out, (params, rest, kept_a, *kept)
@@ -109,7 +109,7 @@ def _recorded(stage: Stage, offload_in: bool = False, offload_out: bool = False)
             a = _to(device, a)
         if offload_out:
             out, new = _to(device, (out, new))
-        d_params, d_a = functions(a).bwd(params, rest, a, out, new, d_out)
+        d_params, (d_a,) = functions(a).bwd(params, rest, (a,), out, new, (d_out,))
         return d_params, None, d_a  # None: the state is constant
 
     recorded.defvjp(recorded_fwd, recorded_bwd)

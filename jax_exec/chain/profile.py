@@ -70,10 +70,10 @@ def profile(
     else:
         a = jnp.asarray(x)
         for stage, k in zip(stages, kernels, strict=True):
-            fwd_time.append(median_time(k.fwd.call, stage.params, stage.rest, a, repeats=repeats))
-            out, new = k.rec.call(stage.params, stage.rest, a)
-            d_out = jnp.ones_like(out)
-            args = (stage.params, stage.rest, a, out, new, d_out)
+            args = (stage.params, stage.rest, (a,))
+            fwd_time.append(median_time(k.fwd.call, *args, repeats=repeats))
+            out, new = k.rec.call(*args)
+            args = (*args, out, new, (jnp.ones_like(out),))
             bwd_time.append(median_time(k.bwd.call, *args, repeats=repeats))
             a = out
         bwd_time.append(median_time(loss_k.call, a, y, repeats=repeats))

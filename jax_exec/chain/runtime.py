@@ -62,19 +62,20 @@ def compute(op: Any, buf: Buffers, step: ChainStep, grads: list) -> tuple[int, i
         stage, kern = step.stages[k], step.kernels[k]
         saved = buf.table["abar", k + 1]
         (d_out,) = buf.table["d", k + 1]
-        grads[k], d = kern.bwd.call(stage.params, stage.rest, a, saved[0], saved[1:], d_out)
+        args = (stage.params, stage.rest, (a,), saved[0], saved[1:], (d_out,))
+        grads[k], (d,) = kern.bwd.call(*args)
         jax.block_until_ready(d)
         put(buf, ("d", k), (d,))
         temp = kern.bwd.temp_bytes
     elif isinstance(op, F_ck | F_n | F_all):
         stage, kern = step.stages[k], step.kernels[k]
         if isinstance(op, F_all):
-            out, new = kern.rec.call(stage.params, stage.rest, a)
+            out, new = kern.rec.call(stage.params, stage.rest, (a,))
             jax.block_until_ready(out)
             put(buf, ("abar", k + 1), (out, *new))
             temp = kern.rec.temp_bytes
         else:
-            out = kern.fwd.call(stage.params, stage.rest, a)
+            out = kern.fwd.call(stage.params, stage.rest, (a,))
             jax.block_until_ready(out)
             put(buf, ("a", k + 1), (out,))
             temp = kern.fwd.temp_bytes

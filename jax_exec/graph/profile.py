@@ -35,15 +35,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jax_exec.kernels import (
-    Kernel,
-    Recipe,
-    _compile,
-    _tree_key,
-    find_constants,
-    loss_kernel,
-    split_residuals,
-)
+from jax_exec.kernels import GRAPH_KERNELS, Kernel, NodeKernels, loss_kernel
+from jax_exec.kernels import node_kernels as build_kernels
 from jax_exec.stages import as_spec, pure_apply, spec_bytes
 from schedir import Compute, Graph, Node
 
@@ -161,117 +154,15 @@ def users_of(dag: Sequence[DagNode]) -> dict[str, list[str]]:
 # ----------------------------------------------------------------------- kernels
 
 
-@dataclass(frozen=True)
-class NodeFunctions:
-    """Traceable functions of one module for given input shapes.
-
-    ``fwd(params, rest, ins) -> out``; ``res(params, rest, ins) -> new`` (the new
-    residuals of ``jax.vjp``, see :class:`jax_exec.kernels.Recipe`);
-    ``bwd(params, rest, ins, out, new, cots) -> (d_params, d_ins)``: sums the
-    cotangents ``cots`` (one per user of the output) and applies the vjp closure
-    rebuilt from ``recipe``, without recomputing the forward.
-    """
-
-    fwd: Callable[..., Any]
-    res: Callable[..., Any]
-    bwd: Callable[..., Any]
-    recipe: Recipe
-    out: jax.ShapeDtypeStruct
-
-
-@dataclass(frozen=True)
-class NodeKernels:
-    """Compiled kernels of one module: ``fwd`` (node v), ``res`` (node R{v}) and ``bwd``
-    (node B{v}, for ``cots`` cotangents)."""
-
-    fwd: Kernel
-    res: Kernel
-    bwd: Kernel
-    functions: NodeFunctions
-
-
-_FUNCTIONS: dict[tuple, NodeFunctions] = {}
+# Graph nodes launch ``fwd``, ``res`` and ``bwd`` (jax_exec.kernels); their own cache,
+# so that every entry holds the three kernels the runtime launches.
 _KERNELS: dict[tuple, NodeKernels] = {}
-
-
-def _node_key(node: DagNode, ins: tuple) -> tuple:
-    shapes = tuple((s.shape, str(s.dtype)) for s in ins)
-    return (node.key, _tree_key(node.params), _tree_key(node.rest), shapes)
-
-
-def _build(node: DagNode, in_specs: tuple) -> NodeFunctions:
-    out = jax.eval_shape(node.apply, node.params, node.rest, *in_specs)
-    as_spec(f"node {node.name}'s output", out)
-    found: dict[str, Any] = {}
-    consts: dict[int, Any] = {}
-
-    def rec(params: Any, rest: Any, ins: tuple) -> tuple[jax.Array, tuple]:
-        out, vjp_fn = jax.vjp(lambda p, *xs: node.apply(p, rest, *xs), params, *ins)
-        leaves, treedef = jax.tree_util.tree_flatten(vjp_fn)
-        known = {
-            "param": jax.tree_util.tree_leaves(params),
-            "rest": jax.tree_util.tree_leaves(rest),
-            "in": list(ins),
-            "out": [out],
-        }
-        sources, new = split_residuals(leaves, known, consts)
-        found["treedef"], found["sources"] = treedef, sources
-        return out, new
-
-    closed = jax.make_jaxpr(lambda *a: rec(*a))(node.params, node.rest, in_specs)
-    find_constants(closed, consts)
-    out_spec, new_specs = jax.eval_shape(lambda *a: rec(*a), node.params, node.rest, in_specs)
-    recipe = Recipe(
-        found["treedef"],
-        found["sources"],
-        tuple(new_specs),
-        tuple(consts[m] for m in sorted(consts)),
-    )
-
-    def fwd(params: Any, rest: Any, ins: tuple) -> jax.Array:
-        return node.apply(params, rest, *ins)
-
-    def res(params: Any, rest: Any, ins: tuple) -> tuple:
-        return rec(params, rest, ins)[1]
-
-    def bwd(params: Any, rest: Any, ins: tuple, out: jax.Array, new: tuple, cots: tuple):
-        d_out = cots[0]
-        for c in cots[1:]:
-            d_out = d_out + c
-        pick = {
-            "param": jax.tree_util.tree_leaves(params),
-            "rest": jax.tree_util.tree_leaves(rest),
-            "in": list(ins),
-            "out": [out],
-            "new": list(new),
-            "const": [jnp.asarray(c) for c in recipe.consts],
-        }
-        leaves = [pick[kind][i] for kind, i in recipe.sources]
-        vjp_fn = jax.tree_util.tree_unflatten(recipe.treedef, leaves)
-        d_params, *d_ins = vjp_fn(d_out)
-        return d_params, tuple(d_ins)
-
-    return NodeFunctions(jax.jit(fwd), jax.jit(res), jax.jit(bwd), recipe, out_spec)
 
 
 def node_kernels(node: DagNode, in_specs: tuple, cots: int) -> NodeKernels:
     """Compile (or fetch from the cache) the kernels of ``node`` for these input shapes
     and ``cots`` cotangents (users of its output; 1 for the last node)."""
-    in_specs = tuple(as_spec(f"input of node {node.name}", s) for s in in_specs)
-    key = _node_key(node, in_specs)
-    if key not in _FUNCTIONS:
-        _FUNCTIONS[key] = _build(node, in_specs)
-    fns = _FUNCTIONS[key]
-    kkey = (*key, cots)
-    if kkey not in _KERNELS:
-        args = (node.params, node.rest, in_specs)
-        _KERNELS[kkey] = NodeKernels(
-            fwd=_compile(fns.fwd, *args),
-            res=_compile(fns.res, *args),
-            bwd=_compile(fns.bwd, *args, fns.out, fns.recipe.new, (fns.out,) * cots),
-            functions=fns,
-        )
-    return _KERNELS[kkey]
+    return build_kernels(node, in_specs, cots, GRAPH_KERNELS, _KERNELS)
 
 
 @dataclass(frozen=True)
