@@ -25,7 +25,8 @@ from jax_exec.chain.planning import plan
 from jax_exec.chain.profile import profile
 from jax_exec.chain.runtime import run_chain
 from jax_exec.chain.tree import parse_tree
-from jax_exec.graph.profile import profile_graph, sequential_dag
+from jax_exec.graph.model import sequential_dag
+from jax_exec.graph.profile import profile_graph
 from jax_exec.graph.runtime import GraphRunResult, run_graph
 from jax_exec.offload.lowering import (
     lower_offload,

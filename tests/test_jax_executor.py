@@ -11,9 +11,8 @@ import jax_exec
 import schedir
 import solvers
 from jax_exec.executor import EXECUTORS, executor_for
-from jax_exec.graph.profile import residual_dag
 from jax_exec.graph.runtime import run_graph
-from jax_exec.models import mlp_stack, mse_loss
+from jax_exec.models import mlp_stack, mse_loss, residual_dag
 from jax_exec.offload.runtime import run_offload
 from jax_exec.stages import as_stages
 from schedir import GraphSchedule, OffloadSchedule, Schedule

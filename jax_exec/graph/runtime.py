@@ -2,7 +2,7 @@
 
 :func:`run_graph` executes the ``Compute``/``Free`` ops of a ``GraphSchedule`` on the
 graph :func:`jax_exec.graph.profile.profile_graph` made of a DAG model. Every graph
-node is a buffer of explicit arrays (layout in :mod:`jax_exec.graph_profile`):
+node is a buffer of explicit arrays (layout in :mod:`jax_exec.graph.profile`):
 
 - an input node: the caller's array (never deleted: the runtime does not own it;
   ``Free`` only stops counting it);
