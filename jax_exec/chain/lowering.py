@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-from jax._src.ad_checkpoint import saved_residuals
 from jax.ad_checkpoint import checkpoint_name
 
 from jax_exec.chain.tree import (
@@ -48,6 +47,7 @@ from jax_exec.chain.tree import (
     unit_chain,
 )
 from jax_exec.kernels import stage_functions
+from jax_exec.residuals import saved_residuals
 from jax_exec.stages import (
     LayerWatch,
     Stage,
@@ -336,8 +336,8 @@ class Residual:
 def saved_activations(lowered: Lowered, x: jax.Array, y: Any) -> list[Residual]:
     """Residuals saved at the top level of ``lowered.loss``; parameters, state, y left out.
 
-    Uses ``jax._src.ad_checkpoint.saved_residuals``, the function behind
-    ``jax.ad_checkpoint.print_saved_residuals``. The input x counts (it is a[0]).
+    Reads JAX's report through :func:`jax_exec.residuals.saved_residuals`. The input x
+    counts (it is a[0]).
     """
     out = []
     for aval, source in top_residuals(lowered, x, y):
