@@ -134,7 +134,7 @@ def check_compiled(model, selected):
         assert got == want, f"{where}: extra {got - want}, missing {want - got}"
         if schedule.ops not in checked:  # methods often agree: compile each sequence once
             checked.add(schedule.ops)
-            loss, grads = jax_exec.value_and_grad(layers, mse_loss, schedule)(x, y)
+            loss, grads = jax_exec.stages_value_and_grad(layers, mse_loss, schedule)(x, y)
             assert_same(loss, grads, model["loss"], model["grads"])
 
 
@@ -209,7 +209,7 @@ def test_hand_written_tree_schedules(mlp, ops):
     assert result.resident_bytes == trace.resident
     assert result.peak_bytes <= trace.peak_memory
     assert_same(result.loss, result.grads, mlp["loss"], mlp["grads"])
-    loss, grads = jax_exec.value_and_grad(layers, mse_loss, ops)(x, y)
+    loss, grads = jax_exec.stages_value_and_grad(layers, mse_loss, ops)(x, y)
     assert_same(loss, grads, mlp["loss"], mlp["grads"])
     lowered = jax_exec.lower(layers, mse_loss, ops)
     got = Counter((r.shape, r.dtype) for r in jax_exec.saved_activations(lowered, x, y))

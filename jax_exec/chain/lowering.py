@@ -271,7 +271,7 @@ def lower(layers: Sequence[Any], loss_fn: Callable, schedule: Schedule | Sequenc
     return Lowered(*lower_model(model, loss_fn, schedule), model)
 
 
-def value_and_grad(
+def stages_value_and_grad(
     layers: Sequence[Any], loss_fn: Callable, schedule: Schedule | Sequence
 ) -> Callable[[jax.Array, Any], tuple[jax.Array, list]]:
     """A jit-able ``f(x, y) -> (loss, grads)`` following ``schedule``.
