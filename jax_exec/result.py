@@ -7,6 +7,7 @@ the rest empty: a run without copies has no ``host_bytes``, a single-device run 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,3 +89,63 @@ class RunResult:
 def tree_bytes(tree: Any) -> int:
     """Bytes of the arrays of a pytree (each leaf counted as given)."""
     return sum(int(leaf.nbytes) for leaf in jax.tree_util.tree_leaves(tree))
+
+
+class OpMeter:
+    """What a single-device runtime measures per op, turned into a :class:`RunResult`.
+
+    Create it when the step starts (after its inputs are placed), ``record`` each op,
+    ``stop`` when the last op is done, then ``result(loss=..., grads=..., ...)``.
+    """
+
+    def __init__(self, initial_bytes: int, *, kernels: bool = False) -> None:
+        self.initial_bytes = initial_bytes
+        self.with_kernels = kernels  # record the kernel each op launched (graph runs)
+        self.resident: list[int] = []
+        self.host: list[int] = []
+        self.peak: list[int] = []
+        self.temp: list[int] = []
+        self.times: list[float] = []
+        self.kernels: list[str | None] = []
+        self.started = time.perf_counter()
+        self.total = 0.0
+
+    def record(
+        self,
+        seconds: float,
+        temp: int,
+        need: int,
+        resident: int,
+        *,
+        host: int | None = None,
+        kernel: str | None = None,
+    ) -> None:
+        """One op: its wall time, kernel temporary bytes, need (live bytes right after
+        its output plus ``temp``), live device bytes after it; with copies the live
+        host bytes; for graph runs the kernel it launched."""
+        self.times.append(seconds)
+        self.temp.append(temp)
+        self.peak.append(need)
+        self.resident.append(resident)
+        if host is not None:
+            self.host.append(host)
+        if self.with_kernels:
+            self.kernels.append(kernel)
+
+    def stop(self) -> None:
+        self.total = time.perf_counter() - self.started
+
+    def result(self, **fields: Any) -> RunResult:
+        """The :class:`RunResult` of the recorded ops plus ``fields`` (loss, grads, ...)."""
+        return RunResult(
+            peak_bytes=max([self.initial_bytes, *self.peak]),
+            initial_bytes=self.initial_bytes,
+            resident_bytes=tuple(self.resident),
+            host_bytes=tuple(self.host),
+            op_peak_bytes=tuple(self.peak),
+            op_temp_bytes=tuple(self.temp),
+            op_times=tuple(self.times),
+            op_kernels=tuple(self.kernels),
+            total_time=self.total,
+            **fields,
+        )

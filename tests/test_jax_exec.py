@@ -15,27 +15,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax_reference import plain_value_and_grad
 
 import jax_exec
 import schedir
 import solvers
 from jax_exec.models import mlp_stack, mse_loss, transformer_stack
-from jax_exec.stages import as_stages
 
 RTOL, ATOL = 1e-5, 1e-6
-
-
-def plain_value_and_grad(layers, loss_fn):
-    stages = as_stages(layers)
-
-    def loss(params, x, y):
-        a = x
-        for stage, p in zip(stages, params, strict=True):
-            a = stage.apply(p, stage.rest, a)
-        return loss_fn(a, y)
-
-    step = jax.jit(jax.value_and_grad(loss))
-    return lambda x, y: step([s.params for s in stages], x, y)
 
 
 def _model(family):

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax_reference import plain_value_and_grad
 
 import jax_exec
 import schedir
@@ -14,7 +15,6 @@ from jax_exec.executor import EXECUTORS, executor_for
 from jax_exec.graph.runtime import run_graph
 from jax_exec.models import mlp_stack, mse_loss, residual_dag
 from jax_exec.offload.runtime import run_offload
-from jax_exec.stages import as_stages
 from schedir import GraphSchedule, OffloadSchedule, Schedule
 
 
@@ -25,18 +25,6 @@ def mlp():
     x = jax.random.normal(kx, (8, 8), jnp.float32)
     y = jax.random.normal(ky, (8, 4), jnp.float32)
     return layers, x, y
-
-
-def plain_grads(layers, x, y):
-    stages = as_stages(layers)
-
-    def loss(params):
-        a = x
-        for stage, p in zip(stages, params, strict=True):
-            a = stage.apply(p, stage.rest, a)
-        return mse_loss(a, y)
-
-    return jax.value_and_grad(loss)([s.params for s in stages])
 
 
 def test_every_old_result_name_is_the_one_result_class():
@@ -80,7 +68,7 @@ def test_chain_and_offload_results_agree_and_match_plain_autodiff(mlp):
     assert chained.resident_bytes == as_offload.resident_bytes
     assert chained.resident_bytes == schedir.simulate(chain, schedule).resident
     assert chained.op_temp_bytes == as_offload.op_temp_bytes
-    loss, grads = plain_grads(layers, x, y)
+    loss, grads = plain_value_and_grad(layers, mse_loss)(x, y)
     for result in (chained, as_offload):
         np.testing.assert_allclose(result.loss, loss, rtol=1e-5)
         for got, want in zip(

@@ -22,7 +22,7 @@ import jax
 from jax_exec.buffers import Buffers
 from jax_exec.chain.tree import check_schedule
 from jax_exec.kernels import chain_kernels, loss_kernel
-from jax_exec.result import RunResult, tree_bytes
+from jax_exec.result import OpMeter, RunResult, tree_bytes
 from jax_exec.stages import split_layers
 from schedir import B, F_all, F_ck, F_n, Loss, Schedule
 
@@ -131,35 +131,35 @@ def run_chain(
     """
     model, step, x = chain_step(layers, loss_fn, x, y)
     ops = check_schedule(schedule, len(step.stages))
-    buf = Buffers()
-    buf.put(("a", 0), (x,), owned=False)
+    buf = input_buffers(x)
     grads: list = [None] * len(step.stages)
     loss = None
-    initial = buf.bytes()
-    resident, op_peak, op_temp, op_times = [], [], [], []
-    step_start = time.perf_counter()
+    meter = OpMeter(buf.bytes())
     for op in ops:
         start = time.perf_counter()
         need, temp, value = compute(op, buf, step, grads)
         loss = value if value is not None else loss
-        op_times.append(time.perf_counter() - start)
-        op_temp.append(temp)
-        op_peak.append(need)
-        resident.append(buf.bytes())
-    total = time.perf_counter() - step_start
+        meter.record(time.perf_counter() - start, temp, need, buf.bytes())
+    meter.stop()
     buf.clear()  # only d[0] is left: free it, the caller gets grads
-    grads = model.fold(grads)  # a shared parameter: the sum of its per-layer gradients
+    return chain_result(meter, model, loss, grads, x, y, ops)
 
-    return RunResult(
+
+def input_buffers(x: jax.Array) -> Buffers:
+    """The buffers at the start of a step: ``a[0]`` holds x (the caller's: never deleted)."""
+    buf = Buffers()
+    buf.put(("a", 0), (x,), owned=False)
+    return buf
+
+
+def chain_result(
+    meter: OpMeter, model: Any, loss: Any, grads: list, x: Any, y: Any, ops: tuple
+) -> RunResult:
+    """The step's result; a shared parameter gets the sum of its per-layer gradients."""
+    grads = model.fold(grads)
+    return meter.result(
         loss=loss,
         grads=grads,
-        peak_bytes=max([initial, *op_peak]),
-        initial_bytes=initial,
-        resident_bytes=tuple(resident),
-        op_peak_bytes=tuple(op_peak),
-        op_temp_bytes=tuple(op_temp),
-        op_times=tuple(op_times),
-        total_time=total,
         param_bytes=tree_bytes(model.params()),
         grad_bytes=tree_bytes(grads),
         batch_bytes=tree_bytes(x) + tree_bytes(y),

@@ -39,7 +39,7 @@ from jax_exec.graph.profile import (
     layout_graph,
     residual_name,
 )
-from jax_exec.result import RunResult, tree_bytes
+from jax_exec.result import OpMeter, RunResult, tree_bytes
 from schedir import Compute, Free, Graph, GraphSchedule, Schedule, simulate_graph
 
 # The one result type (kept importable under its old name). For a graph run ``grads``
@@ -79,9 +79,7 @@ def execute(
         buf.put(index[n], (a,), owned=False)
     grads: dict[str, Any] = {name: None for name in dag}
     loss = None
-    initial = buf.bytes()
-    resident, op_peak, op_temp, op_times, op_kernels = [], [], [], [], []
-    step_start = time.perf_counter()
+    meter = OpMeter(buf.bytes(), kernels=True)
     for op in ops:
         start = time.perf_counter()
         i = op.node
@@ -113,39 +111,26 @@ def execute(
                     grads[name], d_ins = k.bwd.call(*args, buf.table[index[name]][0], new, cots)
                     out, temp = tuple(d_ins), k.bwd.temp_bytes
             jax.block_until_ready(out)
-            op_times.append(time.perf_counter() - start)
-            op_kernels.append(f"{kind} {name}" if name else kind)
+            seconds, launched = time.perf_counter() - start, f"{kind} {name}" if name else kind
             buf.put(i, out)
             need = buf.bytes() + temp
         elif isinstance(op, Free):
             buf.drop(i)
-            op_times.append(time.perf_counter() - start)
-            op_kernels.append(None)
-            temp = 0
+            seconds, launched, temp = time.perf_counter() - start, None, 0
             need = buf.bytes()
         else:  # pragma: no cover - GraphSchedule rejects foreign ops
             raise TypeError(f"not a graph op: {op!r}")
-        op_temp.append(temp)
-        op_peak.append(need)
-        resident.append(buf.bytes())
-    total = time.perf_counter() - step_start
+        meter.record(seconds, temp, need, buf.bytes(), kernel=launched)
+    meter.stop()
     buf.clear()  # what the schedule left (gradients of the inputs): the caller has grads
 
-    return RunResult(
+    return meter.result(
         loss=loss,
         grads=grads,
-        peak_bytes=max([initial, *op_peak]),
-        initial_bytes=initial,
-        resident_bytes=tuple(resident),
-        op_peak_bytes=tuple(op_peak),
-        op_temp_bytes=tuple(op_temp),
-        op_times=tuple(op_times),
-        total_time=total,
         param_bytes=sum(tree_bytes(node.params) for node in dk.dag),
         grad_bytes=tree_bytes(list(grads.values())),
         batch_bytes=tree_bytes(list(arrays.values())) + tree_bytes(y),
         ops=ops,
-        op_kernels=tuple(op_kernels),
     )
 
 

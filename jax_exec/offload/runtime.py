@@ -26,10 +26,9 @@ from typing import Any
 
 import jax
 
-from jax_exec.buffers import Buffers
-from jax_exec.chain.runtime import chain_step, compute, input_name
+from jax_exec.chain.runtime import chain_result, chain_step, compute, input_buffers, input_name
 from jax_exec.chain.tree import unit_chain
-from jax_exec.result import RunResult, tree_bytes
+from jax_exec.result import OpMeter, RunResult
 from schedir import (
     B,
     CopyEngine,
@@ -75,19 +74,16 @@ def run_offload(
     simulate_offload(OffloadProblem(unit_chain(L), Platform.host_offload(math.inf)), ops)
     host_kind, device_kind = _memory("pinned_host"), _memory("device")
 
-    buf = Buffers()
-    buf.put(("a", 0), (x,), owned=False)
+    buf = input_buffers(x)
     host: dict[tuple[str, int], tuple] = {}
     pending: dict[tuple[str, int], str] = {}
     grads: list = [None] * L
     loss = None
-    initial = buf.bytes()
-    resident, hosted, peaks, temps, times = [], [], [], [], []
+    meter = OpMeter(buf.bytes())
 
     def host_bytes() -> int:
         return sum(int(a.nbytes) for arrays in host.values() for a in arrays)
 
-    step_start = time.perf_counter()
     for op in ops:
         start = time.perf_counter()
         need, temp = None, 0
@@ -125,33 +121,15 @@ def run_offload(
             for a in arrays:
                 if a.sharding.memory_kind not in (None, "device"):  # pragma: no cover
                     raise AssertionError(f"a device buffer lives in {a.sharding.memory_kind}")
-        times.append(time.perf_counter() - start)
-        temps.append(temp)
-        resident.append(buf.bytes())
-        hosted.append(host_bytes())
-        peaks.append(resident[-1] if need is None else need)
-    total = time.perf_counter() - step_start
+        live = buf.bytes()
+        seconds = time.perf_counter() - start
+        meter.record(seconds, temp, live if need is None else need, live, host=host_bytes())
+    meter.stop()
     buf.clear()
     for arrays in host.values():
         for a in arrays:
             a.delete()
-    grads = model.fold(grads)
-    return RunResult(
-        loss=loss,
-        grads=grads,
-        resident_bytes=tuple(resident),
-        host_bytes=tuple(hosted),
-        op_peak_bytes=tuple(peaks),
-        op_temp_bytes=tuple(temps),
-        peak_bytes=max([initial, *peaks]),
-        initial_bytes=initial,
-        op_times=tuple(times),
-        total_time=total,
-        param_bytes=tree_bytes(model.params()),
-        grad_bytes=tree_bytes(grads),
-        batch_bytes=tree_bytes(x) + tree_bytes(y),
-        ops=ops,
-    )
+    return chain_result(meter, model, loss, grads, x, y, ops)
 
 
 def measure_platform(
