@@ -5,18 +5,11 @@ from __future__ import annotations
 
 import jax
 
-from jax_exec.stages import as_stages
+from jax_exec.stages import as_stages, plain_loss
 
 
 def plain_value_and_grad(layers, loss_fn):
     """``f(x, y) -> (loss, grads)``: plain autodiff of the layers (one pytree per layer)."""
     stages = as_stages(layers)
-
-    def loss(params, x, y):
-        a = x
-        for stage, p in zip(stages, params, strict=True):
-            a = stage.apply(p, stage.rest, a)
-        return loss_fn(a, y)
-
-    step = jax.jit(jax.value_and_grad(loss))
+    step = jax.jit(jax.value_and_grad(plain_loss(stages, loss_fn)))
     return lambda x, y: step([s.params for s in stages], x, y)
