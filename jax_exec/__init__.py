@@ -20,7 +20,6 @@ from jax_exec.chain.lowering import (
     expected_activations,
     lower,
     saved_activations,
-    stages_value_and_grad,
 )
 from jax_exec.chain.planning import plan_stages
 from jax_exec.chain.profile import profile
@@ -90,7 +89,14 @@ __all__ += [
     "stage_mesh",
 ]
 # The executor protocol: one ``run`` for every schedule class (docs/jax_exec.md).
-from jax_exec.executor import Executor, executor_for, register, run, unregister  # noqa: E402
+from jax_exec.executor import (  # noqa: E402
+    Executor,
+    executor_for,
+    register,
+    run,
+    stages_value_and_grad,
+    unregister,
+)
 
 __all__ += ["Executor", "executor_for", "register", "run", "run_chain", "unregister"]
 # Any Flax NNX model, automatically (docs/auto.md): ``plan`` and ``value_and_grad``.

@@ -20,6 +20,8 @@ What does not go through :func:`run`, and why: ``run_dynamic`` executes no sched
 (the placement is decided while it runs, by a policy); the SPMD pipeline is a traced
 function (``spmd_pipeline``) used inside ``jax.jit``, not a schedule interpreter; the
 compiled path (``stages_value_and_grad``, ``lower``) returns a function, not a step.
+:func:`stages_value_and_grad` dispatches by the schedule too: copy ops go to
+:mod:`jax_exec.offload.lowering`.
 """
 
 from __future__ import annotations
@@ -27,8 +29,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+import jax
+
+from jax_exec.chain.lowering import Lowered, jitted_step, lower_model
 from jax_exec.chain.runtime import has_copies, run_chain
 from jax_exec.graph.runtime import run_graph
+from jax_exec.offload.lowering import lower_offload
 from jax_exec.offload.runtime import run_offload
 from jax_exec.pipeline.mpmd import run_pipeline
 from jax_exec.result import RunResult
@@ -110,3 +116,28 @@ def run(
     """
     executor, schedule = executor_for(schedule)
     return executor(model, loss_fn, schedule, *inputs, **options)
+
+
+# The compiled path dispatches by the schedule too: copy ops need host offload.
+
+
+def stages_value_and_grad(
+    layers: Sequence[Any], loss_fn: Callable, schedule: Schedule | Sequence
+) -> Callable[[jax.Array, Any], tuple[jax.Array, list]]:
+    """A jit-able ``f(x, y) -> (loss, grads)`` following ``schedule``.
+
+    ``grads`` holds one parameter pytree per layer (``nnx.State`` of ``nnx.Param`` for
+    NNX layers; a parameter several layers read is in the first of them, its gradient
+    summed over its uses). The layers are split once; their parameters and other state
+    are read at every call (arguments of the jitted step), so the step follows model
+    updates (``nnx.update``, an optimizer); under an outer ``jax.jit`` they are read
+    once, at tracing. A change of the layers' structure (``model.eval()``, a
+    reassigned submodule or Variable) splits and lowers them again. Gradients equal
+    those of ``jax.value_and_grad`` of the plain model. Schedules with copy ops
+    (``rotor_offload``) are lowered with host offload
+    (:mod:`jax_exec.offload.lowering`: ``checkpoint_name`` and
+    ``save_and_offload_only_these_names``).
+    """
+    if has_copies(schedule.ops if hasattr(schedule, "ops") else schedule):
+        return jitted_step(layers, lambda model: lower_offload(model, loss_fn, schedule))
+    return jitted_step(layers, lambda model: Lowered(*lower_model(model, loss_fn, schedule), model))

@@ -40,6 +40,8 @@ def _close(a, b, what: str) -> None:
 
 
 def _child() -> None:  # pragma: no cover - runs in the subprocess
+    from collections import Counter
+
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -170,6 +172,9 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
         _close(r.outputs, ref, policy)
         assert sum(r.counts.values()) == 8 * 3 and r.predicted.makespan > 0
         assert 0 <= r.same_device <= 1
+        # one op_log entry per task: (device, task, start, end), placed where counted
+        assert len(r.op_log) == 8 * 3 and all(start <= end for _, _, start, end in r.op_log)
+        assert Counter(dev for dev, *_ in r.op_log) == Counter(r.counts)
         checked.append(policy)
     print(json.dumps({"devices": len(jax.devices()), "checked": checked}))
 

@@ -271,32 +271,6 @@ def lower(layers: Sequence[Any], loss_fn: Callable, schedule: Schedule | Sequenc
     return Lowered(*lower_model(model, loss_fn, schedule), model)
 
 
-def stages_value_and_grad(
-    layers: Sequence[Any], loss_fn: Callable, schedule: Schedule | Sequence
-) -> Callable[[jax.Array, Any], tuple[jax.Array, list]]:
-    """A jit-able ``f(x, y) -> (loss, grads)`` following ``schedule``.
-
-    ``grads`` holds one parameter pytree per layer (``nnx.State`` of ``nnx.Param`` for
-    NNX layers; a parameter several layers read is in the first of them, its gradient
-    summed over its uses). The layers are split once; their parameters and other state
-    are read at every call (arguments of the jitted step), so the step follows model
-    updates (``nnx.update``, an optimizer); under an outer ``jax.jit`` they are read
-    once, at tracing. A change of the layers' structure (``model.eval()``, a
-    reassigned submodule or Variable) splits and lowers them again. Gradients equal
-    those of ``jax.value_and_grad`` of the plain model. Schedules with copy ops
-    (``rotor_offload``) are lowered with host offload
-    (``jax_exec.offload_lowering``: ``checkpoint_name`` and
-    ``save_and_offload_only_these_names``).
-    """
-    from jax_exec.chain.runtime import has_copies
-
-    if has_copies(schedule.ops if hasattr(schedule, "ops") else schedule):
-        from jax_exec.offload.lowering import lower_offload
-
-        return jitted_step(layers, lambda model: lower_offload(model, loss_fn, schedule))
-    return jitted_step(layers, lambda model: Lowered(*lower_model(model, loss_fn, schedule), model))
-
-
 def jitted_step(layers: Sequence[Any], build: Callable[[StageList], Lowered]) -> Callable:
     """``f(x, y) -> (loss, grads)``: ``build(split layers)`` jitted, values read at each call."""
     current: dict[str, Any] = {}

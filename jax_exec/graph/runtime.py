@@ -2,7 +2,7 @@
 
 :func:`run_graph` executes the ``Compute``/``Free`` ops of a ``GraphSchedule`` on the
 graph :func:`jax_exec.graph.profile.profile_graph` made of a DAG model. Every graph
-node is a buffer of explicit arrays (layout in :mod:`jax_exec.graph.profile`):
+node is a buffer of explicit arrays (layout in :mod:`jax_exec.graph.kernels`):
 
 - an input node: the caller's array (never deleted: the runtime does not own it;
   ``Free`` only stops counting it);
@@ -31,7 +31,7 @@ from typing import Any
 import jax
 
 from jax_exec.buffers import Buffers
-from jax_exec.graph.profile import (
+from jax_exec.graph.kernels import (
     DagKernels,
     backward_name,
     check_graph,
