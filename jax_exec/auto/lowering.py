@@ -181,7 +181,7 @@ def saved_residuals(fn: Callable, *args: Any) -> Counter:
     ``jax.ad_checkpoint.print_saved_residuals``, which only prints. A test
     (tests/test_auto_plan.py) fails if it moves or changes its output.
     """
-    from jax._src.ad_checkpoint import saved_residuals as _saved
+    from jax_exec.residuals import saved_residuals as _saved
 
     found: Counter = Counter()
     for aval, source in _saved(fn, *args):

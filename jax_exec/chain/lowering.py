@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-from jax._src.ad_checkpoint import saved_residuals
 from jax.ad_checkpoint import checkpoint_name
 
 from jax_exec.chain.tree import (
@@ -48,6 +47,7 @@ from jax_exec.chain.tree import (
     unit_chain,
 )
 from jax_exec.kernels import stage_functions
+from jax_exec.residuals import saved_residuals
 from jax_exec.stages import (
     LayerWatch,
     Stage,
@@ -95,10 +95,10 @@ def _recorded(stage: Stage, offload_in: bool = False, offload_out: bool = False)
 
     @jax.custom_vjp
     def recorded(params: Any, rest: Any, a: jax.Array) -> jax.Array:
-        return functions(a).fwd(params, rest, a)
+        return functions(a).fwd(params, rest, (a,))
 
     def recorded_fwd(params: Any, rest: Any, a: jax.Array):
-        out, new = functions(a).rec(params, rest, a)
+        out, new = functions(a).rec(params, rest, (a,))
         kept_a = _to(host, a) if offload_in else a
         kept = _to(host, (out, new)) if offload_out else (out, new)
         return out, (params, rest, kept_a, *kept)
@@ -109,7 +109,7 @@ def _recorded(stage: Stage, offload_in: bool = False, offload_out: bool = False)
             a = _to(device, a)
         if offload_out:
             out, new = _to(device, (out, new))
-        d_params, d_a = functions(a).bwd(params, rest, a, out, new, d_out)
+        d_params, (d_a,) = functions(a).bwd(params, rest, (a,), out, new, (d_out,))
         return d_params, None, d_a  # None: the state is constant
 
     recorded.defvjp(recorded_fwd, recorded_bwd)
@@ -271,32 +271,6 @@ def lower(layers: Sequence[Any], loss_fn: Callable, schedule: Schedule | Sequenc
     return Lowered(*lower_model(model, loss_fn, schedule), model)
 
 
-def value_and_grad(
-    layers: Sequence[Any], loss_fn: Callable, schedule: Schedule | Sequence
-) -> Callable[[jax.Array, Any], tuple[jax.Array, list]]:
-    """A jit-able ``f(x, y) -> (loss, grads)`` following ``schedule``.
-
-    ``grads`` holds one parameter pytree per layer (``nnx.State`` of ``nnx.Param`` for
-    NNX layers; a parameter several layers read is in the first of them, its gradient
-    summed over its uses). The layers are split once; their parameters and other state
-    are read at every call (arguments of the jitted step), so the step follows model
-    updates (``nnx.update``, an optimizer); under an outer ``jax.jit`` they are read
-    once, at tracing. A change of the layers' structure (``model.eval()``, a
-    reassigned submodule or Variable) splits and lowers them again. Gradients equal
-    those of ``jax.value_and_grad`` of the plain model. Schedules with copy ops
-    (``rotor_offload``) are lowered with host offload
-    (``jax_exec.offload_lowering``: ``checkpoint_name`` and
-    ``save_and_offload_only_these_names``).
-    """
-    from jax_exec.chain.runtime import has_copies
-
-    if has_copies(schedule.ops if hasattr(schedule, "ops") else schedule):
-        from jax_exec.offload.lowering import lower_offload
-
-        return jitted_step(layers, lambda model: lower_offload(model, loss_fn, schedule))
-    return jitted_step(layers, lambda model: Lowered(*lower_model(model, loss_fn, schedule), model))
-
-
 def jitted_step(layers: Sequence[Any], build: Callable[[StageList], Lowered]) -> Callable:
     """``f(x, y) -> (loss, grads)``: ``build(split layers)`` jitted, values read at each call."""
     current: dict[str, Any] = {}
@@ -336,8 +310,8 @@ class Residual:
 def saved_activations(lowered: Lowered, x: jax.Array, y: Any) -> list[Residual]:
     """Residuals saved at the top level of ``lowered.loss``; parameters, state, y left out.
 
-    Uses ``jax._src.ad_checkpoint.saved_residuals``, the function behind
-    ``jax.ad_checkpoint.print_saved_residuals``. The input x counts (it is a[0]).
+    Reads JAX's report through :func:`jax_exec.residuals.saved_residuals`. The input x
+    counts (it is a[0]).
     """
     out = []
     for aval, source in top_residuals(lowered, x, y):

@@ -1,4 +1,5 @@
-"""Profile a model and solve for a memory budget in one call."""
+"""Profile a stage list and solve for a memory budget in one call (``jax_exec.plan_stages``;
+``jax_exec.plan`` is the automatic planner of any model, :mod:`jax_exec.auto`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from jax_exec.chain.profile import profile
 from schedir import Chain, Schedule
 
 
-def plan(
+def plan_stages(
     layers: Sequence[Any],
     loss_fn: Callable[[jax.Array, Any], jax.Array],
     x: jax.Array,

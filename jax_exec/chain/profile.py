@@ -23,10 +23,9 @@ import jax
 import jax.numpy as jnp
 
 from jax_exec.kernels import chain_kernels, loss_kernel, median_time
+from jax_exec.profile import check_timing, flops_seconds
 from jax_exec.stages import spec_bytes, split_layers
 from schedir import Chain
-
-TIMINGS = ("measure", "flops")
 
 
 def profile(
@@ -51,12 +50,9 @@ def profile(
 
     Raises:
         TypeError: a layer output or the loss is not an array / scalar.
-        ValueError: unknown ``timing``.
+        ValueError: unknown ``timing``, ``repeats`` < 1, ``flops_per_second`` <= 0.
     """
-    if timing not in TIMINGS:
-        raise ValueError(f"timing = {timing!r}: expected one of {', '.join(TIMINGS)}")
-    if not flops_per_second > 0:
-        raise ValueError(f"flops_per_second = {flops_per_second!r}: expected a positive rate")
+    check_timing(timing, flops_per_second, repeats)
     stages = split_layers(layers).stages
     kernels, specs = chain_kernels(stages, x)
     loss_k = loss_kernel(loss_fn, specs[-1], y)
@@ -64,16 +60,16 @@ def profile(
     fwd_time, bwd_time = [], []
     if timing == "flops":
         for k in kernels:
-            fwd_time.append(k.fwd.flops / flops_per_second)
-            bwd_time.append(k.bwd.flops / flops_per_second)
-        bwd_time.append(loss_k.flops / flops_per_second)
+            fwd_time.append(flops_seconds(k.fwd, flops_per_second))
+            bwd_time.append(flops_seconds(k.bwd, flops_per_second))
+        bwd_time.append(flops_seconds(loss_k, flops_per_second))
     else:
         a = jnp.asarray(x)
         for stage, k in zip(stages, kernels, strict=True):
-            fwd_time.append(median_time(k.fwd.call, stage.params, stage.rest, a, repeats=repeats))
-            out, new = k.rec.call(stage.params, stage.rest, a)
-            d_out = jnp.ones_like(out)
-            args = (stage.params, stage.rest, a, out, new, d_out)
+            args = (stage.params, stage.rest, (a,))
+            fwd_time.append(median_time(k.fwd.call, *args, repeats=repeats))
+            out, new = k.rec.call(*args)
+            args = (*args, out, new, (jnp.ones_like(out),))
             bwd_time.append(median_time(k.bwd.call, *args, repeats=repeats))
             a = out
         bwd_time.append(median_time(loss_k.call, a, y, repeats=repeats))

@@ -19,89 +19,94 @@ from typing import Any
 
 import jax
 
+from jax_exec.buffers import Buffers
 from jax_exec.chain.tree import check_schedule
 from jax_exec.kernels import chain_kernels, loss_kernel
+from jax_exec.result import OpMeter, RunResult, tree_bytes
 from jax_exec.stages import split_layers
-from schedir import B, F_all, F_ck, F_n, GraphSchedule, Loss, Schedule
+from schedir import B, F_all, F_ck, F_n, Loss, Schedule
+
+
+def input_name(buf: Buffers, k: int) -> tuple[str, int]:
+    """The buffer holding a_k: ``a[k]`` or ``abar[k]``."""
+    for name in (("a", k), ("abar", k)):
+        if name in buf.table:
+            return name
+    raise RuntimeError(f"a[{k}] or abar[{k}] should be resident")  # pragma: no cover
+
+
+def put(buf: Buffers, name: tuple[str, int], arrays: tuple) -> None:
+    # The gradient of an integer input (token ids) is float0, not an array: the
+    # buffer holds nothing.
+    buf.put(name, tuple(arr for arr in arrays if arr.dtype != jax.dtypes.float0))
+
+
+def compute(op: Any, buf: Buffers, step: ChainStep, grads: list) -> tuple[int, int, Any]:
+    """Run one chain compute op on ``buf`` (the effects of ``schedir.chain`` ops).
+
+    Returns ``(need, temp, loss)``: live bytes right after the op produced its output
+    plus its kernel's temporary bytes, those temporary bytes, and the loss (``Loss``
+    only, else None). Parameter gradients of ``B`` go to ``grads``.
+    """
+    L = len(step.stages)
+    k = L if isinstance(op, Loss) else op.index
+    src = input_name(buf, k)
+    a = buf.table[src][0]
+    loss = None
+    if isinstance(op, Loss):
+        loss, d = step.loss.call(a, step.y)
+        jax.block_until_ready(d)
+        put(buf, ("d", L), (d,))
+        temp = step.loss.temp_bytes
+    elif isinstance(op, B):
+        stage, kern = step.stages[k], step.kernels[k]
+        saved = buf.table["abar", k + 1]
+        (d_out,) = buf.table["d", k + 1]
+        args = (stage.params, stage.rest, (a,), saved[0], saved[1:], (d_out,))
+        grads[k], (d,) = kern.bwd.call(*args)
+        jax.block_until_ready(d)
+        put(buf, ("d", k), (d,))
+        temp = kern.bwd.temp_bytes
+    elif isinstance(op, F_ck | F_n | F_all):
+        stage, kern = step.stages[k], step.kernels[k]
+        if isinstance(op, F_all):
+            out, new = kern.rec.call(stage.params, stage.rest, (a,))
+            jax.block_until_ready(out)
+            put(buf, ("abar", k + 1), (out, *new))
+            temp = kern.rec.temp_bytes
+        else:
+            out = kern.fwd.call(stage.params, stage.rest, (a,))
+            jax.block_until_ready(out)
+            put(buf, ("a", k + 1), (out,))
+            temp = kern.fwd.temp_bytes
+    else:  # pragma: no cover - the schedule classes reject foreign ops
+        raise TypeError(f"not a chain op: {op!r}")
+    need = buf.bytes() + temp
+    if isinstance(op, F_n) or (isinstance(op, Loss | B) and src[0] == "a"):
+        buf.drop(src)
+    if isinstance(op, B):
+        buf.drop(("d", k + 1))
+        buf.drop(("abar", k + 1))
+    return need, temp, loss
 
 
 @dataclass(frozen=True)
-class RunResult:
-    """What one op-by-op training step did.
+class ChainStep:
+    """What every chain op of one step reads: the stages, their compiled kernels, the
+    loss kernel and the target."""
 
-    Attributes:
-        loss: the loss value (a scalar array).
-        grads: one parameter-gradient pytree per layer (``nnx.State`` for NNX layers); a
-            parameter several layers read is in the first of them, with the sum of
-            the gradients of its uses.
-        peak_bytes: max over the initial state and every op of ``op_peak_bytes``.
-        initial_bytes: activation bytes before the first op (a_0).
-        resident_bytes: live activation bytes after each op.
-        op_peak_bytes: bytes each op needed: live activation bytes right after it
-            produced its output (before freeing anything) plus its temporary bytes.
-        op_temp_bytes: temporary bytes of each op's compiled kernel.
-        op_times: wall time of each op, seconds (dispatch to completion).
-        total_time: wall time of the whole step, seconds.
-        param_bytes: bytes of the parameters, each once (not in the activation figures).
-        grad_bytes: bytes of the parameter gradients (not in the activation figures).
-        batch_bytes: bytes of x and y.
-        ops: the ops that ran.
-    """
-
-    loss: jax.Array
-    grads: list
-    peak_bytes: int
-    initial_bytes: int
-    resident_bytes: tuple[int, ...]
-    op_peak_bytes: tuple[int, ...]
-    op_temp_bytes: tuple[int, ...]
-    op_times: tuple[float, ...]
-    total_time: float
-    param_bytes: int
-    grad_bytes: int
-    batch_bytes: int
-    ops: tuple
+    stages: list
+    kernels: list
+    loss: Any
+    y: Any
 
 
-def _tree_bytes(tree: Any) -> int:
-    return sum(int(leaf.nbytes) for leaf in jax.tree_util.tree_leaves(tree))
-
-
-class _Buffers:
-    """The named buffers and their live bytes (distinct arrays only)."""
-
-    def __init__(self, x: jax.Array) -> None:
-        self.table: dict[tuple[str, int], tuple[jax.Array, ...]] = {}
-        self.nbytes: dict[int, int] = {}  # id -> bytes, read from each array once
-        self.keep = {id(x)}  # arrays the runtime does not own (never deleted)
-        self.put(("a", 0), (x,))
-
-    def put(self, name: tuple[str, int], arrays: tuple[jax.Array, ...]) -> None:
-        # The gradient of an integer input (token ids) is float0, not an array: the
-        # buffer holds nothing.
-        arrays = tuple(arr for arr in arrays if arr.dtype != jax.dtypes.float0)
-        self.table[name] = arrays
-        for arr in arrays:
-            self.nbytes.setdefault(id(arr), int(arr.nbytes))
-
-    def get_input(self, k: int) -> tuple[str, int]:
-        for name in (("a", k), ("abar", k)):
-            if name in self.table:
-                return name
-        raise RuntimeError(f"a[{k}] or abar[{k}] should be resident")  # pragma: no cover
-
-    def bytes(self) -> int:
-        live = {id(arr) for arrays in self.table.values() for arr in arrays}
-        return sum(self.nbytes[i] for i in live)
-
-    def drop(self, name: tuple[str, int]) -> None:
-        arrays = self.table.pop(name)
-        alive = {id(arr) for group in self.table.values() for arr in group}
-        for arr in arrays:
-            if id(arr) not in alive:
-                self.nbytes.pop(id(arr), None)
-                if id(arr) not in self.keep:
-                    arr.delete()
+def chain_step(layers: Sequence[Any], loss_fn: Callable, x: Any, y: Any):
+    """``(model, step, x)``: the layers split into stages, their kernels, x as an array."""
+    model = split_layers(layers)
+    x = jax.numpy.asarray(x)
+    kernels, specs = chain_kernels(model.stages, x)
+    return model, ChainStep(model.stages, kernels, loss_kernel(loss_fn, specs[-1], y), y), x
 
 
 def has_copies(ops: Sequence) -> bool:
@@ -110,117 +115,53 @@ def has_copies(ops: Sequence) -> bool:
     return any(n.strip().startswith(("Offload", "Prefetch", "Wait")) for n in names)
 
 
-def run(
+def run_chain(
     layers: Sequence[Any],
     loss_fn: Callable[[jax.Array, Any], jax.Array],
     schedule: Schedule | Sequence,
     x: jax.Array,
     y: Any,
 ) -> RunResult:
-    """Run one training step of ``layers`` op by op following ``schedule``.
+    """Run one training step of ``layers`` op by op following a chain ``schedule``.
 
     Returns the loss, the parameter gradients and the measured memory and time of
-    every op (:class:`RunResult`). Raises :class:`schedir.InvalidSchedule` for a
-    schedule made for another chain length or one that cannot run. A schedule with
-    copy ops (``Offload``, ``Prefetch``, ``Wait``) runs in
-    :func:`jax_exec.offload.runtime.run_offload` and returns an ``OffloadRunResult``. A
-    ``GraphSchedule`` runs a DAG model (``layers``: a dict of nodes, ``x``: a dict of
-    inputs) in :func:`jax_exec.graph.runtime.run_graph`, which returns a ``GraphRunResult``.
+    every op (:class:`jax_exec.RunResult`). Raises :class:`schedir.InvalidSchedule` for
+    a schedule made for another chain length or one that cannot run (copy ops:
+    :func:`jax_exec.run` sends those to :func:`jax_exec.offload.runtime.run_offload`).
     """
-    if isinstance(schedule, GraphSchedule):  # a DAG model and a graph schedule
-        from jax_exec.graph.runtime import run_graph
-
-        return run_graph(layers, loss_fn, None, schedule, x, y)
-    if not hasattr(schedule, "ops"):
-        schedule = tuple(schedule)
-    if has_copies(schedule.ops if hasattr(schedule, "ops") else schedule):
-        from jax_exec.offload.runtime import (
-            run_offload,  # copy ops: the runtime with host memory
-        )
-
-        return run_offload(layers, loss_fn, schedule, x, y)
-    model = split_layers(layers)
-    stages = model.stages
-    L = len(stages)
-    ops = check_schedule(schedule, L)
-    x = jax.numpy.asarray(x)
-    kernels, specs = chain_kernels(stages, x)
-    loss_k = loss_kernel(loss_fn, specs[-1], y)
-
-    buf = _Buffers(x)
-    grads: list = [None] * L
+    model, step, x = chain_step(layers, loss_fn, x, y)
+    ops = check_schedule(schedule, len(step.stages))
+    buf = input_buffers(x)
+    grads: list = [None] * len(step.stages)
     loss = None
-    initial = buf.bytes()
-    resident, op_peak, op_temp, op_times = [], [], [], []
-    step_start = time.perf_counter()
+    meter = OpMeter(buf.bytes())
     for op in ops:
         start = time.perf_counter()
-        if isinstance(op, Loss):
-            src = buf.get_input(L)
-            loss, d = loss_k.call(buf.table[src][0], y)
-            jax.block_until_ready(d)
-            buf.put(("d", L), (d,))
-            temp = loss_k.temp_bytes
-            need = buf.bytes() + temp
-            if src[0] == "a":
-                buf.drop(src)
-        elif isinstance(op, B):
-            k = op.index
-            stage, kern = stages[k], kernels[k]
-            src = buf.get_input(k)
-            saved = buf.table["abar", k + 1]
-            (d_out,) = buf.table["d", k + 1]
-            args = (stage.params, stage.rest, buf.table[src][0], saved[0], saved[1:], d_out)
-            grads[k], d = kern.bwd.call(*args)
-            jax.block_until_ready(d)
-            buf.put(("d", k), (d,))
-            temp = kern.bwd.temp_bytes
-            need = buf.bytes() + temp
-            if src[0] == "a":
-                buf.drop(src)
-            buf.drop(("d", k + 1))
-            buf.drop(("abar", k + 1))
-        elif isinstance(op, F_ck | F_n | F_all):
-            k = op.index
-            stage, kern = stages[k], kernels[k]
-            src = buf.get_input(k)
-            a = buf.table[src][0]
-            if isinstance(op, F_all):
-                out, new = kern.rec.call(stage.params, stage.rest, a)
-                jax.block_until_ready(out)
-                buf.put(("abar", k + 1), (out, *new))
-                temp = kern.rec.temp_bytes
-            else:
-                out = kern.fwd.call(stage.params, stage.rest, a)
-                jax.block_until_ready(out)
-                buf.put(("a", k + 1), (out,))
-                temp = kern.fwd.temp_bytes
-            need = buf.bytes() + temp
-            if isinstance(op, F_n):
-                buf.drop(src)
-        else:  # pragma: no cover - check_schedule rejects foreign ops
-            raise TypeError(f"not a chain op: {op!r}")
-        op_times.append(time.perf_counter() - start)
-        op_temp.append(temp)
-        op_peak.append(need)
-        resident.append(buf.bytes())
-    total = time.perf_counter() - step_start
-    for name in list(buf.table):  # only d[0] is left: free it, the caller gets grads
-        buf.drop(name)
-    grads = model.fold(grads)  # a shared parameter: the sum of its per-layer gradients
+        need, temp, value = compute(op, buf, step, grads)
+        loss = value if value is not None else loss
+        meter.record(time.perf_counter() - start, temp, need, buf.bytes())
+    meter.stop()
+    buf.clear()  # only d[0] is left: free it, the caller gets grads
+    return chain_result(meter, model, loss, grads, x, y, ops)
 
-    return RunResult(
+
+def input_buffers(x: jax.Array) -> Buffers:
+    """The buffers at the start of a step: ``a[0]`` holds x (the caller's: never deleted)."""
+    buf = Buffers()
+    buf.put(("a", 0), (x,), owned=False)
+    return buf
+
+
+def chain_result(
+    meter: OpMeter, model: Any, loss: Any, grads: list, x: Any, y: Any, ops: tuple
+) -> RunResult:
+    """The step's result; a shared parameter gets the sum of its per-layer gradients."""
+    grads = model.fold(grads)
+    return meter.result(
         loss=loss,
         grads=grads,
-        peak_bytes=max([initial, *op_peak]),
-        initial_bytes=initial,
-        resident_bytes=tuple(resident),
-        op_peak_bytes=tuple(op_peak),
-        op_temp_bytes=tuple(op_temp),
-        op_times=tuple(op_times),
-        total_time=total,
-        param_bytes=_tree_bytes(model.params()),
-        grad_bytes=_tree_bytes(grads),
-        batch_bytes=_tree_bytes(x) + _tree_bytes(y),
+        param_bytes=tree_bytes(model.params()),
+        grad_bytes=tree_bytes(grads),
+        batch_bytes=tree_bytes(x) + tree_bytes(y),
         ops=ops,
     )

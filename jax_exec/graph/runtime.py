@@ -2,7 +2,7 @@
 
 :func:`run_graph` executes the ``Compute``/``Free`` ops of a ``GraphSchedule`` on the
 graph :func:`jax_exec.graph.profile.profile_graph` made of a DAG model. Every graph
-node is a buffer of explicit arrays (layout in :mod:`jax_exec.graph_profile`):
+node is a buffer of explicit arrays (layout in :mod:`jax_exec.graph.kernels`):
 
 - an input node: the caller's array (never deleted: the runtime does not own it;
   ``Free`` only stops counting it);
@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import jax
 
-from jax_exec.chain.runtime import RunResult, _tree_bytes
-from jax_exec.graph.profile import (
+from jax_exec.buffers import Buffers
+from jax_exec.graph.kernels import (
     DagKernels,
     backward_name,
     check_graph,
@@ -40,48 +39,14 @@ from jax_exec.graph.profile import (
     layout_graph,
     residual_name,
 )
+from jax_exec.result import OpMeter, RunResult, tree_bytes
 from schedir import Compute, Free, Graph, GraphSchedule, Schedule, simulate_graph
 
-
-@dataclass(frozen=True)
-class GraphRunResult(RunResult):
-    """What one op-by-op training step of a DAG model did: the fields of
-    :class:`jax_exec.RunResult`, with ``grads`` a dict ``module name -> nnx.State``,
-    bytes counted over graph node buffers, and for a ``Free`` op ``op_peak_bytes`` the
-    live bytes after it (its temporary is 0). ``op_kernels``: per op, the kernel it
-    launched (``"fwd v"``, ``"res v"``, ``"bwd v"``, ``"loss"``; None for a ``Free``):
-    exactly one per ``Compute``, the one whose cost the graph's node has."""
-
-    op_kernels: tuple[str | None, ...] = ()
-
-
-class _Buffers:
-    """Graph node index -> its arrays; live bytes over distinct arrays."""
-
-    def __init__(self) -> None:
-        self.table: dict[int, tuple[jax.Array, ...]] = {}
-        self.nbytes: dict[int, int] = {}
-        self.keep: set[int] = set()  # ids of arrays the runtime does not own
-
-    def put(self, i: int, arrays: tuple[jax.Array, ...], *, owned: bool = True) -> None:
-        self.table[i] = arrays
-        for arr in arrays:
-            self.nbytes.setdefault(id(arr), int(arr.nbytes))
-            if not owned:
-                self.keep.add(id(arr))
-
-    def bytes(self) -> int:
-        live = {id(arr) for arrays in self.table.values() for arr in arrays}
-        return sum(self.nbytes[i] for i in live)
-
-    def drop(self, i: int) -> None:
-        arrays = self.table.pop(i)
-        alive = {id(arr) for group in self.table.values() for arr in group}
-        for arr in arrays:
-            if id(arr) not in alive:
-                self.nbytes.pop(id(arr), None)
-                if id(arr) not in self.keep:
-                    arr.delete()
+# The one result type (kept importable under its old name). For a graph run ``grads``
+# is a dict ``module name -> nnx.State``, bytes are counted over graph node buffers, a
+# ``Free`` op's ``op_peak_bytes`` is the live bytes after it (its temporary is 0), and
+# ``op_kernels`` gives per op the kernel it launched (None for a ``Free``).
+GraphRunResult = RunResult
 
 
 def node_roles(graph: Graph, dk: DagKernels) -> dict[int, tuple[str, str]]:
@@ -100,7 +65,7 @@ def node_roles(graph: Graph, dk: DagKernels) -> dict[int, tuple[str, str]]:
 
 def execute(
     dk: DagKernels, graph: Graph, ops: tuple, arrays: Mapping[str, jax.Array], y: Any
-) -> GraphRunResult:
+) -> RunResult:
     """Run ``ops`` (valid for ``graph``, the layout of ``dk``'s model) op by op: each
     ``Compute`` launches its node's one kernel and waits for it, each ``Free`` deletes
     the node's arrays; times and live bytes are measured per op."""
@@ -109,14 +74,12 @@ def execute(
     role = node_roles(graph, dk)
     last = dk.dag[-1].name
 
-    buf = _Buffers()
+    buf = Buffers()
     for n, a in arrays.items():
         buf.put(index[n], (a,), owned=False)
     grads: dict[str, Any] = {name: None for name in dag}
     loss = None
-    initial = buf.bytes()
-    resident, op_peak, op_temp, op_times, op_kernels = [], [], [], [], []
-    step_start = time.perf_counter()
+    meter = OpMeter(buf.bytes(), kernels=True)
     for op in ops:
         start = time.perf_counter()
         i = op.node
@@ -148,40 +111,26 @@ def execute(
                     grads[name], d_ins = k.bwd.call(*args, buf.table[index[name]][0], new, cots)
                     out, temp = tuple(d_ins), k.bwd.temp_bytes
             jax.block_until_ready(out)
-            op_times.append(time.perf_counter() - start)
-            op_kernels.append(f"{kind} {name}" if name else kind)
+            seconds, launched = time.perf_counter() - start, f"{kind} {name}" if name else kind
             buf.put(i, out)
             need = buf.bytes() + temp
         elif isinstance(op, Free):
             buf.drop(i)
-            op_times.append(time.perf_counter() - start)
-            op_kernels.append(None)
-            temp = 0
+            seconds, launched, temp = time.perf_counter() - start, None, 0
             need = buf.bytes()
         else:  # pragma: no cover - GraphSchedule rejects foreign ops
             raise TypeError(f"not a graph op: {op!r}")
-        op_temp.append(temp)
-        op_peak.append(need)
-        resident.append(buf.bytes())
-    total = time.perf_counter() - step_start
-    for i in list(buf.table):  # what the schedule left (gradients of the inputs): free it
-        buf.drop(i)
+        meter.record(seconds, temp, need, buf.bytes(), kernel=launched)
+    meter.stop()
+    buf.clear()  # what the schedule left (gradients of the inputs): the caller has grads
 
-    return GraphRunResult(
+    return meter.result(
         loss=loss,
         grads=grads,
-        peak_bytes=max([initial, *op_peak]),
-        initial_bytes=initial,
-        resident_bytes=tuple(resident),
-        op_peak_bytes=tuple(op_peak),
-        op_temp_bytes=tuple(op_temp),
-        op_times=tuple(op_times),
-        total_time=total,
-        param_bytes=sum(_tree_bytes(node.params) for node in dk.dag),
-        grad_bytes=_tree_bytes(list(grads.values())),
-        batch_bytes=_tree_bytes(list(arrays.values())) + _tree_bytes(y),
+        param_bytes=sum(tree_bytes(node.params) for node in dk.dag),
+        grad_bytes=tree_bytes(list(grads.values())),
+        batch_bytes=tree_bytes(list(arrays.values())) + tree_bytes(y),
         ops=ops,
-        op_kernels=tuple(op_kernels),
     )
 
 
@@ -192,7 +141,7 @@ def run_graph(
     schedule: GraphSchedule | Schedule | Any,
     inputs: Mapping[str, Any],
     y: Any,
-) -> GraphRunResult:
+) -> RunResult:
     """Run one training step of a DAG model op by op following a graph schedule.
 
     Args:

@@ -22,15 +22,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import jax
 
-from jax_exec.chain.runtime import _Buffers
+from jax_exec.chain.runtime import chain_result, chain_step, compute, input_buffers, input_name
 from jax_exec.chain.tree import unit_chain
-from jax_exec.kernels import chain_kernels, loss_kernel
-from jax_exec.stages import split_layers
+from jax_exec.result import OpMeter, RunResult
 from schedir import (
     B,
     CopyEngine,
@@ -48,32 +46,8 @@ from schedir import (
     simulate_offload,
 )
 
-
-@dataclass(frozen=True)
-class OffloadRunResult:
-    """What one op-by-op step with copies did.
-
-    Attributes:
-        loss, grads: as :class:`jax_exec.RunResult`.
-        resident_bytes: live device activation bytes after each op (memory kind
-            ``device``; arrays being offloaded count until their ``Wait``).
-        host_bytes: live ``pinned_host`` bytes after each op.
-        peak_bytes: max of the initial bytes and every ``resident_bytes`` entry and
-            compute op need (live bytes right after its output, plus temporaries).
-        op_times: wall time of each op, seconds; total_time: the whole step.
-        ops: the ops.
-    """
-
-    loss: jax.Array
-    grads: list
-    resident_bytes: tuple[int, ...]
-    host_bytes: tuple[int, ...]
-    op_peak_bytes: tuple[int, ...]
-    peak_bytes: int
-    initial_bytes: int
-    op_times: tuple[float, ...]
-    total_time: float
-    ops: tuple
+# The one result type (kept importable under its old name).
+OffloadRunResult = RunResult
 
 
 def _parse(name: str) -> tuple[str, int]:
@@ -92,33 +66,27 @@ def run_offload(
     schedule: OffloadSchedule | Sequence,
     x: jax.Array,
     y: Any,
-) -> OffloadRunResult:
+) -> RunResult:
     """Run one training step of ``layers`` following an offload schedule, op by op."""
-    model = split_layers(layers)
-    stages = model.stages
-    L = len(stages)
+    model, step, x = chain_step(layers, loss_fn, x, y)
+    L = len(step.stages)
     ops = schedule.ops if isinstance(schedule, OffloadSchedule) else OffloadSchedule(schedule).ops
     simulate_offload(OffloadProblem(unit_chain(L), Platform.host_offload(math.inf)), ops)
-    x = jax.numpy.asarray(x)
-    kernels, specs = chain_kernels(stages, x)
-    loss_k = loss_kernel(loss_fn, specs[-1], y)
     host_kind, device_kind = _memory("pinned_host"), _memory("device")
 
-    buf = _Buffers(x)
+    buf = input_buffers(x)
     host: dict[tuple[str, int], tuple] = {}
     pending: dict[tuple[str, int], str] = {}
     grads: list = [None] * L
     loss = None
-    initial = buf.bytes()
-    resident, hosted, peaks, times = [], [], [], []
+    meter = OpMeter(buf.bytes())
 
     def host_bytes() -> int:
         return sum(int(a.nbytes) for arrays in host.values() for a in arrays)
 
-    step_start = time.perf_counter()
     for op in ops:
         start = time.perf_counter()
-        need = None
+        need, temp = None, 0
         if isinstance(op, Offload):
             name = _parse(op.buffer)
             host[name] = tuple(jax.device_put(a, host_kind) for a in buf.table[name])
@@ -138,76 +106,30 @@ def run_offload(
                     a.delete()
         elif isinstance(op, Loss | B | F_ck | F_n | F_all):
             k = L if isinstance(op, Loss) else op.index
-            src = buf.get_input(k)
-            for name in [src] + ([("abar", k + 1)] if isinstance(op, B) else []):
+            reads = [input_name(buf, k)] + ([("abar", k + 1)] if isinstance(op, B) else [])
+            for name in reads:
                 if pending.get(name) == "prefetch":  # a compute op waits for its inputs
                     pending.pop(name)
                     jax.block_until_ready(buf.table[name])
                     for a in host.pop(name):
                         a.delete()
-            if isinstance(op, Loss):
-                loss, d = loss_k.call(buf.table[src][0], y)
-                jax.block_until_ready(d)
-                buf.put(("d", L), (d,))
-                need = buf.bytes() + loss_k.temp_bytes
-                if src[0] == "a":
-                    buf.drop(src)
-            elif isinstance(op, B):
-                stage, kern = stages[k], kernels[k]
-                saved = buf.table["abar", k + 1]
-                (d_out,) = buf.table["d", k + 1]
-                args = (stage.params, stage.rest, buf.table[src][0], saved[0], saved[1:], d_out)
-                grads[k], d = kern.bwd.call(*args)
-                jax.block_until_ready(d)
-                buf.put(("d", k), (d,))
-                need = buf.bytes() + kern.bwd.temp_bytes
-                if src[0] == "a":
-                    buf.drop(src)
-                buf.drop(("d", k + 1))
-                buf.drop(("abar", k + 1))
-            else:
-                stage, kern = stages[k], kernels[k]
-                a = buf.table[src][0]
-                if isinstance(op, F_all):
-                    out, new = kern.rec.call(stage.params, stage.rest, a)
-                    jax.block_until_ready(out)
-                    buf.put(("abar", k + 1), (out, *new))
-                    need = buf.bytes() + kern.rec.temp_bytes
-                else:
-                    out = kern.fwd.call(stage.params, stage.rest, a)
-                    jax.block_until_ready(out)
-                    buf.put(("a", k + 1), (out,))
-                    need = buf.bytes() + kern.fwd.temp_bytes
-                if isinstance(op, F_n):
-                    buf.drop(src)
+            need, temp, value = compute(op, buf, step, grads)
+            loss = value if value is not None else loss
         else:  # pragma: no cover - OffloadSchedule rejects foreign ops
             raise InvalidSchedule(f"{op!r} cannot run (Evict: weights are not executed here)")
         for arrays in buf.table.values():
             for a in arrays:
                 if a.sharding.memory_kind not in (None, "device"):  # pragma: no cover
                     raise AssertionError(f"a device buffer lives in {a.sharding.memory_kind}")
-        times.append(time.perf_counter() - start)
-        resident.append(buf.bytes())
-        hosted.append(host_bytes())
-        peaks.append(resident[-1] if need is None else need)
-    total = time.perf_counter() - step_start
-    for name in list(buf.table):
-        buf.drop(name)
+        live = buf.bytes()
+        seconds = time.perf_counter() - start
+        meter.record(seconds, temp, live if need is None else need, live, host=host_bytes())
+    meter.stop()
+    buf.clear()
     for arrays in host.values():
         for a in arrays:
             a.delete()
-    return OffloadRunResult(
-        loss=loss,
-        grads=model.fold(grads),
-        resident_bytes=tuple(resident),
-        host_bytes=tuple(hosted),
-        op_peak_bytes=tuple(peaks),
-        peak_bytes=max([initial, *peaks]),
-        initial_bytes=initial,
-        op_times=tuple(times),
-        total_time=total,
-        ops=ops,
-    )
+    return chain_result(meter, model, loss, grads, x, y, ops)
 
 
 def measure_platform(

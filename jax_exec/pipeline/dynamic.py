@@ -20,7 +20,6 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -28,37 +27,16 @@ import jax
 import jax.numpy as jnp
 
 from jax_exec.pipeline.mpmd import interval_kernels, split_microbatches
+from jax_exec.result import RunResult
 from jax_exec.stages import as_stages
 from schedir import Device, Platform
-from schedir.pipeline.dag import DynamicTrace, Task, TaskGraph, simulate_dynamic
+from schedir.pipeline.dag import Task, TaskGraph, simulate_dynamic
 from solvers.pipeline.dynamic import Dmda, Eager, HistoryModel
 
-
-@dataclass(frozen=True)
-class DynamicRunResult:
-    """A dynamic run and its simulated prediction.
-
-    Attributes:
-        outputs: model outputs, micro-batches concatenated in order.
-        makespan: seconds from the first task's start to the last task's end.
-        device: the device name that ran each task (task order: n * G + g).
-        start, end: of each task, seconds since the run began.
-        predicted: the policy run in the simulator with the calibrated times.
-        same_device: fraction of tasks placed where the simulation placed them.
-        counts, predicted_counts: tasks per device, realized and predicted.
-        model: the performance model's final mean seconds per (kind, device).
-    """
-
-    outputs: Any
-    makespan: float
-    device: list
-    start: list
-    end: list
-    predicted: DynamicTrace
-    same_device: float
-    counts: dict
-    predicted_counts: dict
-    model: dict
+# The one result type (kept importable under its old name): ``outputs``, ``makespan``,
+# ``op_log`` (device, task, start, end per task, in task order n * G + g),
+# ``predicted``, ``same_device``, ``counts``, ``predicted_counts``, ``perf_model``.
+DynamicRunResult = RunResult
 
 
 class _RealState:
@@ -106,7 +84,7 @@ def run_dynamic(
     cuts: Sequence[int] | None = None,
     devices: Sequence | None = None,
     bandwidth: float = 10e9,
-) -> DynamicRunResult:
+) -> RunResult:
     """Run the forward pipeline of ``layers`` on ``x`` with tasks placed by ``policy``.
 
     ``devices``: JAX devices (default ``jax.devices()``); ``bandwidth``: bytes/s the
@@ -232,17 +210,18 @@ def run_dynamic(
     if isinstance(pol, Dmda):
         m = pol.model
         model = {f"{k}@{u}": m.total[k, u] / m.count[k, u] for (k, u) in m.count if m.count[k, u]}
-    return DynamicRunResult(
+    tasks = zip(state.device, graph.tasks, state.start, state.end, strict=True)
+    return RunResult(
         outputs=outputs,
         makespan=max(state.end) - min(state.start),
-        device=list(state.device),
-        start=list(state.start),
-        end=list(state.end),
+        total_time=max(state.end) - min(state.start),
+        op_log=tuple((dev, task.name, start, end) for dev, task, start, end in tasks),
+        placement=jdev,
         predicted=predicted,
         same_device=same / len(graph.tasks),
         counts=dict(Counter(state.device)),
         predicted_counts=dict(Counter(predicted.device)),
-        model=model,
+        perf_model=model,
     )
 
 

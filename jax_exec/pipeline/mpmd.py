@@ -29,36 +29,19 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from jax_exec.result import RunResult
 from jax_exec.stages import Stage, as_stages
 from schedir.pipeline.ops import Bwd, Fwd, PipelineSchedule, Recv, Send
 
-
-@dataclass(frozen=True)
-class PipelineRunResult:
-    """What one pipelined step did.
-
-    Attributes:
-        loss: the step's loss (training), else None.
-        grads: per layer, the parameter gradients (training), else None.
-        outputs: the model outputs, micro-batches concatenated (inference), else None.
-        op_log: (device, op, dispatch start, dispatch end) in seconds since the start;
-            with ``block=True`` the end is the op's completion.
-        total_time: seconds of the whole step (to the last result ready).
-        placement: device name -> JAX device.
-    """
-
-    loss: Any
-    grads: list | None
-    outputs: Any
-    op_log: tuple
-    total_time: float
-    placement: dict
+# The one result type (kept importable under its old name): ``loss``/``grads``
+# (training) or ``outputs`` (inference), ``op_log``, ``total_time``, ``placement`` and
+# ``device_peaks``.
+PipelineRunResult = RunResult
 
 
 def split_microbatches(tree: Any, m: int) -> list:
@@ -155,13 +138,16 @@ def run_pipeline(
     *,
     devices: Sequence | dict | None = None,
     block: bool = False,
-) -> PipelineRunResult:
+) -> RunResult:
     """Execute ``schedule`` (GPipe, 1F1B, a periodic inference pattern expanded, or any
     valid per-device lists) on ``layers``. Training iff the schedule has ``Bwd`` ops
     (then ``y`` and ``loss_fn`` are required). The micro-batch count is the number of
     distinct micro-batches in the schedule; ``x`` (and ``y``) are split along axis 0.
     ``devices``: JAX devices in the order of ``schedule.ops`` (default ``jax.devices()``)
     or a dict name -> device. ``block``: wait for every op (exact per-op times, no overlap).
+    ``device_peaks`` of the result: per device, the most activation bytes held there
+    after an op (arrays in its mailbox and the residuals of its ``jax.vjp`` closures,
+    parameters excluded), counted from the arrays' shapes.
     """
     stages = as_stages(layers)
     L = len(stages)
@@ -182,6 +168,7 @@ def run_pipeline(
     loss = None
     outputs: dict = {}
     log = []
+    peaks = dict.fromkeys(ops, 0)
     t0 = time.perf_counter()
 
     def params(dev: str, i: int, j: int) -> tuple[list, list]:
@@ -257,6 +244,7 @@ def run_pipeline(
                 start = time.perf_counter() - t0
                 execute(dev, op)
                 log.append((dev, str(op), start, time.perf_counter() - t0))
+                peaks[dev] = max(peaks[dev], _held_bytes(dev, box, saved, params_on))
                 heads[dev] += 1
                 remaining -= 1
                 progressed = True
@@ -269,8 +257,28 @@ def run_pipeline(
         first = place[schedule.ops[0][0]]
         out = jnp.concatenate([jax.device_put(outputs[mb], first) for mb in mbs])
     jax.block_until_ready((loss, result_grads, out))
-    return PipelineRunResult(loss, result_grads, out, tuple(log), time.perf_counter() - t0,
-                             place)  # fmt: skip
+    return RunResult(
+        loss=loss,
+        grads=result_grads,
+        outputs=out,
+        op_log=tuple(log),
+        total_time=time.perf_counter() - t0,
+        placement=place,
+        device_peaks=peaks,
+    )
+
+
+def _held_bytes(dev: str, box: dict, saved: dict, params_on: dict) -> int:
+    """Bytes of the distinct arrays on ``dev``: its mailbox and its vjp closures'
+    leaves, minus its parameters and state."""
+    params = {id(leaf) for (d, _), held in params_on.items() if d == dev
+              for leaf in jax.tree_util.tree_leaves(held)}  # fmt: skip
+    arrays = [a for key, a in box.items() if key[0] == dev]
+    for key, vjp in saved.items():
+        if key[0] == dev:
+            arrays += jax.tree_util.tree_leaves(vjp)
+    seen = {id(a): a for a in arrays if hasattr(a, "nbytes") and id(a) not in params}
+    return sum(int(a.nbytes) for a in seen.values())
 
 
 def _loss_dtype(loss) -> Any:
