@@ -24,15 +24,8 @@ from jax_exec.chain.tree import check_schedule
 from jax_exec.kernels import chain_kernels, loss_kernel
 from jax_exec.result import OpMeter, RunResult, tree_bytes
 from jax_exec.stages import split_layers
-from schedir import B, F_all, F_ck, F_n, Loss, Schedule
-
-
-def input_name(buf: Buffers, k: int) -> tuple[str, int]:
-    """The buffer holding a_k: ``a[k]`` or ``abar[k]``."""
-    for name in (("a", k), ("abar", k)):
-        if name in buf.table:
-            return name
-    raise RuntimeError(f"a[{k}] or abar[{k}] should be resident")  # pragma: no cover
+from schedir import B, F_all, Loss, Schedule
+from schedir.chain.ops import buffer_moves
 
 
 def put(buf: Buffers, name: tuple[str, int], arrays: tuple) -> None:
@@ -49,44 +42,43 @@ def compute(op: Any, buf: Buffers, step: ChainStep, grads: list) -> tuple[int, i
     only, else None). Parameter gradients of ``B`` go to ``grads``.
     """
     L = len(step.stages)
-    k = L if isinstance(op, Loss) else op.index
-    src = input_name(buf, k)
+    # Which buffers the op reads, adds and frees is the IR's op table (written once in
+    # schedir.chain.ops); this function only runs the kernels and measures.
+    reads, (out_name,), frees = buffer_moves(op, L, buf.table)
+    src = reads[-1]  # the input of stage k: a[k], or abar[k] (which holds a_k)
     a = buf.table[src][0]
     loss = None
     if isinstance(op, Loss):
         loss, d = step.loss.call(a, step.y)
         jax.block_until_ready(d)
-        put(buf, ("d", L), (d,))
+        put(buf, out_name, (d,))
         temp = step.loss.temp_bytes
     elif isinstance(op, B):
+        k = op.index
         stage, kern = step.stages[k], step.kernels[k]
         saved = buf.table["abar", k + 1]
         (d_out,) = buf.table["d", k + 1]
         args = (stage.params, stage.rest, (a,), saved[0], saved[1:], (d_out,))
         grads[k], (d,) = kern.bwd.call(*args)
         jax.block_until_ready(d)
-        put(buf, ("d", k), (d,))
+        put(buf, out_name, (d,))
         temp = kern.bwd.temp_bytes
-    elif isinstance(op, F_ck | F_n | F_all):
+    else:  # F_ck, F_n, F_all (buffer_moves refused anything else)
+        k = op.index
         stage, kern = step.stages[k], step.kernels[k]
         if isinstance(op, F_all):
             out, new = kern.rec.call(stage.params, stage.rest, (a,))
             jax.block_until_ready(out)
-            put(buf, ("abar", k + 1), (out, *new))
+            put(buf, out_name, (out, *new))
             temp = kern.rec.temp_bytes
         else:
             out = kern.fwd.call(stage.params, stage.rest, (a,))
             jax.block_until_ready(out)
-            put(buf, ("a", k + 1), (out,))
+            put(buf, out_name, (out,))
             temp = kern.fwd.temp_bytes
-    else:  # pragma: no cover - the schedule classes reject foreign ops
-        raise TypeError(f"not a chain op: {op!r}")
     need = buf.bytes() + temp
-    if isinstance(op, F_n) or (isinstance(op, Loss | B) and src[0] == "a"):
-        buf.drop(src)
-    if isinstance(op, B):
-        buf.drop(("d", k + 1))
-        buf.drop(("abar", k + 1))
+    for name in frees:
+        buf.drop(name)
     return need, temp, loss
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import jax
 
-from jax_exec.chain.runtime import chain_result, chain_step, compute, input_buffers, input_name
+from jax_exec.chain.runtime import chain_result, chain_step, compute, input_buffers
 from jax_exec.chain.tree import unit_chain
 from jax_exec.result import OpMeter, RunResult
 from schedir import (
@@ -45,6 +45,7 @@ from schedir import (
     Wait,
     simulate_offload,
 )
+from schedir.chain.ops import buffer_moves
 
 # The one result type (kept importable under its old name).
 OffloadRunResult = RunResult
@@ -105,8 +106,7 @@ def run_offload(
                 for a in host.pop(name):
                     a.delete()
         elif isinstance(op, Loss | B | F_ck | F_n | F_all):
-            k = L if isinstance(op, Loss) else op.index
-            reads = [input_name(buf, k)] + ([("abar", k + 1)] if isinstance(op, B) else [])
+            reads, _, _ = buffer_moves(op, L, buf.table)  # the IR's op table
             for name in reads:
                 if pending.get(name) == "prefetch":  # a compute op waits for its inputs
                     pending.pop(name)
