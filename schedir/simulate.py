@@ -8,15 +8,12 @@ itself is :mod:`schedir.chain.simulate` (its names stay importable from here).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-
 from schedir import kind as kinds
 from schedir.chain.simulate import buffer_name, op_time, simulate_chain
 from schedir.errors import InvalidSchedule
 from schedir.trace import Trace
 
 __all__ = [
-    "JUDGES",
     "Trace",
     "budget_judge",
     "buffer_name",
@@ -50,27 +47,6 @@ def judge(problem, trace, budget: int | None) -> dict:
     kind = kinds.of(problem)
     check = kind.judge if kind is not None and kind.judge is not None else budget_judge
     return check(problem, trace, budget)
-
-
-class _Judges(Mapping):
-    """Problem class -> judge, for the kinds whose budget may be None (their limits
-    live in the problem). A live read-only view of the kind registry, kept for
-    ``solvers.registry``; new code reads ``schedir.kind.of(problem).budget``."""
-
-    def _table(self) -> dict:
-        return {k.problem: k.judge for k in kinds.kinds() if k.budget != "required" and k.judge}
-
-    def __getitem__(self, cls):
-        return self._table()[cls]
-
-    def __iter__(self) -> Iterator:
-        return iter(self._table())
-
-    def __len__(self) -> int:
-        return len(self._table())
-
-
-JUDGES: Mapping = _Judges()
 
 
 def _described(cls: type) -> str:  # 'Schedule (schedir.schedule)'

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from schedir import InvalidProblem, InvalidSchedule, Schedule, simulate
-from schedir.simulate import JUDGES, judge
+from schedir import kind as _kinds
+from schedir.simulate import judge
 
 
 class Infeasible(ValueError):
@@ -253,7 +254,11 @@ def solve(
     (True, True)
     """
     entry = get(method, problem)
-    if budget is not None or type(problem) not in JUDGES:
+    kind = _kinds.of(problem)
+    limits_inside = (
+        kind is not None and isinstance(problem, kind.problem) and kind.budget != "required"
+    )
+    if budget is not None or not limits_inside:  # pipelines may carry their limits
         budget = check_budget(budget)
     if not (progress is None or isinstance(progress, bool) or callable(progress)):
         raise TypeError(f"progress = {progress!r}: expected True, False or a callable")

@@ -6,7 +6,7 @@ latency only or infinite bandwidth; replication; an optional budget). For each m
 the raw solver output is run in the simulator and every device's simulated peak is
 compared with its capacity (never through ``solvers.solve``, which judges by itself);
 the exact methods must reach the least period of the exhaustive search over every
-interval mapping (``schedir.pipeline.exhaustive``), and report Infeasible exactly when
+interval mapping (``solvers.pipeline.exhaustive``), and report Infeasible exactly when
 no mapping fits.
 """
 
