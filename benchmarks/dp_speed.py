@@ -29,7 +29,7 @@ import numpy as np
 
 import schedir
 import solvers
-from solvers.rotor import build_table, min_memory, no_recompute_budget
+from solvers.chain.rotor import build_table, min_memory, no_recompute_budget
 
 
 def random_chain(L: int, rng: np.random.Generator) -> schedir.Chain:

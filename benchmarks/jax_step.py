@@ -26,6 +26,7 @@ import jax
 import jax_exec
 import solvers
 from jax_exec.models import mse_loss, transformer_stack
+from jax_exec.stages import plain_loss
 
 
 def timed(call) -> float:
@@ -56,13 +57,7 @@ def main() -> None:
     stages = jax_exec.as_stages(layers)
     params = [s.params for s in stages]
 
-    def plain_loss(params, x, y):
-        a = x
-        for stage, p in zip(stages, params, strict=True):
-            a = stage.apply(p, stage.rest, a)
-        return mse_loss(a, y)
-
-    plain = jax.jit(jax.value_and_grad(plain_loss))
+    plain = jax.jit(jax.value_and_grad(plain_loss(stages, mse_loss)))
     compiled = jax.jit(jax_exec.lower(layers, mse_loss, schedule).value_and_grad)
     runs = {
         "plain": lambda: plain(params, x, y),

@@ -35,10 +35,10 @@ def _measure(steps: int) -> dict:  # runs in the child process
 
     import schedir
     from jax_exec.models import mlp_stack, mse_loss
-    from jax_exec.pipeline import run_pipeline
-    from jax_exec.spmd_pipeline import shard_stacked, spmd_pipeline, stack_blocks, stage_mesh
-    from schedir.pipeline import Interval, Mapping, PipelineProblem
-    from schedir.pipeline_ops import one_f_one_b_ops
+    from jax_exec.pipeline.mpmd import run_pipeline
+    from jax_exec.pipeline.spmd import shard_stacked, spmd_pipeline, stack_blocks, stage_mesh
+    from schedir.pipeline.ops import one_f_one_b_ops
+    from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
 
     compiles: list = []
     jax.monitoring.register_event_duration_secs_listener(

@@ -29,7 +29,8 @@ import jax_exec
 import schedir
 import solvers
 from jax_exec.models import mse_loss, transformer_stack
-from schedir.cli_answers import answer_quality, gap_text
+from jax_exec.stages import plain_loss
+from schedir.cli.answers import answer_quality, gap_text
 
 MiB = 2**20
 
@@ -52,13 +53,7 @@ def least_budget(chain: schedir.Chain) -> int:
 def plain_value_and_grad(layers, x, y):
     """Reference gradients: plain ``jax.value_and_grad`` of the whole model."""
     stages = jax_exec.as_stages(layers)
-
-    def loss(params, x, y):
-        a = x
-        for stage, p in zip(stages, params, strict=True):
-            a = stage.apply(p, stage.rest, a)
-        return mse_loss(a, y)
-
+    loss = plain_loss(stages, mse_loss)
     return jax.value_and_grad(loss)([s.params for s in stages], x, y)
 
 

@@ -1,7 +1,7 @@
 """A DAG model (skip adds and a long concat skip) as a ``schedir.Graph``: profile it,
 solve with every graph method at three budgets, run each schedule op by op, compare.
 
-The model is ``jax_exec.graph_profile.residual_dag``: an embedding, residual MLP
+The model is ``jax_exec.models.residual_dag``: an embedding, residual MLP
 blocks whose skip adds are separate nodes, and a head reading the concatenation of
 the last block and the embedding. ``profile_graph`` turns it into a graph with
 measured times and exact bytes; every graph method (store_all, chen_sqrt, dtr,
@@ -31,9 +31,10 @@ import numpy as np
 
 import schedir
 import solvers
-from jax_exec.graph_profile import dag_loss, dag_params, profile_graph, residual_dag
-from jax_exec.graph_run import run_graph
-from jax_exec.models import mse_loss
+from jax_exec.graph.model import dag_loss, dag_params
+from jax_exec.graph.profile import profile_graph
+from jax_exec.graph.runtime import run_graph
+from jax_exec.models import mse_loss, residual_dag
 
 METHODS = ("store_all", "chen_sqrt", "dtr", "checkmate_lp", "checkmate_milp")
 

@@ -102,7 +102,7 @@ def main() -> None:
     for a, b in zip(jax.tree.leaves(trained), jax.tree.leaves(p_plain), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     print("parameters after 5 steps equal those of the plain training loop")
-    loss, _ = jax_exec.value_and_grad(layers, xent, schedule)(x, y)  # reads the layers
+    loss, _ = jax_exec.stages_value_and_grad(layers, xent, schedule)(x, y)  # reads the layers
     print(f"loss of the updated NNX model: {float(loss):.6f}")
 
 

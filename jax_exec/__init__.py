@@ -1,35 +1,41 @@
 """jax_exec: everything that touches JAX and Flax (docs/jax_exec.md).
 
-- :func:`profile`: Flax layers + loss -> ``schedir.Chain`` (exact bytes, measured or
-  FLOP-based times).
-- :func:`profile_graph` / :func:`run_graph`: the same for DAG models (dict of named
-  nodes) as ``schedir.Graph``; ``run`` dispatches graph schedules to ``run_graph``.
-- :func:`plan`: profile and solve for a budget in one call.
-- :func:`run`: the op-by-op runtime, with measured memory after every op.
-- :func:`value_and_grad` / :func:`lower`: the compiled path, nested ``jax.checkpoint``.
-- :func:`saved_activations` / :func:`expected_activations`: check the compiled path by
-  the residuals JAX saves.
-- :func:`split_layers` / :func:`as_stages`: what a stage list is (anything else is
-  refused), shared parameters, state (docs/jax_exec.md, "What the stage list accepts").
+- :func:`plan` / :func:`value_and_grad`: any Flax NNX model, from its code alone: the
+  automatic planner (:mod:`jax_exec.auto`, docs/auto.md).
+- :func:`run`: execute one step of any schedule (chain, offload, graph, pipeline) op by
+  op, with measured memory; one :class:`RunResult` (:mod:`jax_exec.executor`).
+- For models split by hand into a stage list (one array in, one out):
+  :func:`profile` (-> ``schedir.Chain``), :func:`plan_stages` (profile and solve),
+  :func:`stages_value_and_grad` / :func:`lower` (the compiled path, nested
+  ``jax.checkpoint``), :func:`saved_activations` / :func:`expected_activations` (check
+  it by the residuals JAX saves), :func:`split_layers` / :func:`as_stages` (what a
+  stage list is: docs/jax_exec.md, "What the stage list accepts").
+- :func:`profile_graph` / :func:`run_graph`: DAG models (dict of named nodes) as
+  ``schedir.Graph``.
 """
 
-from jax_exec.graph_profile import profile_graph, sequential_dag
-from jax_exec.graph_run import GraphRunResult, run_graph
-from jax_exec.lowering import (
+from jax_exec.chain.lowering import (
     Lowered,
     Residual,
     expected_activations,
     lower,
     saved_activations,
-    value_and_grad,
 )
-from jax_exec.offload import OffloadRunResult, measure_platform, run_offload
-from jax_exec.offload_lowering import lower_offload, offload_residuals, offload_value_and_grad
-from jax_exec.planning import plan
-from jax_exec.profile import profile
-from jax_exec.runtime import RunResult, run
+from jax_exec.chain.planning import plan_stages
+from jax_exec.chain.profile import profile
+from jax_exec.chain.runtime import run_chain
+from jax_exec.chain.tree import parse_tree
+from jax_exec.graph.model import sequential_dag
+from jax_exec.graph.profile import profile_graph
+from jax_exec.graph.runtime import GraphRunResult, run_graph
+from jax_exec.offload.lowering import (
+    lower_offload,
+    offload_residuals,
+    offload_value_and_grad,
+)
+from jax_exec.offload.runtime import OffloadRunResult, measure_platform, run_offload
+from jax_exec.result import RunResult
 from jax_exec.stages import Stage, StageList, as_stages, split_layers
-from jax_exec.tree import parse_tree
 
 __all__ = [
     "GraphRunResult",
@@ -48,21 +54,20 @@ __all__ = [
     "expected_activations",
     "lower",
     "parse_tree",
-    "plan",
+    "plan_stages",
     "profile",
     "profile_graph",
-    "run",
     "run_graph",
     "saved_activations",
     "sequential_dag",
     "split_layers",
-    "value_and_grad",
+    "stages_value_and_grad",
 ]
 
 # Several devices (docs/pipelines.md).
-from jax_exec.dynamic_run import DynamicRunResult, run_dynamic  # noqa: E402
-from jax_exec.pipeline import PipelineRunResult, run_pipeline  # noqa: E402
-from jax_exec.spmd_pipeline import (  # noqa: E402
+from jax_exec.pipeline.dynamic import DynamicRunResult, run_dynamic  # noqa: E402
+from jax_exec.pipeline.mpmd import PipelineRunResult, run_pipeline  # noqa: E402
+from jax_exec.pipeline.spmd import (  # noqa: E402
     nnx_blocks,
     sequential,
     shard_stacked,
@@ -83,4 +88,19 @@ __all__ += [
     "stack_blocks",
     "stage_mesh",
 ]
+# The executor protocol: one ``run`` for every schedule class (docs/jax_exec.md).
+from jax_exec.executor import (  # noqa: E402
+    Executor,
+    executor_for,
+    register,
+    run,
+    stages_value_and_grad,
+    unregister,
+)
+
+__all__ += ["Executor", "executor_for", "register", "run", "run_chain", "unregister"]
+# Any Flax NNX model, automatically (docs/auto.md): ``plan`` and ``value_and_grad``.
 from jax_exec import auto  # noqa: E402, F401
+from jax_exec.auto import plan, value_and_grad  # noqa: E402
+
+__all__ += ["plan", "value_and_grad"]

@@ -1,20 +1,26 @@
-"""Compiled per-stage kernels shared by the profiler and the op-by-op runtime.
+"""The one kernel builder: compiled kernels of an n-input node (a chain stage is a
+1-input node), shared by the profilers and the op-by-op runtimes.
 
-For stage k the kernels are:
+A node has ``params``, ``rest`` (other state), ``key`` (hashable identity of its
+computation) and ``apply(params, rest, *ins) -> out`` (one array). For input shapes
+``ins`` its kernels are:
 
-- ``fwd(params, rest, a_k) -> a_{k+1}``: the plain forward (ops ``F_ck``, ``F_n``);
-- ``rec(params, rest, a_k) -> (a_{k+1}, new)``: the recording forward (``F_all``). It
-  runs ``jax.vjp`` and returns only the residual arrays that are *new*: not the stage
-  input, not a parameter, not the output itself (those are held elsewhere already),
-  each once. ``abar[k+1]`` is exactly ``(a_{k+1}, *new)``;
-- ``bwd(params, rest, a_k, a_{k+1}, new, d_{k+1}) -> (d_params, d_k)``: rebuilds the
-  ``jax.vjp`` closure from those pieces (the :class:`Recipe`) and applies it, so the
-  backward never recomputes the forward.
+- ``fwd(params, rest, ins) -> out``: the plain forward (chain ops ``F_ck``, ``F_n``;
+  graph node v);
+- ``rec(params, rest, ins) -> (out, new)``: the recording forward (``F_all``). It runs
+  ``jax.vjp`` and returns only the residual arrays that are *new*: not an input, not a
+  parameter, not the output itself (those are held elsewhere already), each once.
+  ``abar[k+1]`` is exactly ``(a_{k+1}, *new)``;
+- ``res(params, rest, ins) -> new``: the new residuals only (graph node ``R{v}``);
+- ``bwd(params, rest, ins, out, new, cots) -> (d_params, d_ins)``: sums the cotangents
+  ``cots`` (one per user of the output), rebuilds the ``jax.vjp`` closure from the
+  pieces (the :class:`Recipe`) and applies it, so the backward never recomputes the
+  forward.
 
-The loss kernel is ``loss(a_L, y) -> (loss, d_L)``. Every kernel is compiled ahead of
-time; its temporary bytes come from ``memory_analysis()`` and its FLOPs from
-``cost_analysis()``. Kernels are cached by the stage's graph definition and shapes, so
-profiling, running and re-running a model compiles each stage once.
+The loss kernel is ``loss(out, y) -> (loss, d_out)``. Every kernel is compiled ahead of
+time (:func:`compile_kernel`); its temporary bytes come from ``memory_analysis()`` and
+its FLOPs from ``cost_analysis()``. Kernels are cached by the node's computation and
+shapes, so profiling, running and re-running a model compiles each node once.
 """
 
 from __future__ import annotations
@@ -73,41 +79,45 @@ class Kernel:
 
 
 @dataclass(frozen=True)
-class StageFunctions:
-    """The traceable (not yet compiled) functions of one stage for one input shape.
+class NodeFunctions:
+    """The traceable (not yet compiled) functions of one node for given input shapes.
 
     Attributes:
-        fwd, rec, bwd: see the module docstring; ``jax.jit`` wrapped, so that they
-            trace alike wherever they are called (eagerly, under jit, in autodiff).
+        fwd, rec, res, bwd: see the module docstring; ``jax.jit`` wrapped, so that
+            they trace alike wherever they are called (eagerly, under jit, in autodiff).
         recipe: how ``bwd`` rebuilds the vjp closure from what ``rec`` returns.
-        out: shape and dtype of the stage output a_{k+1}.
+        out: shape and dtype of the node output.
     """
 
     fwd: Callable[..., Any]
     rec: Callable[..., Any]
+    res: Callable[..., Any]
     bwd: Callable[..., Any]
     recipe: Recipe
     out: jax.ShapeDtypeStruct
 
     @property
     def saved_bytes(self) -> int:
-        """Bytes of ``abar[k+1]``: the output plus the new residuals."""
+        """Bytes of ``abar``: the output plus the new residuals."""
         return spec_bytes(self.out) + self.recipe.new_bytes
 
 
 @dataclass(frozen=True)
-class StageKernels:
-    """The compiled kernels of one stage for one input shape.
+class NodeKernels:
+    """The compiled kernels of one node for given input shapes (those its caller asked
+    for; the others are None).
 
     Attributes:
-        fwd, rec, bwd: compiled ``functions.fwd`` etc.
+        fwd, rec, res, bwd: compiled ``functions.fwd`` etc. (``bwd`` for a fixed number
+            of cotangents).
         functions: what they were compiled from.
     """
 
-    fwd: Kernel
-    rec: Kernel
-    bwd: Kernel
-    functions: StageFunctions
+    fwd: Kernel | None
+    rec: Kernel | None
+    res: Kernel | None
+    bwd: Kernel | None
+    functions: NodeFunctions
 
     @property
     def recipe(self) -> Recipe:
@@ -115,11 +125,13 @@ class StageKernels:
 
     @property
     def saved_bytes(self) -> int:
-        """Bytes of ``abar[k+1]``: the output plus the new residuals."""
+        """Bytes of ``abar``: the output plus the new residuals."""
         return self.functions.saved_bytes
 
 
-def _compile(fn: Callable, *args: Any) -> Kernel:
+def compile_kernel(fn: Callable, *args: Any) -> Kernel:
+    """Compile ``fn`` for ``args`` (arrays or shapes) and read its temporary bytes and
+    FLOPs from XLA."""
     compiled = jax.jit(fn).lower(*args).compile()
     stats = compiled.memory_analysis()
     temp = int(stats.temp_size_in_bytes) if stats is not None else 0
@@ -130,51 +142,74 @@ def _compile(fn: Callable, *args: Any) -> Kernel:
     return Kernel(compiled, temp, max(flops, 0.0))
 
 
+_compile = compile_kernel  # the name jax_exec.auto imports
+
+
 def _tree_key(tree: Any) -> tuple:
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     return (treedef, tuple((tuple(leaf.shape), str(leaf.dtype)) for leaf in leaves))
 
 
-_FUNCTIONS: dict[tuple, StageFunctions] = {}
-_KERNELS: dict[tuple, StageKernels] = {}
+_FUNCTIONS: dict[tuple, NodeFunctions] = {}
+_KERNELS: dict[tuple, NodeKernels] = {}
 _LOSS_CACHE: dict[tuple, Kernel] = {}
 
+CHAIN_KERNELS = ("fwd", "rec", "bwd")  # what a chain stage's ops launch
+GRAPH_KERNELS = ("fwd", "res", "bwd")  # what a graph node's Computes launch
 
-def _stage_key(stage: Stage, a: jax.ShapeDtypeStruct) -> tuple:
-    return (stage.key, _tree_key(stage.params), _tree_key(stage.rest), a.shape, str(a.dtype))
+
+def _node_key(node: Any, in_specs: tuple) -> tuple:
+    shapes = tuple((s.shape, str(s.dtype)) for s in in_specs)
+    return (node.key, _tree_key(node.params), _tree_key(node.rest), shapes)
 
 
-def stage_functions(stage: Stage, a: jax.ShapeDtypeStruct) -> StageFunctions:
-    """The traceable kernels of ``stage`` for input ``a`` (cached; traces once)."""
-    key = _stage_key(stage, a)
+def node_functions(node: Any, in_specs: tuple) -> NodeFunctions:
+    """The traceable functions of ``node`` for inputs ``in_specs`` (cached; traces once)."""
+    key = _node_key(node, in_specs)
     if key not in _FUNCTIONS:
-        _FUNCTIONS[key] = _build(stage, a)
+        _FUNCTIONS[key] = _build(node, in_specs)
     return _FUNCTIONS[key]
 
 
-def stage_kernels(stage: Stage, a: jax.ShapeDtypeStruct) -> StageKernels:
-    """Compile (or fetch from the cache) the kernels of ``stage`` for input ``a``."""
-    key = _stage_key(stage, a)
-    if key not in _KERNELS:
-        fns = stage_functions(stage, a)
-        args = (stage.params, stage.rest, a)
-        _KERNELS[key] = StageKernels(
-            fwd=_compile(fns.fwd, *args),
-            rec=_compile(fns.rec, *args),
-            bwd=_compile(fns.bwd, *args, fns.out, fns.recipe.new, fns.out),
-            functions=fns,
-        )
-    return _KERNELS[key]
+def node_kernels(
+    node: Any,
+    in_specs: tuple,
+    cots: int = 1,
+    kinds: tuple[str, ...] = CHAIN_KERNELS,
+    cache: dict | None = None,
+) -> NodeKernels:
+    """Compile (or fetch from ``cache``, default this module's) the kernels ``kinds`` of
+    ``node`` for inputs ``in_specs``; ``bwd`` sums ``cots`` cotangents."""
+    cache = _KERNELS if cache is None else cache
+    in_specs = tuple(as_spec(f"input of {node.name}", s) for s in in_specs)
+    key = (*_node_key(node, in_specs), cots, kinds)
+    if key not in cache:
+        fns = node_functions(node, in_specs)
+        args = (node.params, node.rest, in_specs)
+        bwd_args = (*args, fns.out, fns.recipe.new, (fns.out,) * cots)
+        compiled = {
+            kind: compile_kernel(getattr(fns, kind), *(bwd_args if kind == "bwd" else args))
+            if kind in kinds
+            else None
+            for kind in ("fwd", "rec", "res", "bwd")
+        }
+        cache[key] = NodeKernels(**compiled, functions=fns)
+    return cache[key]
+
+
+def stage_functions(stage: Stage, a: jax.ShapeDtypeStruct) -> NodeFunctions:
+    """The traceable kernels of a chain stage (a 1-input node) for input ``a``."""
+    return node_functions(stage, (a,))
 
 
 def chain_kernels(
     stages: list[Stage], x: Any
-) -> tuple[list[StageKernels], list[jax.ShapeDtypeStruct]]:
+) -> tuple[list[NodeKernels], list[jax.ShapeDtypeStruct]]:
     """Kernels of every stage and the shapes of a_0 .. a_L (cached after the first call)."""
     spec = as_spec("the input x", x)
     specs, kernels = [spec], []
     for stage in stages:
-        kernels.append(stage_kernels(stage, spec))
+        kernels.append(node_kernels(stage, (spec,)))
         spec = kernels[-1].functions.out
         specs.append(spec)
     return kernels, specs
@@ -221,52 +256,59 @@ def find_constants(closed: Any, consts: dict[int, Any]) -> None:
             consts[m] = const_vals[var]
 
 
-def _build(stage: Stage, a_spec: jax.ShapeDtypeStruct) -> StageFunctions:
-    # One floating-point array, or a clear error; a stateful layer is refused here.
-    output_spec(stage, jax.eval_shape(stage.apply, stage.params, stage.rest, a_spec))
+def _build(node: Any, in_specs: tuple) -> NodeFunctions:
+    # One floating-point array, or a clear error (a stage: a stateful layer is refused).
+    out = jax.eval_shape(node.apply, node.params, node.rest, *in_specs)
+    if isinstance(node, Stage):
+        output_spec(node, out)
+    else:
+        as_spec(f"node {node.name}'s output", out)
     found: dict[str, Any] = {}
     consts: dict[int, Any] = {}  # index among the new leaves -> constant value
 
-    def rec(params: Any, rest: Any, a: jax.Array) -> tuple[jax.Array, tuple]:
-        out, vjp_fn = jax.vjp(lambda p, x: stage.apply(p, rest, x), params, a)
-        leaves, treedef = jax.tree_util.tree_flatten(vjp_fn)
-        known = {
+    def known(params: Any, rest: Any, ins: tuple, out: jax.Array) -> dict[str, list]:
+        return {
             "param": jax.tree_util.tree_leaves(params),
             "rest": jax.tree_util.tree_leaves(rest),
-            "in": [a],
+            "in": list(ins),
             "out": [out],
         }
-        sources, new = split_residuals(leaves, known, consts)
+
+    def rec(params: Any, rest: Any, ins: tuple) -> tuple[jax.Array, tuple]:
+        out, vjp_fn = jax.vjp(lambda p, *xs: node.apply(p, rest, *xs), params, *ins)
+        leaves, treedef = jax.tree_util.tree_flatten(vjp_fn)
+        sources, new = split_residuals(leaves, known(params, rest, ins, out), consts)
         found["treedef"], found["sources"] = treedef, sources
         return out, new
 
     # Trace through fresh wrappers: a cached trace would not rerun ``rec``'s Python.
-    closed = jax.make_jaxpr(lambda *args: rec(*args))(stage.params, stage.rest, a_spec)
+    closed = jax.make_jaxpr(lambda *args: rec(*args))(node.params, node.rest, in_specs)
     find_constants(closed, consts)
-    out_spec, new_specs = jax.eval_shape(lambda *args: rec(*args), stage.params, stage.rest, a_spec)
+    out_spec, new_specs = jax.eval_shape(lambda *args: rec(*args), node.params, node.rest, in_specs)
     const_values = tuple(consts[m] for m in sorted(consts))
     recipe = Recipe(found["treedef"], found["sources"], tuple(new_specs), const_values)
 
-    def fwd(params: Any, rest: Any, a: jax.Array) -> jax.Array:
-        return stage.apply(params, rest, a)
+    def fwd(params: Any, rest: Any, ins: tuple) -> jax.Array:
+        return node.apply(params, rest, *ins)
 
-    def bwd(params: Any, rest: Any, a: jax.Array, out: jax.Array, new: tuple, d_out: jax.Array):
-        pick = {
-            "param": jax.tree_util.tree_leaves(params),
-            "rest": jax.tree_util.tree_leaves(rest),
-            "in": [a],
-            "out": [out],
-            "new": list(new),
-            "const": [jax.numpy.asarray(c) for c in recipe.consts],
-        }
+    def res(params: Any, rest: Any, ins: tuple) -> tuple:
+        return rec(params, rest, ins)[1]
+
+    def bwd(params: Any, rest: Any, ins: tuple, out: jax.Array, new: tuple, cots: tuple):
+        d_out = cots[0]
+        for c in cots[1:]:
+            d_out = d_out + c
+        pick = known(params, rest, ins, out)
+        pick["new"] = list(new)
+        pick["const"] = [jax.numpy.asarray(c) for c in recipe.consts]
         leaves = [pick[kind][i] for kind, i in recipe.sources]
         vjp_fn = jax.tree_util.tree_unflatten(recipe.treedef, leaves)
-        d_params, d_a = vjp_fn(d_out)
-        return d_params, d_a
+        d_params, *d_ins = vjp_fn(d_out)
+        return d_params, tuple(d_ins)
 
     # Fresh jit wrappers (their trace caches start after the analysis above): every use
     # traces ``rec`` with jit tracers, as the analysis did, so the recipe always fits.
-    return StageFunctions(jax.jit(fwd), jax.jit(rec), jax.jit(bwd), recipe, out_spec)
+    return NodeFunctions(jax.jit(fwd), jax.jit(rec), jax.jit(res), jax.jit(bwd), recipe, out_spec)
 
 
 def _index_of(leaf: Any, items: list) -> int | None:
@@ -285,7 +327,7 @@ def loss_kernel(loss_fn: Callable, out: jax.ShapeDtypeStruct, y: Any) -> Kernel:
         def loss_and_grad(a: jax.Array, target: Any) -> tuple[jax.Array, jax.Array]:
             return jax.value_and_grad(loss_fn)(a, target)
 
-        _LOSS_CACHE[key] = _compile(loss_and_grad, out, y)
+        _LOSS_CACHE[key] = compile_kernel(loss_and_grad, out, y)
     return _LOSS_CACHE[key]
 
 

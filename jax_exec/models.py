@@ -98,3 +98,56 @@ def transformer_stack(
 def mse_loss(out: jax.Array, y: jax.Array) -> jax.Array:
     """Mean squared error, a scalar."""
     return jnp.mean((out - y) ** 2)
+
+
+# DAG models (docs/graphs.md): a dict name -> (module, [input names]).
+
+
+class Add(nnx.Module):
+    """``a + b`` (no parameters): a skip connection."""
+
+    def __call__(self, a: jax.Array, b: jax.Array) -> jax.Array:
+        return a + b
+
+
+class Concat(nnx.Module):
+    """Concatenation on the last axis (no parameters): a U-Net style merge."""
+
+    def __call__(self, *xs: jax.Array) -> jax.Array:
+        return jnp.concatenate(xs, axis=-1)
+
+
+class Block(nnx.Module):
+    """``W2 gelu(W1 LayerNorm(x))``: an MLP block without its own skip connection."""
+
+    def __init__(self, width: int, hidden: int, out: int | None = None, *, rngs: nnx.Rngs):
+        self.norm = nnx.LayerNorm(width, rngs=rngs)
+        self.up = nnx.Linear(width, hidden, rngs=rngs)
+        self.down = nnx.Linear(hidden, out or width, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down(jax.nn.gelu(self.up(self.norm(x))))
+
+
+def residual_dag(
+    depth: int, width: int, hidden: int, in_dim: int, out_dim: int, *, seed: int = 0
+) -> dict[str, tuple[nnx.Module, list[str]]]:
+    """A residual MLP as a DAG, with a U-Net style long skip (model input ``"x"``).
+
+    ``embed`` = Linear(x); then per block i: ``block{i}`` = Block(h), ``add{i}`` =
+    h + block{i} (h: the previous add, or embed); then ``cat`` = [h, embed] (the long
+    skip from the embedding) and ``head`` = Linear(cat). Embed has three readers, the
+    adds two: their gradients are accumulated from several backward nodes.
+    """
+    rngs = nnx.Rngs(seed)
+    nodes: dict[str, tuple[nnx.Module, list[str]]] = {
+        "embed": (nnx.Linear(in_dim, width, rngs=rngs), ["x"])
+    }
+    h = "embed"
+    for i in range(depth):
+        nodes[f"block{i}"] = (Block(width, hidden, rngs=rngs), [h])
+        nodes[f"add{i}"] = (Add(), [h, f"block{i}"])
+        h = f"add{i}"
+    nodes["cat"] = (Concat(), [h, "embed"])
+    nodes["head"] = (nnx.Linear(2 * width, out_dim, rngs=rngs), ["cat"])
+    return nodes

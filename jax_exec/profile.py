@@ -1,90 +1,31 @@
-"""Profile a sequence of Flax layers and a loss into a ``schedir.Chain`` (docs/jax_exec.md).
+"""What the chain profiler (:func:`jax_exec.profile`) and the graph profiler
+(:func:`jax_exec.profile_graph`) share: the timing options and the FLOP-based costs.
 
-Sizes are exact bytes of the arrays the op-by-op runtime keeps (``jax_exec.run``):
-
-- ``in_size[k]``: bytes of a_k (k = L: the model output a_L);
-- ``saved_size[k]``: bytes of a_{k+1} plus the residuals of stage k's ``jax.vjp`` that are
-  new (not the stage input, not a parameter, each buffer once);
-- ``fwd_tmp[k]``: the larger temporary size of the compiled plain and recording forward;
-- ``bwd_tmp[k]``: the temporary size of the compiled backward (k = L: of the compiled
-  loss-and-gradient).
-
-Times in seconds: ``timing="measure"`` takes the median wall time of repeated runs of
-each compiled kernel after warm-up; ``timing="flops"`` divides the kernel's
-``cost_analysis()`` FLOPs by ``flops_per_second`` (deterministic).
+Both read the same compiled kernels (:mod:`jax_exec.kernels`): sizes are the exact bytes
+of the arrays a kernel returns, temporaries its ``memory_analysis()`` bytes, and with
+``timing="flops"`` a kernel's cost is its ``cost_analysis()`` FLOPs divided by
+``flops_per_second`` (deterministic). With ``timing="measure"`` the chain profiler
+takes the median wall time of each kernel and the graph profiler that of each
+``Compute`` in the op-by-op runtime.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
-
-import jax
-import jax.numpy as jnp
-
-from jax_exec.kernels import chain_kernels, loss_kernel, median_time
-from jax_exec.stages import spec_bytes, split_layers
-from schedir import Chain
+from jax_exec.kernels import Kernel
 
 TIMINGS = ("measure", "flops")
 
 
-def profile(
-    layers: Sequence[Any],
-    loss_fn: Callable[[jax.Array, Any], jax.Array],
-    x: jax.Array,
-    y: Any,
-    *,
-    timing: str = "measure",
-    flops_per_second: float = 1e10,
-    repeats: int = 7,
-) -> Chain:
-    """Profile ``layers`` (NNX modules or Linen ``(module, variables)`` pairs) into a Chain.
-
-    Args:
-        layers: the stages in order; each maps one array to one array.
-        loss_fn: ``loss_fn(out, y)`` -> scalar.
-        x, y: a batch (its shapes fix the sizes).
-        timing: ``"measure"`` (median wall time, seconds) or ``"flops"``.
-        flops_per_second: the rate used by ``timing="flops"``.
-        repeats: timed runs per kernel for ``timing="measure"``.
-
-    Raises:
-        TypeError: a layer output or the loss is not an array / scalar.
-        ValueError: unknown ``timing``.
-    """
+def check_timing(timing: str, flops_per_second: float, repeats: int) -> None:
+    """Raise ``ValueError`` naming the option that is not valid."""
     if timing not in TIMINGS:
         raise ValueError(f"timing = {timing!r}: expected one of {', '.join(TIMINGS)}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats = {repeats!r}: expected an int >= 1")
     if not flops_per_second > 0:
         raise ValueError(f"flops_per_second = {flops_per_second!r}: expected a positive rate")
-    stages = split_layers(layers).stages
-    kernels, specs = chain_kernels(stages, x)
-    loss_k = loss_kernel(loss_fn, specs[-1], y)
 
-    fwd_time, bwd_time = [], []
-    if timing == "flops":
-        for k in kernels:
-            fwd_time.append(k.fwd.flops / flops_per_second)
-            bwd_time.append(k.bwd.flops / flops_per_second)
-        bwd_time.append(loss_k.flops / flops_per_second)
-    else:
-        a = jnp.asarray(x)
-        for stage, k in zip(stages, kernels, strict=True):
-            fwd_time.append(median_time(k.fwd.call, stage.params, stage.rest, a, repeats=repeats))
-            out, new = k.rec.call(stage.params, stage.rest, a)
-            d_out = jnp.ones_like(out)
-            args = (stage.params, stage.rest, a, out, new, d_out)
-            bwd_time.append(median_time(k.bwd.call, *args, repeats=repeats))
-            a = out
-        bwd_time.append(median_time(loss_k.call, a, y, repeats=repeats))
-    fwd_time.append(0.0)
 
-    return Chain(
-        fwd_time=tuple(fwd_time),
-        bwd_time=tuple(bwd_time),
-        in_size=tuple(spec_bytes(s) for s in specs),
-        saved_size=tuple(k.saved_bytes for k in kernels) + (0,),
-        fwd_tmp=tuple(max(k.fwd.temp_bytes, k.rec.temp_bytes) for k in kernels) + (0,),
-        bwd_tmp=tuple(k.bwd.temp_bytes for k in kernels) + (loss_k.temp_bytes,),
-        names=tuple(s.name for s in stages) + ("loss",),
-    )
+def flops_seconds(kernel: Kernel, flops_per_second: float) -> float:
+    """Seconds of ``kernel`` under ``timing="flops"``."""
+    return kernel.flops / flops_per_second

@@ -367,3 +367,17 @@ def spec_bytes(spec: jax.ShapeDtypeStruct) -> int:
     for d in spec.shape:
         n *= int(d)
     return n * spec.dtype.itemsize
+
+
+def plain_loss(stages: Sequence[Stage], loss_fn: Callable) -> Callable[..., jax.Array]:
+    """``loss(params, x, y)``: the stages applied in order (``params``: one pytree per
+    stage), then ``loss_fn``. No schedule: ``jax.value_and_grad`` of it is the plain
+    step every executor's loss and gradients are checked against."""
+
+    def loss(params: Sequence[Any], x: Any, y: Any) -> jax.Array:
+        a = x
+        for stage, p in zip(stages, params, strict=True):
+            a = stage.apply(p, stage.rest, a)
+        return loss_fn(a, y)
+
+    return loss

@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from schedir.report import main  # noqa: E402
+from schedir.cli.report import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(directory=Path(__file__).resolve().parent))

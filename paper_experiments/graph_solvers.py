@@ -27,15 +27,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import solvers  # noqa: E402
 from schedir import Chain, Graph, chain_to_graph, simulate  # noqa: E402
-from schedir.graph import dropped_recorded_inputs, skip_graph  # noqa: E402
-from solvers.checkmate_lp import checkmate_lp  # noqa: E402
-from solvers.checkmate_milp import checkmate_milp  # noqa: E402
-from solvers.dtr import dtr, dtr_min_budget  # noqa: E402
-from solvers.graph_baselines import (  # noqa: E402
+from schedir.graph.convert import dropped_recorded_inputs  # noqa: E402
+from schedir.graph.generators import skip_graph  # noqa: E402
+from solvers.graph.baselines import (  # noqa: E402
     chen_sqrt_graph,
     store_all_graph,
     store_all_graph_ops,
 )
+from solvers.graph.checkmate_lp import checkmate_lp  # noqa: E402
+from solvers.graph.checkmate_milp import checkmate_milp  # noqa: E402
+from solvers.graph.dtr import dtr, dtr_min_budget  # noqa: E402
 
 FIELDS = ["family", "size", "nodes", "fraction", "budget", "method", "status", "makespan",
           "overhead", "solve_time", "peak", "exact", "extra"]  # fmt: skip

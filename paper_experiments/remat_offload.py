@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 import schedir  # noqa: E402
 from schedir import OffloadProblem, Platform, simulate_offload  # noqa: E402
-from solvers.rotor_offload import build_table  # noqa: E402
-from solvers.store_all import store_all_ops  # noqa: E402
+from solvers.chain.store_all import store_all_ops  # noqa: E402
+from solvers.offload.rotor_offload import build_table  # noqa: E402
 
 BANDWIDTHS = ["pcie3", "pcie5", "nvlink-c2c"]
 FIELDS = ["model", "stages", "method", "bandwidth", "budget", "budget_fraction", "makespan",

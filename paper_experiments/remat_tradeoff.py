@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT))
 
 import schedir  # noqa: E402
 import solvers  # noqa: E402
-from solvers.rotor import min_memory  # noqa: E402
-from solvers.store_all import store_all_ops  # noqa: E402
+from solvers.chain.rotor import min_memory  # noqa: E402
+from solvers.chain.store_all import store_all_ops  # noqa: E402
 
 METHODS = ["rotor", "revolve", "chen_sqrt", "store_all", "recompute_all"]
 FIELDS = ["model", "stages", "method", "budget", "budget_fraction", "makespan", "overhead",

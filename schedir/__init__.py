@@ -6,30 +6,25 @@ the schedules.
 
 __version__ = "0.1.0"  # the package version (pyproject.toml reads it from here)
 
-from schedir.chain import Chain  # noqa: E402
-from schedir.discretize import Discretized, discretize
+from schedir import kind
+from schedir.chain.discretize import Discretized, discretize
+from schedir.chain.ops import B, F_all, F_ck, F_n, Loss, parse_op
+from schedir.chain.problem import Chain
 from schedir.errors import InvalidProblem, InvalidSchedule
-from schedir.graph import Graph, Node, build_graph, chain_ops_to_graph, chain_to_graph
-from schedir.graph_ops import Compute, Free, parse_graph_op
-from schedir.graph_simulate import GraphSchedule, simulate_graph
+from schedir.graph.convert import chain_ops_to_graph, chain_to_graph
+from schedir.graph.ops import Compute, Free, parse_graph_op
+from schedir.graph.problem import Graph, Node, build_graph
+from schedir.graph.simulate import GraphSchedule, simulate_graph
 from schedir.io import from_dict, load, save
-from schedir.offload import (
-    Evict,
-    Offload,
-    OffloadProblem,
-    OffloadSchedule,
-    OffloadTrace,
-    Prefetch,
-    Wait,
-    parse_offload_op,
-    simulate_offload,
-)
-from schedir.ops import B, F_all, F_ck, F_n, Loss, parse_op
+from schedir.offload.ops import Evict, Offload, OffloadSchedule, Prefetch, Wait, parse_offload_op
+from schedir.offload.problem import OffloadProblem
+from schedir.offload.simulate import OffloadTrace, simulate_offload
 from schedir.platform import PRESETS, CopyEngine, Device, Link, Platform
 from schedir.schedule import Schedule
 from schedir.simulate import Trace, op_time, simulate, simulate_chain
 
 __all__ = [
+    "kind",
     "PRESETS",
     "CopyEngine",
     "Device",
@@ -76,18 +71,12 @@ __all__ = [
 ]
 
 # Several devices: pipelines, steady state, dynamic runs (docs/pipelines.md).
-from schedir.pipeline import (  # noqa: E402
-    Interval,
-    Mapping,
-    MasterWorker,
-    PeriodReport,
-    PipelineProblem,
-    SteadyState,
-    evaluate,
-    training_period,
-)
-from schedir.pipeline_dag import Task, TaskGraph, pipeline_graph, simulate_dynamic  # noqa: E402
-from schedir.pipeline_ops import (  # noqa: E402
+# The kinds register themselves (schedir.kind) when their subpackages are imported;
+# the block-chain kind of the automatic planner too.
+import schedir.blocks  # noqa: E402, F401
+from schedir.pipeline.dag import Task, TaskGraph, pipeline_graph, simulate_dynamic  # noqa: E402
+from schedir.pipeline.model import PeriodReport, evaluate, training_period  # noqa: E402
+from schedir.pipeline.ops import (  # noqa: E402
     Bwd,
     Fwd,
     PipelineSchedule,
@@ -97,17 +86,14 @@ from schedir.pipeline_ops import (  # noqa: E402
     inference_pattern,
     one_f_one_b_ops,
 )
-from schedir.pipeline_sim import Noise, PipelineTrace, simulate_pipeline  # noqa: E402
-from schedir.simulate import SCHEDULES as _SCHEDULES  # noqa: E402
-
-# The schedule classes each problem kind's simulator reads (schedir.simulate.SCHEDULES).
-_SCHEDULES.update(
-    {
-        Graph: (GraphSchedule,),
-        OffloadProblem: (OffloadSchedule, Schedule),  # a plain chain schedule: no copies
-        PipelineProblem: (PipelineSchedule,),
-    }
+from schedir.pipeline.problem import (  # noqa: E402
+    Interval,
+    Mapping,
+    MasterWorker,
+    PipelineProblem,
+    SteadyState,
 )
+from schedir.pipeline.simulate import Noise, PipelineTrace, simulate_pipeline  # noqa: E402
 
 __all__ += [
     "Bwd",

@@ -7,7 +7,7 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line and return its exit status."""
-    from schedir.cli import main as cli_main
+    from schedir.cli.app import main as cli_main
 
     return cli_main(argv)
 

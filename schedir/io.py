@@ -1,4 +1,5 @@
-"""JSON load/save for every problem kind and for schedules, dispatched on ``format``.
+"""JSON load/save for every problem kind and for schedules, dispatched on ``format``
+through the kind registry (:func:`schedir.kind.format_class`).
 
 Loading is the boundary where untrusted files come in: whatever a file holds,
 :func:`load` and :func:`from_dict` return an object or raise :class:`InvalidProblem`
@@ -11,17 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from schedir.chain import Chain
 from schedir.errors import InvalidProblem, InvalidSchedule
-from schedir.platform import Platform
-from schedir.schedule import Schedule
-
-# JSON "format" tag -> class with from_dict. Other problem kinds register here.
-FORMATS: dict[str, type] = {
-    "schedir.chain": Chain,
-    "schedir.platform": Platform,
-    "schedir.schedule": Schedule,
-}
+from schedir.kind import format_class, format_tags
 
 # Structural errors a class's from_dict raises on a wrong shape (a list where an object
 # belongs, a missing key, an index out of range): malformed input, reported as such.
@@ -35,12 +27,12 @@ def from_dict(d: dict):
     malformed input, with the ``format`` tag and what is wrong.
     """
     tag = d.get("format") if isinstance(d, dict) else None
-    if not isinstance(tag, str) or tag not in FORMATS:
+    cls = format_class(tag) if isinstance(tag, str) else None
+    if cls is None:
         shown = tag if isinstance(tag, str | None) else type(tag).__name__
         if not isinstance(d, dict):
             shown = f"a {type(d).__name__}, not an object with a format tag"
-        raise InvalidProblem(f"format = {shown!r}: expected one of {', '.join(FORMATS)}")
-    cls = FORMATS[d["format"]]
+        raise InvalidProblem(f"format = {shown!r}: expected one of {', '.join(format_tags())}")
     try:
         return cls.from_dict(d)
     except (InvalidProblem, InvalidSchedule):

@@ -7,36 +7,23 @@ Two renderings of the same data:
 - :func:`plot`: a PNG or SVG figure (matplotlib, imported inside the function only).
 
 Both read :func:`lanes`: a map resource -> list of :class:`Span` (start, end, label,
-kind). Each schedule class has one lanes function in :data:`LANES`, looked up along the
-class's MRO; a multi-resource schedule (an offload copy stream, pipeline devices)
-adds its own entry, e.g. ``LANES[OffloadSchedule] = offload_lanes`` returning
-``{"compute": [...], "copy d2h": [...], "copy h2d": [...]}``, and both renderings
-draw one row per resource. Pure Python: importing this module never imports
-matplotlib.
+kind), from the ``lanes`` function of the problem's kind (:mod:`schedir.kind`), and
+:func:`memory_curve`, from the kind's ``memory`` function. A multi-resource kind
+returns one entry per resource (offload: ``compute``, ``d2h``, ``h2d``; pipeline: one
+per device and per link) and both renderings draw one row per resource. Pure Python:
+importing this module never imports matplotlib.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
-from schedir.graph_ops import Compute
-from schedir.graph_simulate import GraphSchedule
-from schedir.schedule import Schedule
-from schedir.simulate import Trace, simulate
-
-
-@dataclass(frozen=True)
-class Span:
-    """One op on one resource: ``[start, end)`` seconds, its printed ``label`` and ``kind``."""
-
-    start: float
-    end: float
-    label: str
-    kind: str
-
+from schedir import kind as kinds
+from schedir.chain.schedule import Schedule
+from schedir.simulate import simulate
+from schedir.trace import Span, Trace
 
 # kind -> (one-letter code for the terminal, matplotlib color)
 KINDS: dict[str, tuple[str, str]] = {
@@ -55,43 +42,24 @@ KINDS: dict[str, tuple[str, str]] = {
 LanesFn = Callable[[object, Schedule, Trace], dict[str, list[Span]]]
 
 
-def chain_lanes(problem, schedule: Schedule, trace: Trace) -> dict[str, list[Span]]:
-    """One ``compute`` lane; kind = the op's class name (F_ck, F_n, F_all, Loss, B)."""
-    spans = [
-        Span(s, e, str(op), type(op).__name__)
-        for op, s, e in zip(trace.ops, trace.start, trace.end, strict=True)
-    ]
-    return {"compute": spans}
-
-
-def graph_lanes(graph, schedule: Schedule, trace: Trace) -> dict[str, list[Span]]:
-    """One ``compute`` lane of the Compute ops (Free ops take no time and are not drawn).
-
-    Kind: the node's kind, ``recompute`` for the second and later computes of a node.
-    """
-    seen: set[int] = set()
-    spans = []
-    for op, s, e in zip(trace.ops, trace.start, trace.end, strict=True):
-        if not isinstance(op, Compute):
-            continue
-        node = graph.nodes[op.node]
-        kind = "recompute" if op.node in seen else node.kind
-        seen.add(op.node)
-        spans.append(Span(s, e, node.name, kind))
-    return {"compute": spans}
-
-
-# Schedule class -> lanes function; looked up along the MRO (most derived first).
-LANES: dict[type, LanesFn] = {GraphSchedule: graph_lanes, Schedule: chain_lanes}
+def _kind(problem):
+    kind = kinds.of(problem)
+    if kind is None:
+        raise TypeError(f"no problem kind reads a {type(problem).__name__} (schedir.kind)")
+    return kind
 
 
 def lanes(problem, schedule: Schedule, trace: Trace | None = None) -> dict[str, list[Span]]:
     """Resource -> spans of ``schedule`` on ``problem`` (simulated when ``trace`` is None)."""
     trace = trace if trace is not None else simulate(problem, schedule)
-    for cls in type(schedule).__mro__:
-        if cls in LANES:
-            return LANES[cls](problem, schedule, trace)
-    raise TypeError(f"no lanes function for {type(schedule).__name__} in schedir.render.LANES")
+    return _kind(problem).lanes(problem, schedule, trace)
+
+
+def memory(problem, trace) -> tuple[list[float], list[int]]:
+    """The memory curve drawn under the lanes: the kind's ``memory`` function, else
+    :func:`memory_curve`."""
+    curve = _kind(problem).memory or memory_curve
+    return curve(trace)
 
 
 def memory_curve(trace: Trace) -> tuple[list[float], list[int]]:
@@ -188,12 +156,12 @@ def text(
     name = schedule.meta.get("method", type(schedule).__name__)
     budget = budget if budget is not None else schedule.meta.get("budget")
     head = (
-        f"{name}, {len(schedule.ops)} ops: makespan {format_time(trace.makespan)}, "
+        f"{name}, {len(schedule)} ops: makespan {format_time(trace.makespan)}, "
         f"peak {format_bytes(trace.peak_memory)}"
     )
     if budget is not None:
         head += f" (budget {format_bytes(budget)})"
-    times, values = memory_curve(trace)
+    times, values = memory(problem, trace)
     top = max(max(values), budget or 0, 1)
     label_w = max(len(tag) for tag in [*by_lane, "memory", format_bytes(top)])
     lines = [head]
@@ -289,7 +257,7 @@ def plot(
         loc="lower left",
         bbox_to_anchor=(0, 1),
     )
-    times, values = memory_curve(trace)
+    times, values = memory(problem, trace)
     scale, unit = byte_unit(max(values))
     times = [t / tscale for t in times]
     ax_m.step(

@@ -6,15 +6,26 @@ Solvers are found by name through one registry::
     schedule = solvers.solve(chain, budget, method="rotor")
     [m.name for m in solvers.available(chain)]
 
-Every public module of this package is one solver (or family) that registers itself
-on import; they are all imported here, so adding a solver is adding a file.
-Imports schedir, numpy and cvxpy; never jax.
+Solvers are grouped by problem kind (``solvers.chain``, ``graph``, ``offload``,
+``pipeline``, ``blocks``); each module is one solver (or family) that registers itself
+on import, and each kind's package imports its modules, so adding a solver is adding a
+file and one import. Imports schedir, numpy and cvxpy; never jax.
 """
 
-import importlib as _importlib
-import pkgutil as _pkgutil
-
+from solvers import (
+    blocks,
+    chain,
+    graph,
+    offload,
+    pipeline,
+)  # importing a kind registers its solvers
 from solvers._tradeoff import Tradeoff, tradeoff
+
+# Each solver module by its name, as before the grouping by kind (solvers.rotor, ...).
+from solvers.chain import chen_sqrt, recompute_all, revolve, rotor, store_all
+from solvers.graph import checkmate_lp, checkmate_milp, dtr
+from solvers.offload import offload_greedy, offload_milp, rotor_offload, weight_offload
+from solvers.pipeline import dynamic, master_worker_lp
 from solvers.registry import (
     Infeasible,
     MemoryLimit,
@@ -23,11 +34,8 @@ from solvers.registry import (
     get,
     register,
     solve,
+    unregister,
 )
-
-for _module in _pkgutil.iter_modules(__path__):
-    if not _module.name.startswith("_") and _module.name != "registry":
-        _importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = [
     "Infeasible",
@@ -39,4 +47,25 @@ __all__ = [
     "register",
     "solve",
     "tradeoff",
+    "unregister",
+    # the kind packages, and each solver module by its name as before the grouping
+    "blocks",
+    "chain",
+    "graph",
+    "offload",
+    "pipeline",
+    "checkmate_lp",
+    "checkmate_milp",
+    "chen_sqrt",
+    "dtr",
+    "dynamic",
+    "master_worker_lp",
+    "offload_greedy",
+    "offload_milp",
+    "recompute_all",
+    "revolve",
+    "rotor",
+    "rotor_offload",
+    "store_all",
+    "weight_offload",
 ]

@@ -8,8 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from schedir import Chain, discretize, simulate_chain
-from solvers.registry import Infeasible, check_budget, get, solve, stderr_progress
-from solvers.rotor import (
+from solvers.chain.rotor import (
     MODELS,
     build_table,
     default_memory_cap,
@@ -17,6 +16,7 @@ from solvers.rotor import (
     no_recompute_budget,
     plan_grid,
 )
+from solvers.registry import Infeasible, check_budget, get, solve, stderr_progress
 
 
 @dataclass(frozen=True)

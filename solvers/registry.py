@@ -19,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from schedir import InvalidProblem, InvalidSchedule, Schedule, simulate
-from schedir.simulate import JUDGES, judge
+from schedir import kind as _kinds
+from schedir.simulate import judge
 
 
 class Infeasible(ValueError):
@@ -87,6 +88,24 @@ def register(name: str, *, problem: type, exact: bool, description: str):
         return function
 
     return wrap
+
+
+def unregister(name: str, problem: type) -> Method:
+    """Remove the method ``name`` for ``problem`` (a class) from the registry and return
+    it (to register it again, or in tests). Unknown pairs raise ``KeyError`` naming them.
+
+    >>> import schedir, solvers
+    >>> entry = solvers.unregister("chen_sqrt", schedir.Chain)
+    >>> "chen_sqrt" in [m.name for m in solvers.available(schedir.Chain)]
+    False
+    >>> _ = solvers.register("chen_sqrt", problem=schedir.Chain, exact=entry.exact,
+    ...                      description=entry.description)(entry.function)
+    """
+    try:
+        return _METHODS.pop((name, problem))
+    except KeyError:
+        known = ", ".join(f"{n} ({p.__name__})" for n, p in _METHODS)
+        raise KeyError(f"no solver {name!r} registered for {problem!r}; known: {known}") from None
 
 
 def available(problem: object | type | None = None) -> list[Method]:
@@ -235,7 +254,11 @@ def solve(
     (True, True)
     """
     entry = get(method, problem)
-    if budget is not None or type(problem) not in JUDGES:
+    kind = _kinds.of(problem)
+    limits_inside = (
+        kind is not None and isinstance(problem, kind.problem) and kind.budget != "required"
+    )
+    if budget is not None or not limits_inside:  # pipelines may carry their limits
         budget = check_budget(budget)
     if not (progress is None or isinstance(progress, bool) or callable(progress)):
         raise TypeError(f"progress = {progress!r}: expected True, False or a callable")

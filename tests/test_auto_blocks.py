@@ -19,8 +19,8 @@ import pytest
 import schedir
 import solvers
 from schedir import B, F_all, F_ck, F_n, InvalidProblem, InvalidSchedule, Loss, Schedule
-from schedir.blocks import BlockChain, BlockOption, BlockStage, simulate_blocks
-from solvers.block_rotor import least_memory
+from schedir.blocks.problem import BlockChain, BlockOption, BlockStage, simulate_blocks
+from solvers.blocks.rotor import least_memory
 
 
 def opt(name="o", saved=0, rec_time=1.0, rec_tmp=0, bwd_time=2.0, bwd_tmp=0):

@@ -25,7 +25,7 @@ from flax import nnx
 import solvers
 from jax_exec import auto
 from jax_exec.auto.lowering import expected_residuals, saved_residuals
-from schedir.blocks import simulate_blocks
+from schedir.blocks.problem import simulate_blocks
 
 
 def _arrays(tree):

@@ -16,10 +16,10 @@ from hypothesis import given, settings
 import schedir
 import solvers
 from schedir import F_ck, F_n
-from solvers._chain_tree import Record, Split, TreeCost, tree_ops
-from solvers.chen_sqrt import chen_cost, chen_ops
-from solvers.revolve import first_split, griewank_advances, loss_lower_bounds, revolve_ops
-from solvers.rotor import min_memory, no_recompute_budget
+from solvers.chain._tree import Record, Split, TreeCost, tree_ops
+from solvers.chain.chen_sqrt import chen_cost, chen_ops
+from solvers.chain.revolve import first_split, griewank_advances, loss_lower_bounds, revolve_ops
+from solvers.chain.rotor import min_memory, no_recompute_budget
 
 CHAIN_METHODS = ["rotor", "store_all", "recompute_all", "chen_sqrt", "revolve"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import schedir
-from schedir.cli import CLIError, main, parse_budget
+from schedir.cli.app import CLIError, main, parse_budget
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAIN = str(ROOT / "examples" / "chain_small.json")

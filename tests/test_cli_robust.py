@@ -15,8 +15,8 @@ from test_cli import one_line_error, run
 
 import schedir
 import solvers
-from schedir.cli import parse_budget
-from schedir.cli_common import CLIError
+from schedir.cli.app import parse_budget
+from schedir.cli.common import CLIError
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAIN = str(ROOT / "examples" / "chain_small.json")
@@ -96,7 +96,7 @@ def test_huge_integer_budgets_and_exact_percent(capsys, tmp_path: Path) -> None:
     )
     path = tmp_path / "big.json"
     schedir.save(big, path)
-    peak = schedir.simulate(big, solvers.store_all.store_all_ops(big)).peak_memory
+    peak = schedir.simulate(big, solvers.chain.store_all.store_all_ops(big)).peak_memory
     status, out, err = run(capsys, "solve", path, "-b", "100%", "-m", "store_all", "--json")
     assert status == 0, err  # 100% is the store-all peak to the byte
     data = json.loads(out)
@@ -107,7 +107,7 @@ def test_huge_integer_budgets_and_exact_percent(capsys, tmp_path: Path) -> None:
 
 
 def test_answer_quality_never_exact_when_discretized_or_time_limited() -> None:
-    from schedir.cli_answers import answer_quality
+    from schedir.cli.answers import answer_quality
 
     exact = {"makespan": 2.0, "exact": True}
     assert answer_quality(exact, claimed=False) == {

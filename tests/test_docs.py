@@ -73,13 +73,15 @@ RUNNABLE = [pytest.param(p, id=p.name) for p in PAGES if blocks(p, "python") or 
 def test_page(page: Path, monkeypatch, capsys) -> None:
     """The page's python blocks in order, then its schedir commands (which may use files
     the python blocks wrote)."""
-    from schedir.cli import main
+    from schedir.cli.app import main
 
     monkeypatch.chdir(ROOT)
     namespace: dict = {"__name__": f"docs_{page.stem}"}
     for i, code in enumerate(blocks(page, "python")):
         try:
-            exec(compile(code, f"{page.name}[block {i}]", "exec"), namespace)
+            # dont_inherit: the page runs as a script, without this file's __future__
+            # imports (string annotations would break a page's dataclasses)
+            exec(compile(code, f"{page.name}[block {i}]", "exec", dont_inherit=True), namespace)
         except Exception as err:
             raise AssertionError(f"{page.name}, python block {i} failed: {err!r}") from err
     for argv in schedir_commands(page):

@@ -26,8 +26,9 @@ from schedir import (
     simulate,
     simulate_chain,
 )
-from schedir.graph import chain_nodes, skip_graph
-from schedir.ops import B, F_all, F_ck, F_n, Loss
+from schedir.chain.ops import B, F_all, F_ck, F_n, Loss
+from schedir.graph.convert import chain_nodes
+from schedir.graph.generators import skip_graph
 
 
 def tiny() -> Graph:

@@ -14,11 +14,13 @@ from graph_cases import random_dag
 
 import solvers
 from schedir import Chain, Compute, Free, Graph, InvalidProblem, chain_to_graph, simulate
-from schedir.graph import build_graph, dropped_recorded_inputs, skip_graph
-from solvers.checkmate_lp import checkmate_lp
-from solvers.checkmate_milp import checkmate_milp
-from solvers.dtr import _dtr_ops, dtr, dtr_chain, dtr_min_budget
-from solvers.graph_baselines import chen_sqrt_graph, store_all_graph, store_all_graph_ops
+from schedir.graph.convert import dropped_recorded_inputs
+from schedir.graph.generators import skip_graph
+from schedir.graph.problem import build_graph
+from solvers.graph.baselines import chen_sqrt_graph, store_all_graph, store_all_graph_ops
+from solvers.graph.checkmate_lp import checkmate_lp
+from solvers.graph.checkmate_milp import checkmate_milp
+from solvers.graph.dtr import _dtr_ops, dtr, dtr_chain, dtr_min_budget
 
 OTHERS = {
     "checkmate_lp": checkmate_lp,
@@ -71,7 +73,7 @@ def test_bounds_and_validity(name: str, fraction: float) -> None:
     assert t.makespan == pytest.approx(milp.meta["milp_objective"], rel=1e-6)
     assert milp.meta["mip_gap"] <= 1e-4 and "HIGHS" in milp.meta["solver"]
     assert milp.meta["exact"] is True and "time_limited" not in milp.meta
-    from solvers.checkmate_lp import lp_bound
+    from solvers.graph.checkmate_lp import lp_bound
 
     assert lp_bound(g, budget) <= t.makespan + 1e-6
     for method, fn in OTHERS.items():

@@ -15,27 +15,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax_reference import plain_value_and_grad
 
 import jax_exec
 import schedir
 import solvers
 from jax_exec.models import mlp_stack, mse_loss, transformer_stack
-from jax_exec.stages import as_stages
 
 RTOL, ATOL = 1e-5, 1e-6
-
-
-def plain_value_and_grad(layers, loss_fn):
-    stages = as_stages(layers)
-
-    def loss(params, x, y):
-        a = x
-        for stage, p in zip(stages, params, strict=True):
-            a = stage.apply(p, stage.rest, a)
-        return loss_fn(a, y)
-
-    step = jax.jit(jax.value_and_grad(loss))
-    return lambda x, y: step([s.params for s in stages], x, y)
 
 
 def _model(family):
@@ -134,7 +121,7 @@ def check_compiled(model, selected):
         assert got == want, f"{where}: extra {got - want}, missing {want - got}"
         if schedule.ops not in checked:  # methods often agree: compile each sequence once
             checked.add(schedule.ops)
-            loss, grads = jax_exec.value_and_grad(layers, mse_loss, schedule)(x, y)
+            loss, grads = jax_exec.stages_value_and_grad(layers, mse_loss, schedule)(x, y)
             assert_same(loss, grads, model["loss"], model["grads"])
 
 
@@ -209,7 +196,7 @@ def test_hand_written_tree_schedules(mlp, ops):
     assert result.resident_bytes == trace.resident
     assert result.peak_bytes <= trace.peak_memory
     assert_same(result.loss, result.grads, mlp["loss"], mlp["grads"])
-    loss, grads = jax_exec.value_and_grad(layers, mse_loss, ops)(x, y)
+    loss, grads = jax_exec.stages_value_and_grad(layers, mse_loss, ops)(x, y)
     assert_same(loss, grads, mlp["loss"], mlp["grads"])
     lowered = jax_exec.lower(layers, mse_loss, ops)
     got = Counter((r.shape, r.dtype) for r in jax_exec.saved_activations(lowered, x, y))

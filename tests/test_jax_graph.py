@@ -19,21 +19,13 @@ import pytest
 from flax import nnx
 
 import jax_exec
-import jax_exec.graph_profile as gp
+import jax_exec.graph.profile as gp
 import schedir
 import solvers
-from jax_exec.graph_profile import (
-    Add,
-    Block,
-    Concat,
-    dag_loss,
-    dag_params,
-    profile_graph,
-    residual_dag,
-    sequential_dag,
-)
-from jax_exec.graph_run import run_graph
-from jax_exec.models import mse_loss
+from jax_exec.graph.model import dag_loss, dag_params, sequential_dag
+from jax_exec.graph.profile import profile_graph
+from jax_exec.graph.runtime import run_graph
+from jax_exec.models import Add, Block, Concat, mse_loss, residual_dag
 
 RTOL, ATOL = 1e-5, 1e-6
 METHODS = ("store_all", "chen_sqrt", "dtr", "checkmate_lp", "checkmate_milp")

@@ -91,9 +91,9 @@ def test_loss_must_be_scalar(small):
 def test_budget_below_minimum(small):
     layers, x, y = small
     with pytest.raises(solvers.Infeasible, match="minimum feasible budget is") as info:
-        jax_exec.plan(layers, mse_loss, x, y, budget=100, method="rotor", timing="flops")
+        jax_exec.plan_stages(layers, mse_loss, x, y, budget=100, method="rotor", timing="flops")
     assert info.value.min_budget > 100
-    chain, schedule = jax_exec.plan(
+    chain, schedule = jax_exec.plan_stages(
         layers, mse_loss, x, y, budget=info.value.min_budget * 2, timing="flops"
     )
     assert schedir.simulate_chain(chain, schedule).peak_memory <= info.value.min_budget * 2
@@ -108,7 +108,7 @@ def test_schedule_for_another_chain_length(small):
         with pytest.raises(schedir.InvalidSchedule, match=message):
             jax_exec.run(layers, mse_loss, ops, x, y)
         with pytest.raises(schedir.InvalidSchedule, match=message):
-            jax_exec.value_and_grad(layers, mse_loss, ops)
+            jax_exec.stages_value_and_grad(layers, mse_loss, ops)
 
 
 def test_invalid_schedule_names_the_op(small):
@@ -150,7 +150,7 @@ def test_linen_layers():
     trace = schedir.simulate_chain(chain, schedule)
     result = jax_exec.run(layers, mse_loss, schedule, x, y)
     assert result.resident_bytes == trace.resident
-    loss, grads = jax_exec.value_and_grad(layers, mse_loss, schedule)(x, y)
+    loss, grads = jax_exec.stages_value_and_grad(layers, mse_loss, schedule)(x, y)
     for got_loss, got in ((result.loss, result.grads), (loss, grads)):
         np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, atol=1e-6)
         for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
@@ -171,7 +171,7 @@ def test_linen_state_read_at_call_time_shared_arrays_and_training_refused():
     module = LinenNormed()
     variables = module.init(jax.random.key(2), x)
     ops = [F_all(0), Loss(), B(0)]
-    step = jax_exec.value_and_grad([(module, variables)], mse_loss, ops)
+    step = jax_exec.stages_value_and_grad([(module, variables)], mse_loss, ops)
     step(x, y)
     variables["batch_stats"] = jax.tree.map(lambda v: v + 1.0, variables["batch_stats"])
 

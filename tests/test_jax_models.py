@@ -20,8 +20,12 @@ import jax_exec
 import schedir
 import solvers
 from jax_exec.models import mse_loss
-from jax_exec.offload import run_offload
-from jax_exec.offload_lowering import lower_offload, offload_residuals, offload_value_and_grad
+from jax_exec.offload.lowering import (
+    lower_offload,
+    offload_residuals,
+    offload_value_and_grad,
+)
+from jax_exec.offload.runtime import run_offload
 from schedir import B, F_all, F_ck, F_n, Loss, Offload, OffloadProblem, Platform, Prefetch, Wait
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -172,9 +176,9 @@ def entry_points(layers, loss_fn, x, y):
     ops = STORE_ALL
     yield "as_stages", lambda: jax_exec.as_stages(layers)
     yield "profile", lambda: jax_exec.profile(layers, loss_fn, x, y, timing="flops")
-    yield "plan", lambda: jax_exec.plan(layers, loss_fn, x, y, 10**9, timing="flops")
+    yield "plan_stages", lambda: jax_exec.plan_stages(layers, loss_fn, x, y, 10**9, timing="flops")
     yield "lower", lambda: jax_exec.lower(layers, loss_fn, ops)
-    yield "value_and_grad", lambda: jax_exec.value_and_grad(layers, loss_fn, ops)
+    yield "stages_value_and_grad", lambda: jax_exec.stages_value_and_grad(layers, loss_fn, ops)
     yield "run", lambda: jax_exec.run(layers, loss_fn, ops, x, y)
     yield "expected_activations", lambda: jax_exec.expected_activations(layers, loss_fn, ops, x, y)
     yield "lower_offload", lambda: lower_offload(layers, loss_fn, ops)
@@ -225,10 +229,10 @@ def test_real_sequential_with_functions_matches_nnx():
     want_leaves = jax.tree.leaves(want)
     chain = jax_exec.profile(model, mse_loss, x, y, timing="flops")
     assert chain.names[:5] == ("0:Linear", "1:relu", "2:Linear", "3:tanh", "4:Linear")
-    schedule = solvers.solve(chain, solvers.rotor.min_memory(chain) * 3 // 2, method="rotor")
+    schedule = solvers.solve(chain, solvers.chain.rotor.min_memory(chain) * 3 // 2, method="rotor")
     result = jax_exec.run(model, mse_loss, schedule, x, y)
     assert result.resident_bytes == schedir.simulate_chain(chain, schedule).resident
-    loss, grads = jax_exec.value_and_grad(model, mse_loss, schedule)(x, y)
+    loss, grads = jax_exec.stages_value_and_grad(model, mse_loss, schedule)(x, y)
     for got_loss, got in ((result.loss, result.grads), (loss, grads)):
         np.testing.assert_allclose(got_loss, want_loss, rtol=RTOL, atol=ATOL)
         assert jax.tree.leaves(got[1]) == [] and jax.tree.leaves(got[3]) == []
@@ -251,7 +255,7 @@ def test_state_is_read_at_call_time_on_both_paths():
     y = jax.random.normal(jax.random.key(1), (5, 3))
     ops = [F_ck(0), F_n(1), F_n(2), F_all(3), F_all(4), Loss(), B(4), B(3),
            F_all(0), F_ck(1), F_all(2), B(2), F_all(1), B(1), B(0)]  # fmt: skip
-    step = jax_exec.value_and_grad(layers, mse_loss, ops)
+    step = jax_exec.stages_value_and_grad(layers, mse_loss, ops)
     lowered = jax_exec.lower(layers, mse_loss, ops)
     params = lowered.params()
     loss0, _ = step(x, y)
@@ -297,7 +301,7 @@ def test_layers_that_change_their_state_are_refused(mode, variable):
     for call in (
         lambda: jax_exec.profile(layers, mse_loss, x, y, timing="flops"),
         lambda: jax_exec.run(layers, mse_loss, ops, x, y),
-        lambda: jax_exec.value_and_grad(layers, mse_loss, ops)(x, y),
+        lambda: jax_exec.stages_value_and_grad(layers, mse_loss, ops)(x, y),
         lambda: lowered.loss(lowered.params(), x, y),
         lambda: jax_exec.expected_activations(layers, mse_loss, ops, x, y),
         lambda: block.apply(block.params, block.rest, jnp.ones((5, WIDTH))),  # eager
@@ -311,7 +315,7 @@ def test_switching_to_training_mode_after_building_the_step_is_refused():
     layers = noisy_mlp()
     x = jax.random.normal(jax.random.key(0), (5, 6))
     y = jax.random.normal(jax.random.key(1), (5, 3))
-    step = jax_exec.value_and_grad(layers, mse_loss, [F_all(k) for k in range(5)] + [Loss()]
+    step = jax_exec.stages_value_and_grad(layers, mse_loss, [F_all(k) for k in range(5)] + [Loss()]
                                    + [B(k) for k in range(4, -1, -1)])  # fmt: skip
     step(x, y)
     for layer in layers:
@@ -346,7 +350,7 @@ def test_tied_weights_are_held_once(lm):
 def test_tied_weights_and_tokens_on_every_path(lm):
     layers, x, y, chain, want_loss, want = lm
     assert chain.in_size[0] == x.nbytes and x.dtype == jnp.int32
-    rotor = solvers.solve(chain, solvers.rotor.min_memory(chain), method="rotor")
+    rotor = solvers.solve(chain, solvers.chain.rotor.min_memory(chain), method="rotor")
     for ops in (STORE_ALL, SEGMENT, NESTED, rotor.ops):
         trace = schedir.simulate_chain(chain, ops)
         result = jax_exec.run(layers, xent, ops, x, y)
@@ -355,7 +359,7 @@ def test_tied_weights_and_tokens_on_every_path(lm):
         assert result.resident_bytes[:-1] == trace.resident[:-1]
         assert result.resident_bytes[-1] == trace.resident[-1] - chain.in_size[0]
         assert result.peak_bytes <= trace.peak_memory
-        loss, grads = jax_exec.value_and_grad(layers, xent, ops)(x, y)
+        loss, grads = jax_exec.stages_value_and_grad(layers, xent, ops)(x, y)
         assert_matches(layers, loss, grads, want_loss, want)
         lowered = jax_exec.lower(layers, xent, ops)
         saved = jax_exec.saved_activations(lowered, x, y)
@@ -381,7 +385,7 @@ def test_tied_weights_offload_paths(lm):
     assert_matches(layers, result.loss, result.grads, want_loss, want)
     assert result.host_bytes == trace.host_resident
     assert result.resident_bytes[:-1] == trace.resident[:-1]
-    loss, grads = jax_exec.value_and_grad(layers, xent, schedule)(x, y)
+    loss, grads = jax_exec.stages_value_and_grad(layers, xent, schedule)(x, y)
     assert_matches(layers, loss, grads, want_loss, want)
     device, host = offload_residuals(lower_offload(layers, xent, schedule), x, y)
     assert (tuple(x.shape), str(x.dtype)) in {(r.shape, r.dtype) for r in host}
@@ -444,7 +448,7 @@ def test_value_and_grad_splits_once_and_follows_updates(monkeypatch):
     layers = noisy_mlp()
     x = jax.random.normal(jax.random.key(0), (5, 6))
     y = jax.random.normal(jax.random.key(1), (5, 3))
-    step = jax_exec.value_and_grad(layers, mse_loss, STORE_ALL[:4] + [F_all(4), Loss(), B(4)]
+    step = jax_exec.stages_value_and_grad(layers, mse_loss, STORE_ALL[:4] + [F_all(4), Loss(), B(4)]
                                    + STORE_ALL[5:])  # fmt: skip
     step(x, y)
     splits = []

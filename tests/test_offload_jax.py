@@ -8,27 +8,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax_reference import plain_value_and_grad
 
 import jax_exec
 import schedir
 import solvers
 from jax_exec.models import mlp_stack, mse_loss
-from jax_exec.offload import measure_platform
-from jax_exec.stages import as_stages
+from jax_exec.offload.runtime import measure_platform
 from schedir import Offload, OffloadProblem, Platform, Prefetch
-from solvers.rotor_offload import build_table
+from solvers.offload.rotor_offload import build_table
 
 
 def plain(layers, x, y):
-    stages = as_stages(layers)
-
-    def loss(params):
-        a = x
-        for stage, p in zip(stages, params, strict=True):
-            a = stage.apply(p, stage.rest, a)
-        return mse_loss(a, y)
-
-    return jax.value_and_grad(loss)([s.params for s in stages])
+    return plain_value_and_grad(layers, mse_loss)(x, y)
 
 
 @pytest.fixture(scope="module")

@@ -12,14 +12,14 @@ import pytest
 import jax_exec
 import solvers
 from jax_exec.models import mlp_stack, mse_loss
-from jax_exec.offload_lowering import (
+from jax_exec.offload.lowering import (
     lower_offload,
     offload_residuals,
     offload_value_and_grad,
     split_schedule,
 )
 from schedir import Offload, OffloadProblem, Platform
-from solvers.rotor_offload import build_table
+from solvers.offload.rotor_offload import build_table
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +44,9 @@ def test_offload_lowering_gradients_and_host_residuals(mlp, extra):
     chain_ops, offloaded = split_schedule(schedule)
     assert bool(offloaded) == any(isinstance(op, Offload) for op in schedule.ops)
     loss, grads = offload_value_and_grad(layers, mse_loss, schedule)(x, y)
-    via_public, _ = jax_exec.value_and_grad(layers, mse_loss, schedule)(x, y)  # dispatches
+    via_public, _ = jax_exec.stages_value_and_grad(layers, mse_loss, schedule)(x, y)  # dispatches
     np.testing.assert_allclose(via_public, loss, rtol=1e-6)
-    want_loss, want = jax_exec.value_and_grad(layers, mse_loss, chain_ops)(x, y)
+    want_loss, want = jax_exec.stages_value_and_grad(layers, mse_loss, chain_ops)(x, y)
     np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-6)
     for got, ref in zip(
         jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(want), strict=True

@@ -26,10 +26,10 @@ from schedir import (
     simulate_chain,
     simulate_offload,
 )
-from solvers.offload_milp import solve_milp
-from solvers.rotor import build_table as rotor_table
-from solvers.rotor_offload import Model, build_table, working_set
-from solvers.store_all import store_all_ops
+from solvers.chain.rotor import build_table as rotor_table
+from solvers.chain.store_all import store_all_ops
+from solvers.offload.offload_milp import solve_milp
+from solvers.offload.rotor_offload import Model, build_table, working_set
 
 
 def random_chain(L: int, rng: random.Random) -> Chain:
@@ -253,7 +253,7 @@ def test_min_budget_is_the_least_feasible_budget(method):
             options = {} if method == "offload_milp" else {"max_units": 300, "slots": 40}
             least = least_and_check(problem, method, **options)
             if method == "rotor_offload" and bandwidth == 0.0:  # rotor's moves only
-                assert least == solvers.rotor.min_memory(chain)
+                assert least == solvers.chain.rotor.min_memory(chain)
 
 
 def scaled(chain: Chain, factor: int) -> Chain:

@@ -10,11 +10,11 @@ from test_pipeline_instances import random_problem
 
 import schedir
 import solvers
-from schedir.pipeline_dag import Task, TaskGraph, pipeline_graph
-from schedir.pipeline_ops import inference_pattern
-from schedir.pipeline_sim import Noise, simulate_pipeline
-from solvers.dynamic import run_policy
-from solvers.pipeline_milp import milp_mapping
+from schedir.pipeline.dag import Task, TaskGraph, pipeline_graph
+from schedir.pipeline.ops import inference_pattern
+from schedir.pipeline.simulate import Noise, simulate_pipeline
+from solvers.pipeline.dynamic import run_policy
+from solvers.pipeline.milp import milp_mapping
 
 ITEMS = 120
 

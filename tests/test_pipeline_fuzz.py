@@ -6,7 +6,7 @@ latency only or infinite bandwidth; replication; an optional budget). For each m
 the raw solver output is run in the simulator and every device's simulated peak is
 compared with its capacity (never through ``solvers.solve``, which judges by itself);
 the exact methods must reach the least period of the exhaustive search over every
-interval mapping (``schedir.pipeline.exhaustive``), and report Infeasible exactly when
+interval mapping (``solvers.pipeline.exhaustive``), and report Infeasible exactly when
 no mapping fits.
 """
 
@@ -20,15 +20,10 @@ import pytest
 
 import solvers
 from schedir import Chain, Device, Link, Platform
-from schedir.pipeline import (
-    PipelineProblem,
-    all_mappings,
-    capacity,
-    exhaustive,
-    interval_memory,
-    training_period,
-)
-from schedir.pipeline_sim import simulate_pipeline
+from schedir.pipeline.model import capacity, interval_memory, training_period
+from schedir.pipeline.problem import PipelineProblem
+from schedir.pipeline.simulate import simulate_pipeline
+from solvers.pipeline.exhaustive import all_mappings, exhaustive
 
 INFERENCE_CASES = 200
 TRAINING_CASES = 60

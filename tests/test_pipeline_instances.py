@@ -6,7 +6,7 @@ import dataclasses
 import random
 
 from schedir import Chain, Device, Link, Platform
-from schedir.pipeline import PipelineProblem
+from schedir.pipeline.problem import PipelineProblem
 
 
 def random_problem(

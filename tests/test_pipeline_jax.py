@@ -23,7 +23,7 @@ def test_multi_device_execution_matches_the_single_device_model():
     assert report["devices"] == 4
     assert set(report["checked"]) >= {"1f1b", "gpipe", "solver_1f1b", "inference", "spmd",
                                       "spmd_nnx", "dmda", "eager", "cached",
-                                      "current_params", "spmd_cached"}  # fmt: skip
+                                      "current_params", "spmd_cached", "executor"}  # fmt: skip
 
 
 def _close(a, b, what: str) -> None:
@@ -40,16 +40,19 @@ def _close(a, b, what: str) -> None:
 
 
 def _child() -> None:  # pragma: no cover - runs in the subprocess
+    from collections import Counter
+
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
+    import jax_exec
     import schedir
     import solvers
-    from jax_exec.dynamic_run import run_dynamic
     from jax_exec.models import MLPBlock, mlp_stack, mse_loss
-    from jax_exec.pipeline import run_pipeline
-    from jax_exec.spmd_pipeline import (
+    from jax_exec.pipeline.dynamic import run_dynamic
+    from jax_exec.pipeline.mpmd import run_pipeline
+    from jax_exec.pipeline.spmd import (
         nnx_blocks,
         sequential,
         shard_stacked,
@@ -58,8 +61,8 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
         stage_mesh,
     )
     from jax_exec.stages import as_stages
-    from schedir.pipeline import Interval, Mapping, PipelineProblem
-    from schedir.pipeline_ops import expand, gpipe_ops, inference_pattern, one_f_one_b_ops
+    from schedir.pipeline.ops import expand, gpipe_ops, inference_pattern, one_f_one_b_ops
+    from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
 
     assert len(jax.devices()) == 4
     checked = []
@@ -90,6 +93,7 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
     mapping = Mapping((Interval(0, 2, ("d0",)), Interval(2, 3, ("d1",)),
                        Interval(3, 5, ("d2",)), Interval(5, 6, ("d3",))))  # fmt: skip
     solved = solvers.get("pipeline_1f1b", pb).function(pb)
+    peaks = {}
     for name, sched in (("1f1b", one_f_one_b_ops(pb, mapping)), ("gpipe", gpipe_ops(pb, mapping)),
                         ("solver_1f1b", solved)):  # fmt: skip
         r = run_pipeline(layers, sched, x, y, mse_loss)
@@ -97,7 +101,16 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
         _close(r.grads, ref_grads, name)
         used = {d for leaf in jax.tree_util.tree_leaves(r.grads) for d in leaf.devices()}
         assert len(used) == len(sched.ops), name  # every stage ran on its own device
+        assert set(r.device_peaks) == {dev for dev, _ in sched.ops}, name
+        assert all(v > 0 for v in r.device_peaks.values()), (name, r.device_peaks)
+        peaks[name] = r.device_peaks
         checked.append(name)
+    # GPipe keeps every micro-batch's residuals until the backward: never less than 1F1B
+    assert all(peaks["gpipe"][d] >= peaks["1f1b"][d] for d in peaks["1f1b"]), peaks
+    # the one entry point dispatches a PipelineSchedule to run_pipeline
+    r = jax_exec.run(layers, mse_loss, one_f_one_b_ops(pb, mapping), x, y)
+    _close(r.grads, ref_grads, "executor")
+    checked.append("executor")
     # a second step compiles nothing and reads the parameters as they are now
     sched = one_f_one_b_ops(pb, mapping)
     before = len(compiles)
@@ -159,6 +172,9 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
         _close(r.outputs, ref, policy)
         assert sum(r.counts.values()) == 8 * 3 and r.predicted.makespan > 0
         assert 0 <= r.same_device <= 1
+        # one op_log entry per task: (device, task, start, end), placed where counted
+        assert len(r.op_log) == 8 * 3 and all(start <= end for _, _, start, end in r.op_log)
+        assert Counter(dev for dev, *_ in r.op_log) == Counter(r.counts)
         checked.append(policy)
     print(json.dumps({"devices": len(jax.devices()), "checked": checked}))
 

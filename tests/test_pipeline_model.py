@@ -10,18 +10,14 @@ import pytest
 from test_pipeline_instances import random_problem
 
 import schedir
-from schedir.pipeline import (
-    Interval,
-    Mapping,
-    MasterWorker,
-    all_mappings,
+from schedir.pipeline.model import (
     buffer_counts,
     evaluate,
     interval_memory,
     mapping_memory,
     training_period,
 )
-from schedir.pipeline_ops import (
+from schedir.pipeline.ops import (
     Fwd,
     PipelineSchedule,
     Recv,
@@ -31,7 +27,9 @@ from schedir.pipeline_ops import (
     one_f_one_b_ops,
     parse_pipeline_op,
 )
-from schedir.pipeline_sim import Noise, simulate_pipeline
+from schedir.pipeline.problem import Interval, Mapping, MasterWorker
+from schedir.pipeline.simulate import Noise, simulate_pipeline
+from solvers.pipeline.exhaustive import all_mappings
 
 
 def test_simulated_period_equals_formula_on_every_kind_of_mapping():
@@ -207,7 +205,7 @@ def _bad_inputs():
     devs = [schedir.Device("a"), schedir.Device("b")]
     plat = schedir.Platform.fully_connected(devs, 10.0)
     huge = schedir.Chain.from_rotor([1e300, 1.0], [1, 1, 1], [4, 4, 4], [0, 4, 4], [0, 0], [0] * 3)
-    from schedir.pipeline_dag import Task, TaskGraph
+    from schedir.pipeline.dag import Task, TaskGraph
 
     return [
         (lambda: schedir.Device("a", 0), "speed = 0"),

@@ -11,13 +11,15 @@ from test_pipeline_instances import random_problem
 
 import schedir
 import solvers
-from schedir.pipeline import MasterWorker, evaluate, exhaustive
-from schedir.pipeline_sim import simulate_pipeline
-from solvers.master_worker_lp import bandwidth_centric, steady_state_lp
-from solvers.pipeline_1f1b import best_1f1b, sub_chain
-from solvers.pipeline_dp import dp_mapping
-from solvers.pipeline_greedy import greedy_mapping
-from solvers.pipeline_milp import milp_mapping
+from schedir.pipeline.model import evaluate
+from schedir.pipeline.problem import MasterWorker
+from schedir.pipeline.simulate import simulate_pipeline
+from solvers.pipeline.dp import dp_mapping
+from solvers.pipeline.exhaustive import exhaustive
+from solvers.pipeline.greedy import greedy_mapping
+from solvers.pipeline.master_worker_lp import bandwidth_centric, steady_state_lp
+from solvers.pipeline.milp import milp_mapping
+from solvers.pipeline.one_f_one_b import best_1f1b, sub_chain
 
 
 def test_milp_equals_exhaustive_search_on_small_heterogeneous_instances():

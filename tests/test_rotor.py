@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import schedir
 import solvers
 from schedir import Chain
-from solvers.rotor import build_table, min_memory, no_recompute_budget, rotor
+from solvers.chain.rotor import build_table, min_memory, no_recompute_budget, rotor
 
 # The chains (items 8 and 9).
 SMALL_ABAR = Chain.from_rotor([1], [1, 1], [0, 10], [0, 0], [100], [0, 0])
@@ -221,14 +221,14 @@ def test_sizes_with_a_common_unit_are_solved_exactly():
 def test_memory_cap_coarsens_the_table_or_refuses():
     chain = scaled(random_chain(random.Random(4), 6, regime="usual"), 1_000, random.Random(1))
     budget = (min_memory(chain) + no_recompute_budget(chain)) // 2
-    cap = solvers.rotor.table_bytes(chain, 100)  # a table of 100 slots
+    cap = solvers.chain.rotor.table_bytes(chain, 100)  # a table of 100 slots
     schedule, trace = raw(chain, budget, memory_cap=cap)
     info = schedule.meta["discretization"]
     assert info["slots"] <= 100 and info["limited_by"] == "memory_cap"
     assert schedule.meta["memory_cap"] == cap and trace.peak_memory <= budget
     with pytest.raises(solvers.MemoryLimit, match=r"bytes per memory slot.*memory_cap = 1000"):
         rotor(chain, budget, memory_cap=1000)
-    assert rotor(chain, budget).meta["memory_cap"] == solvers.rotor.default_memory_cap()
+    assert rotor(chain, budget).meta["memory_cap"] == solvers.chain.rotor.default_memory_cap()
 
 
 def test_huge_budgets_are_exact_integers():

@@ -186,7 +186,7 @@ def test_slot_budget_close_to_requested_slots(case, budget, slots):
 
 
 def test_size_unit_makes_the_discretization_exact():
-    from schedir.discretize import size_unit
+    from schedir.chain.discretize import size_unit
 
     c = Chain.from_rotor([1.0], [1.0, 1.0], [4_000_000, 2_000_000], [0, 6_000_000], [0], [0, 0])
     assert size_unit(c) == 2_000_000

@@ -8,8 +8,8 @@ import pytest
 
 import solvers
 from schedir import Chain, InvalidProblem, OffloadProblem, Platform, simulate_offload
-from solvers.store_all import store_all_ops
-from solvers.weight_offload import Decision, emit, fits, instance, milp, min_budget, window
+from solvers.chain.store_all import store_all_ops
+from solvers.offload.weight_offload import Decision, emit, fits, instance, milp, min_budget, window
 
 
 def random_chain(L: int, rng: random.Random) -> Chain:

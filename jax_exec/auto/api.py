@@ -23,9 +23,9 @@ from jax_exec.auto.model import BlockModel, block_model, build_problem
 from jax_exec.auto.runtime import AutoRunResult, run_schedule
 from jax_exec.auto.trace import split_model
 from schedir import Schedule, simulate
-from schedir.blocks import BlockChain
-from solvers.block_policies import POLICIES, policy_schedule
-from solvers.block_rotor import least_memory_ops
+from schedir.blocks.problem import BlockChain
+from solvers.blocks.policies import POLICIES, policy_schedule
+from solvers.blocks.rotor import least_memory_ops
 
 BLOCK_METHODS = ("auto", "block_rotor", *POLICIES)
 

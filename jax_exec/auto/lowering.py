@@ -1,7 +1,7 @@
 """The compiled path: a block-chain schedule as one differentiable function
 (docs/auto.md, "Compiled path").
 
-The schedule's tree (:func:`jax_exec.tree.parse_tree`) is lowered like a chain's
+The schedule's tree (:func:`jax_exec.chain.tree.parse_tree`) is lowered like a chain's
 (:mod:`jax_exec.lowering`), with blocks in place of layers:
 
 - a **Record** (``F_all(k) .. B(k)``) runs block k as a ``jax.custom_vjp`` whose
@@ -33,9 +33,9 @@ import jax
 from jax_exec.auto.kernels import BlockFunctions
 from jax_exec.auto.model import BlockModel, global_values
 from jax_exec.auto.trace import Lit
-from jax_exec.tree import Empty, LossNode, Record, Segment, parse_tree
+from jax_exec.chain.tree import Empty, LossNode, Record, Segment, parse_tree
 from schedir import Loss, Schedule
-from schedir.blocks import schedule_options, simulate_blocks
+from schedir.blocks.problem import schedule_options, simulate_blocks
 
 
 def recorded(fns: BlockFunctions) -> Callable:
@@ -181,7 +181,7 @@ def saved_residuals(fn: Callable, *args: Any) -> Counter:
     ``jax.ad_checkpoint.print_saved_residuals``, which only prints. A test
     (tests/test_auto_plan.py) fails if it moves or changes its output.
     """
-    from jax._src.ad_checkpoint import saved_residuals as _saved
+    from jax_exec.residuals import saved_residuals as _saved
 
     found: Counter = Counter()
     for aval, source in _saved(fn, *args):

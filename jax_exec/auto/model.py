@@ -34,7 +34,7 @@ from jax_exec.auto.kernels import (
 )
 from jax_exec.auto.trace import Program, Traced, trace
 from jax_exec.kernels import Kernel, _compile
-from schedir.blocks import BlockChain, BlockOption, BlockStage
+from schedir.blocks.problem import BlockChain, BlockOption, BlockStage
 
 
 @dataclass

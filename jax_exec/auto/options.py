@@ -13,7 +13,7 @@ An option is a save set S of the block's materialized values (lowered as
   (what XLA stores for a plain step: its fusion recomputes cheap producers inside their
   consumers, never transcendentals, matmuls or reductions);
 - the Pareto-optimal save sets between those, from a small MILP per distinct block
-  (:func:`solvers.block_options.pareto_save_sets`) over the block's graph: a value
+  (:func:`solvers.blocks.options.pareto_save_sets`) over the block's graph: a value
   the backward reads is saved or recomputed, a recomputed equation's inputs are
   saved, recomputed or block inputs; minimize the recomputation time under a cap on
   the saved bytes, swept from all to nothing.
@@ -28,13 +28,13 @@ from typing import Any
 
 from jax_exec.auto.kernels import FUSED, SaveOption
 from jax_exec.auto.trace import Lit
-from solvers.block_options import OptionGraph, pareto_save_sets, read_values, recompute_set
+from solvers.blocks.options import OptionGraph, pareto_save_sets, read_values, recompute_set
 
 MAX_PARETO = 4
 
 
 def option_graph(model: Any, k: int) -> tuple[OptionGraph, list]:
-    """The block's :class:`~solvers.block_options.OptionGraph` and, per candidate value
+    """The block's :class:`~solvers.blocks.options.OptionGraph` and, per candidate value
     of the graph, its local key (equation offset, output index); cached per distinct
     block."""
     return model.cached(("graph", model.blocks.blocks[k].key), lambda: _option_graph(model, k))
@@ -222,7 +222,7 @@ def saved_estimate(model: Any, k: int, option: SaveOption) -> int:
 def _saved_estimate(model: Any, k: int, option: SaveOption) -> int:
     """Bytes the recording of block k keeps under ``option`` beyond its outputs, from
     the equations' residuals (before the option's function is traced): for a save set,
-    the saved values its backward reads (:func:`solvers.block_options.read_values`);
+    the saved values its backward reads (:func:`solvers.blocks.options.read_values`);
     for plain autodiff, every residual of every equation (inputs and outputs it reads,
     new JVP values), each value once."""
     program, analysis = model.program, model.analysis

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from jax_exec.auto.model import BlockModel, global_values, through_flags
 from jax_exec.auto.trace import Lit
 from schedir import B, F_all, F_ck, F_n, Loss, Schedule
-from schedir.blocks import schedule_options, simulate_blocks
+from schedir.blocks.problem import schedule_options, simulate_blocks
 
 
 @dataclass(frozen=True)

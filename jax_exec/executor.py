@@ -1,0 +1,143 @@
+"""One executor protocol and one registry from schedule class to executor.
+
+:func:`run` is the single entry point that executes a schedule on a model; it looks the
+schedule's class up (its most specific registered base) and calls that executor:
+
+=====================  ============================================  =================
+schedule class         executor                                       model
+=====================  ============================================  =================
+``Schedule`` (chain)   :func:`jax_exec.chain.runtime.run_chain`       list of layers
+``OffloadSchedule``    :func:`jax_exec.offload.runtime.run_offload`   list of layers
+``GraphSchedule``      :func:`jax_exec.graph.runtime.run_graph`       dict of nodes
+``PipelineSchedule``   :func:`jax_exec.pipeline.mpmd.run_pipeline`    list of layers
+=====================  ============================================  =================
+
+A plain sequence of ops (or their printed forms) runs as an offload schedule when it
+holds copy ops, else as a chain schedule. Every executor returns a
+:class:`jax_exec.RunResult`.
+
+What does not go through :func:`run`, and why: ``run_dynamic`` executes no schedule
+(the placement is decided while it runs, by a policy); the SPMD pipeline is a traced
+function (``spmd_pipeline``) used inside ``jax.jit``, not a schedule interpreter; the
+compiled path (``stages_value_and_grad``, ``lower``) returns a function, not a step.
+:func:`stages_value_and_grad` dispatches by the schedule too: copy ops go to
+:mod:`jax_exec.offload.lowering`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import jax
+
+from jax_exec.chain.lowering import Lowered, jitted_step, lower_model
+from jax_exec.chain.runtime import has_copies, run_chain
+from jax_exec.graph.runtime import run_graph
+from jax_exec.offload.lowering import lower_offload
+from jax_exec.offload.runtime import run_offload
+from jax_exec.pipeline.mpmd import run_pipeline
+from jax_exec.result import RunResult
+from schedir import GraphSchedule, OffloadSchedule, Schedule
+from schedir.pipeline.ops import PipelineSchedule
+
+
+class Executor(Protocol):
+    """Runs one step of ``model`` following ``schedule`` and measures it."""
+
+    def __call__(
+        self, model: Any, loss_fn: Callable | None, schedule: Any, *inputs: Any, **options: Any
+    ) -> RunResult: ...
+
+
+def _graph(nodes, loss_fn, schedule, inputs, y, *, graph=None) -> RunResult:
+    return run_graph(nodes, loss_fn, graph, schedule, inputs, y)
+
+
+def _pipeline(layers, loss_fn, schedule, x, y=None, **options) -> RunResult:
+    return run_pipeline(layers, schedule, x, y, loss_fn, **options)
+
+
+EXECUTORS: dict[type, Executor] = {
+    Schedule: run_chain,
+    OffloadSchedule: run_offload,
+    GraphSchedule: _graph,
+    PipelineSchedule: _pipeline,
+}
+
+
+def register(schedule_class: type, executor: Executor) -> None:
+    """Make :func:`run` execute schedules of ``schedule_class`` with ``executor``."""
+    if not isinstance(schedule_class, type):
+        raise TypeError(f"schedule_class = {schedule_class!r}: expected a class")
+    EXECUTORS[schedule_class] = executor
+
+
+def unregister(schedule_class: type) -> None:
+    """Remove the executor of ``schedule_class`` (KeyError if none)."""
+    del EXECUTORS[schedule_class]
+
+
+def executor_for(schedule: Any) -> tuple[Executor, Any]:
+    """The executor of ``schedule`` and the schedule in the form it takes.
+
+    Raises:
+        TypeError: no executor for the schedule's class.
+    """
+    if not hasattr(schedule, "ops"):
+        if not isinstance(schedule, Sequence) or isinstance(schedule, str):
+            raise TypeError(
+                f"schedule: expected a schedule or a sequence of ops, got {type(schedule).__name__}"
+            )
+        ops = tuple(schedule)
+        return (run_offload if has_copies(ops) else run_chain), ops
+    for cls in type(schedule).__mro__:
+        if cls in EXECUTORS:
+            return EXECUTORS[cls], schedule
+    raise TypeError(
+        f"no executor for {type(schedule).__name__}: registered are "
+        f"{', '.join(sorted(c.__name__ for c in EXECUTORS))}"
+    )
+
+
+def run(
+    model: Any, loss_fn: Callable | None, schedule: Any, *inputs: Any, **options: Any
+) -> RunResult:
+    """Execute one step of ``model`` following ``schedule``, with measured memory and time.
+
+    Args:
+        model: a list of layers (chain, offload and pipeline schedules) or a dict of
+            nodes (graph schedules).
+        loss_fn: ``loss_fn(out, y)`` -> scalar (None for an inference pipeline).
+        schedule: a schedule (its class picks the executor) or a sequence of ops.
+        inputs: ``x, y`` (a graph: ``inputs`` dict, ``y``; an inference pipeline: ``x``).
+        options: passed to the executor (``graph=`` for a graph schedule, ``devices=``,
+            ``block=`` for a pipeline schedule).
+    """
+    executor, schedule = executor_for(schedule)
+    return executor(model, loss_fn, schedule, *inputs, **options)
+
+
+# The compiled path dispatches by the schedule too: copy ops need host offload.
+
+
+def stages_value_and_grad(
+    layers: Sequence[Any], loss_fn: Callable, schedule: Schedule | Sequence
+) -> Callable[[jax.Array, Any], tuple[jax.Array, list]]:
+    """A jit-able ``f(x, y) -> (loss, grads)`` following ``schedule``.
+
+    ``grads`` holds one parameter pytree per layer (``nnx.State`` of ``nnx.Param`` for
+    NNX layers; a parameter several layers read is in the first of them, its gradient
+    summed over its uses). The layers are split once; their parameters and other state
+    are read at every call (arguments of the jitted step), so the step follows model
+    updates (``nnx.update``, an optimizer); under an outer ``jax.jit`` they are read
+    once, at tracing. A change of the layers' structure (``model.eval()``, a
+    reassigned submodule or Variable) splits and lowers them again. Gradients equal
+    those of ``jax.value_and_grad`` of the plain model. Schedules with copy ops
+    (``rotor_offload``) are lowered with host offload
+    (:mod:`jax_exec.offload.lowering`: ``checkpoint_name`` and
+    ``save_and_offload_only_these_names``).
+    """
+    if has_copies(schedule.ops if hasattr(schedule, "ops") else schedule):
+        return jitted_step(layers, lambda model: lower_offload(model, loss_fn, schedule))
+    return jitted_step(layers, lambda model: Lowered(*lower_model(model, loss_fn, schedule), model))

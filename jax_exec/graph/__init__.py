@@ -1,0 +1,1 @@
+"""Executing graph schedules: DAG models as named nodes, their profiler and runtime."""

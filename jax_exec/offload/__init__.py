@@ -1,0 +1,1 @@
+"""Executing offload schedules: host memory copies, op by op and compiled."""

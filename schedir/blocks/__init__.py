@@ -1,0 +1,28 @@
+"""The block-chain kind: a chain of blocks, each with several save options (what the
+automatic planner of ``jax_exec.auto`` solves; docs/auto.md)."""
+
+from schedir import kind as _kind
+from schedir.blocks.problem import (
+    BlockChain,
+    BlockOption,
+    BlockStage,
+    schedule_options,
+    simulate_blocks,
+)
+from schedir.chain.schedule import Schedule
+from schedir.chain.simulate import chain_lanes
+
+KIND = _kind.register(
+    _kind.Kind(
+        name="blocks",
+        problem=BlockChain,
+        schedules=(Schedule,),  # chain ops; meta["options"] picks each block's option
+        formats={"schedir.block_chain": BlockChain},
+        simulate=simulate_blocks,
+        judge=None,
+        lanes=chain_lanes,
+        budget="required",
+    )
+)
+
+__all__ = ["KIND", "BlockChain", "BlockOption", "BlockStage", "schedule_options", "simulate_blocks"]

@@ -1,0 +1,396 @@
+"""The block-chain problem: a chain whose stages each offer several save options
+(docs/auto.md, "The block chain").
+
+A model cut into blocks is a chain (docs/semantics.md) with three refinements, each
+needed to predict the op-by-op runtime's memory to the byte:
+
+1. **Options.** A recorded stage (``F_all``) keeps what its chosen option saves:
+   option o of stage k keeps ``saved`` bytes beyond the stage's outputs, and its
+   recording forward and backward have their own times and temporary bytes
+   (``rec_time``, ``rec_tmp``, ``bwd_time``, ``bwd_tmp``). One option per stage: a
+   schedule names them in ``meta["block_options"]`` (an index per stage).
+2. **Values by identity.** The input a_c of stage c is a set of values (``cuts[c]``,
+   ids into ``value_sizes``); a value read several cuts later (a skip connection)
+   belongs to every cut in between, and is counted once however many resident
+   buffers hold it. Buffers: ``a[c]`` = the values of ``cuts[c]``; ``abar[c]`` = the
+   same plus the saved residuals of stage c-1's option.
+3. **Gradients.** ``d[c]`` holds one cotangent per value of ``cuts[c]`` with
+   ``grad_sizes[v] > 0`` (values that do not depend on a parameter, e.g. integer
+   masks or RNG counters, have none). ``B(c)`` computes new cotangents for the values
+   stage c reads; a value it does not read keeps the same cotangent array as in
+   ``d[c+1]`` (counted once). The loss reads all of ``cuts[L]``.
+
+Ops, their order rules and the errors are the chain's (``F_ck``, ``F_n``, ``F_all``,
+``Loss``, ``B``; docs/semantics.md). Memory needed by an op = bytes of the union of
+the resident buffers right after it adds its output, plus its temporary bytes (plain
+forwards ``fwd_tmp``, recording forwards the option's ``rec_tmp``, backwards its
+``bwd_tmp``, the loss ``loss_tmp``).
+
+:meth:`BlockChain.to_chain` turns a choice of options into a plain
+:class:`~schedir.chain.Chain` whose sizes are the per-buffer sums (and fwd_tmp the
+larger of the plain and recording forward): its simulated peak is never below this
+model's, and equal when no value crosses two cuts and every cut value has a
+cotangent of its own size.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from schedir.chain.ops import B, F_all, Loss, buffer_moves, check_complete_step
+from schedir.chain.problem import Chain
+from schedir.chain.schedule import Schedule, as_ops
+from schedir.errors import InvalidProblem, InvalidSchedule
+from schedir.trace import Trace, TraceRecorder
+
+FORMAT = "schedir.block_chain"
+
+
+def _int(where: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidProblem(f"{where} = {value!r}: expected a whole number of bytes")
+    if not math.isfinite(float(value)) or float(value) != int(value) or value < 0:
+        raise InvalidProblem(f"{where} = {value!r}: expected a non-negative whole number of bytes")
+    return int(value)
+
+
+def _time(where: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidProblem(f"{where} = {value!r}: expected seconds")
+    if not math.isfinite(float(value)) or value < 0:
+        raise InvalidProblem(f"{where} = {value!r}: times must be finite and non-negative")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class BlockOption:
+    """What a recorded stage keeps and costs under one save option.
+
+    Attributes:
+        name: e.g. ``"save all"``, ``"save 3/7"``, ``"checkpoint_dots"``.
+        saved: bytes kept by ``F_all`` beyond the stage's outputs (its residuals).
+        rec_time: seconds of the recording forward.
+        rec_tmp: temporary bytes of the recording forward.
+        bwd_time: seconds of the backward (recomputation included).
+        bwd_tmp: temporary bytes of the backward (recomputed values included).
+    """
+
+    name: str
+    saved: int
+    rec_time: float
+    rec_tmp: int
+    bwd_time: float
+    bwd_tmp: int
+
+    def __post_init__(self) -> None:
+        for f in ("saved", "rec_tmp", "bwd_tmp"):
+            object.__setattr__(self, f, _int(f"option {self.name!r}.{f}", getattr(self, f)))
+        for f in ("rec_time", "bwd_time"):
+            object.__setattr__(self, f, _time(f"option {self.name!r}.{f}", getattr(self, f)))
+
+
+@dataclass(frozen=True)
+class BlockStage:
+    """One stage (block) of a :class:`BlockChain`.
+
+    Attributes:
+        name: display name.
+        fwd_time: seconds of the plain forward (``F_ck``, ``F_n``).
+        fwd_tmp: temporary bytes of the plain forward.
+        reads: value ids of its input cut that it reads.
+        options: its save options (at least one).
+    """
+
+    name: str
+    fwd_time: float
+    fwd_tmp: int
+    reads: tuple[int, ...]
+    options: tuple[BlockOption, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fwd_time", _time(f"{self.name}.fwd_time", self.fwd_time))
+        object.__setattr__(self, "fwd_tmp", _int(f"{self.name}.fwd_tmp", self.fwd_tmp))
+        object.__setattr__(self, "reads", tuple(int(v) for v in self.reads))
+        options = tuple(self.options)
+        if not options:
+            raise InvalidProblem(f"stage {self.name!r} has no options")
+        for o in options:
+            if not isinstance(o, BlockOption):
+                raise InvalidProblem(f"stage {self.name!r}: option {o!r} is not a BlockOption")
+        object.__setattr__(self, "options", options)
+
+
+@dataclass(frozen=True)
+class BlockChain:
+    """L stages with save options, then a loss (see the module docstring).
+
+    Attributes:
+        value_sizes: bytes of each forward value (ids index this tuple).
+        grad_sizes: bytes of each value's cotangent (0: none).
+        cuts: ``cuts[c]``, c = 0..L: the values of a_c (a_0 is usually empty).
+        stages: the L stages.
+        loss_time: seconds of the loss op (loss stage's forward and backward).
+        loss_tmp: its temporary bytes.
+    """
+
+    value_sizes: tuple[int, ...]
+    grad_sizes: tuple[int, ...]
+    cuts: tuple[tuple[int, ...], ...]
+    stages: tuple[BlockStage, ...]
+    loss_time: float
+    loss_tmp: int
+    produced: tuple[frozenset[int], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        sizes = tuple(_int(f"value_sizes[{i}]", v) for i, v in enumerate(self.value_sizes))
+        grads = tuple(_int(f"grad_sizes[{i}]", v) for i, v in enumerate(self.grad_sizes))
+        if len(grads) != len(sizes):
+            raise InvalidProblem(
+                f"grad_sizes has {len(grads)} entries, value_sizes {len(sizes)}: one per value"
+            )
+        stages = tuple(self.stages)
+        L = len(stages)
+        cuts = tuple(tuple(sorted({int(v) for v in c})) for c in self.cuts)
+        if len(cuts) != L + 1:
+            raise InvalidProblem(f"cuts has {len(cuts)} entries, expected L + 1 = {L + 1}")
+        for c, cut in enumerate(cuts):
+            for v in cut:
+                if not 0 <= v < len(sizes):
+                    raise InvalidProblem(f"cuts[{c}]: value {v} is not in value_sizes")
+        where: dict[int, list[int]] = {}
+        for c, cut in enumerate(cuts):
+            for v in cut:
+                where.setdefault(v, []).append(c)
+        for v, cs in where.items():
+            if cs != list(range(cs[0], cs[-1] + 1)):
+                raise InvalidProblem(
+                    f"value {v} is in cuts {cs}: a value crosses consecutive cuts only"
+                )
+        produced = []
+        for k, stage in enumerate(stages):
+            if not isinstance(stage, BlockStage):
+                raise InvalidProblem(f"stages[{k}] = {stage!r}: expected a BlockStage")
+            extra = set(stage.reads) - set(cuts[k])
+            if extra:
+                raise InvalidProblem(
+                    f"stages[{k}] ({stage.name}).reads: values {sorted(extra)} are not in cuts[{k}]"
+                )
+            produced.append(frozenset(cuts[k + 1]) - frozenset(cuts[k]))
+        for c in range(1, L):
+            for v in cuts[c]:
+                if v not in cuts[L] and not any(v in s.reads for s in stages[c:]):
+                    raise InvalidProblem(
+                        f"cuts[{c}]: value {v} is read by no later stage nor the loss"
+                    )
+        object.__setattr__(self, "value_sizes", sizes)
+        object.__setattr__(self, "grad_sizes", grads)
+        object.__setattr__(self, "cuts", cuts)
+        object.__setattr__(self, "stages", stages)
+        object.__setattr__(self, "loss_time", _time("loss_time", self.loss_time))
+        object.__setattr__(self, "loss_tmp", _int("loss_tmp", self.loss_tmp))
+        object.__setattr__(self, "produced", tuple(produced))
+
+    @property
+    def length(self) -> int:
+        """L, the number of stages before the loss."""
+        return len(self.stages)
+
+    def grad_ids(self, c: int) -> frozenset[tuple[int, int]]:
+        """Cotangent identities of ``d[c]``: ``(value, r)`` with r the first stage at or
+        after c that reads the value (L: the loss), whose backward makes that array."""
+        L = self.length
+        out = set()
+        for v in self.cuts[c]:
+            if self.grad_sizes[v] == 0:
+                continue
+            r = next((k for k in range(c, L) if v in self.stages[k].reads), L)
+            out.add((v, r))
+        return frozenset(out)
+
+    def store_all_time(self) -> float:
+        """Seconds without recomputation, each stage with its fastest option."""
+        return (
+            math.fsum(min(o.rec_time + o.bwd_time for o in s.options) for s in self.stages)
+            + self.loss_time
+        )
+
+    def check_options(self, options: Sequence[int]) -> tuple[int, ...]:
+        """``options`` as a tuple of valid option indices, one per stage."""
+        if isinstance(options, str | bytes) or not isinstance(options, Sequence):
+            raise InvalidSchedule(f"options = {options!r}: expected one option index per stage")
+        if len(options) != self.length:
+            raise InvalidSchedule(
+                f"options has {len(options)} entries, the block chain {self.length} stages"
+            )
+        out = []
+        for k, o in enumerate(options):
+            if isinstance(o, bool) or not isinstance(o, numbers.Integral):
+                raise InvalidSchedule(f"options[{k}] = {o!r}: expected an option index")
+            if not 0 <= o < len(self.stages[k].options):
+                raise InvalidSchedule(
+                    f"options[{k}] = {o}: stage {self.stages[k].name} has "
+                    f"{len(self.stages[k].options)} options"
+                )
+            out.append(int(o))
+        return tuple(out)
+
+    def to_chain(self, options: Sequence[int]) -> Chain:
+        """The plain chain of this choice of options (an upper bound, see module doc)."""
+        opts = self.check_options(options)
+        L = self.length
+        size = self.value_sizes
+
+        def cut_bytes(c: int) -> int:
+            a = sum(size[v] for v in self.cuts[c])
+            d = sum(self.grad_sizes[v] for v in self.cuts[c])
+            return max(a, d)
+
+        in_size = [cut_bytes(c) for c in range(L + 1)]
+        chosen = [s.options[o] for s, o in zip(self.stages, opts, strict=True)]
+        return Chain(
+            fwd_time=tuple(s.fwd_time for s in self.stages) + (0.0,),
+            bwd_time=tuple(o.bwd_time for o in chosen) + (self.loss_time,),
+            in_size=tuple(in_size),
+            saved_size=tuple(in_size[k + 1] + chosen[k].saved for k in range(L)) + (0,),
+            fwd_tmp=tuple(
+                max(s.fwd_tmp, o.rec_tmp) for s, o in zip(self.stages, chosen, strict=True)
+            )
+            + (0,),
+            bwd_tmp=tuple(o.bwd_tmp for o in chosen) + (self.loss_tmp,),
+            names=tuple(s.name for s in self.stages) + ("loss",),
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT,
+            "version": 1,
+            "value_sizes": list(self.value_sizes),
+            "grad_sizes": list(self.grad_sizes),
+            "cuts": [list(c) for c in self.cuts],
+            "stages": [
+                {
+                    "name": s.name,
+                    "fwd_time": s.fwd_time,
+                    "fwd_tmp": s.fwd_tmp,
+                    "reads": list(s.reads),
+                    "options": [o.__dict__.copy() for o in s.options],
+                }
+                for s in self.stages
+            ],
+            "loss_time": self.loss_time,
+            "loss_tmp": self.loss_tmp,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> BlockChain:
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise InvalidProblem(f"format = {d.get('format') if isinstance(d, dict) else d!r}: "
+                                 f"expected {FORMAT!r}")  # fmt: skip
+        if d.get("version") != 1:
+            raise InvalidProblem(f"version = {d.get('version')!r}: this library reads version 1")
+        try:
+            stages = tuple(
+                BlockStage(
+                    name=s["name"],
+                    fwd_time=s["fwd_time"],
+                    fwd_tmp=s["fwd_tmp"],
+                    reads=tuple(s["reads"]),
+                    options=tuple(BlockOption(**o) for o in s["options"]),
+                )
+                for s in d["stages"]
+            )
+            return cls(
+                value_sizes=tuple(d["value_sizes"]),
+                grad_sizes=tuple(d["grad_sizes"]),
+                cuts=tuple(tuple(c) for c in d["cuts"]),
+                stages=stages,
+                loss_time=d["loss_time"],
+                loss_tmp=d["loss_tmp"],
+            )
+        except (KeyError, TypeError) as err:
+            raise InvalidProblem(f"block chain JSON: {err!r}") from None
+
+
+def schedule_options(problem: BlockChain, schedule_or_ops) -> tuple[int, ...]:
+    """The option indices a schedule uses (``meta["block_options"]``), checked."""
+    meta = schedule_or_ops.meta if isinstance(schedule_or_ops, Schedule) else {}
+    if "block_options" not in meta:
+        raise InvalidSchedule(
+            "a block-chain schedule names one option per stage in meta['block_options']"
+        )
+    return problem.check_options(meta["block_options"])
+
+
+def simulate_blocks(problem: BlockChain, schedule_or_ops, *, record_buffers: bool = False) -> Trace:
+    """Run a schedule on a :class:`BlockChain` (module docstring); a chain ``Trace``.
+
+    Raises :class:`InvalidSchedule` naming the op, as the chain simulator does, and
+    when ``meta["block_options"]`` is missing or malformed.
+    """
+    opts = schedule_options(problem, schedule_or_ops)
+    ops = as_ops(schedule_or_ops)
+    L = problem.length
+    vsize, gsize = problem.value_sizes, problem.grad_sizes
+
+    def members(buf: tuple[str, int]) -> frozenset:
+        kind, c = buf
+        if kind == "d":
+            return frozenset(("d", v, r) for v, r in problem.grad_ids(c))
+        base = frozenset(("v", v) for v in problem.cuts[c])
+        return base | {("s", c - 1)} if kind == "abar" else base
+
+    def nbytes(item: tuple) -> int:
+        if item[0] == "v":
+            return vsize[item[1]]
+        if item[0] == "d":
+            return gsize[item[1]]
+        stage = item[1]
+        return problem.stages[stage].options[opts[stage]].saved
+
+    resident: dict[tuple[str, int], frozenset] = {("a", 0): members(("a", 0))}
+    done = [False] * (L + 1)
+
+    def total() -> int:
+        live = set().union(*resident.values()) if resident else set()
+        return sum(nbytes(i) for i in live)
+
+    def fail(i: int, op, why: str) -> InvalidSchedule:
+        return InvalidSchedule(f"op {i}: {op}: {why}")
+
+    def add(i: int, op, buf: tuple[str, int]) -> None:
+        if buf in resident:
+            raise fail(i, op, f"{buf[0]}[{buf[1]}] is already resident")
+        resident[buf] = members(buf)
+
+    recorder = TraceRecorder(total(), record_buffers)
+    for i, op in enumerate(ops):
+        try:  # the chain's op table; the costs are the block options'
+            _, adds, frees = buffer_moves(op, L, resident)
+        except InvalidSchedule as err:
+            raise fail(i, op, str(err)) from None
+        k = L if isinstance(op, Loss) else op.index
+        if isinstance(op, Loss | B) and done[k]:
+            what = "the loss" if k == L else f"B({k})"
+            raise fail(i, op, f"{what} already ran (every backward runs exactly once)")
+        for buf in adds:
+            add(i, op, buf)
+        if isinstance(op, Loss):
+            need, dt = total() + problem.loss_tmp, problem.loss_time
+        else:
+            stage = problem.stages[k]
+            option = stage.options[opts[k]]
+            if isinstance(op, B):
+                need, dt = total() + option.bwd_tmp, option.bwd_time
+            elif isinstance(op, F_all):
+                need, dt = total() + option.rec_tmp, option.rec_time
+            else:
+                need, dt = total() + stage.fwd_tmp, stage.fwd_time
+        for buf in frees:
+            del resident[buf]
+        done[k] = done[k] or isinstance(op, Loss | B)
+        recorder.record(need, total(), dt, lambda: (f"{b[0]}[{b[1]}]" for b in resident))
+    check_complete_step(done, len(ops))
+    return recorder.trace(ops)

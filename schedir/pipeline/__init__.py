@@ -1,0 +1,81 @@
+"""The pipeline kind: a chain cut into intervals over several devices, inference
+streams and 1F1B/GPipe training; steady state and dynamic task graphs
+(docs/pipelines.md). Drawn with one lane per device and per link."""
+
+from schedir import kind as _kind
+from schedir.pipeline.dag import Task, TaskGraph, pipeline_graph, simulate_dynamic
+from schedir.pipeline.master_worker import MasterWorker, SteadyState
+from schedir.pipeline.model import (
+    PeriodReport,
+    buffer_counts,
+    evaluate,
+    training_period,
+    working_set,
+)
+from schedir.pipeline.ops import (
+    Bwd,
+    Fwd,
+    PipelineSchedule,
+    Recv,
+    Send,
+    gpipe_ops,
+    inference_pattern,
+    one_f_one_b_ops,
+)
+from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
+from schedir.pipeline.simulate import (
+    Noise,
+    PipelineTrace,
+    judge_pipeline,
+    pipeline_lanes,
+    pipeline_memory,
+    simulate_pipeline,
+)
+from schedir.platform import Platform
+
+KIND = _kind.register(
+    _kind.Kind(
+        name="pipeline",
+        problem=PipelineProblem,
+        schedules=(PipelineSchedule,),
+        formats={
+            "schedir.pipeline": PipelineProblem,
+            PipelineSchedule.FORMAT: PipelineSchedule,
+            "schedir.platform": Platform,
+        },
+        simulate=simulate_pipeline,
+        judge=judge_pipeline,
+        lanes=pipeline_lanes,
+        budget="optional",  # the devices' memories bound the peaks; a budget bounds all
+        memory=pipeline_memory,
+    )
+)
+
+__all__ = [
+    "KIND",
+    "Bwd",
+    "Fwd",
+    "Interval",
+    "Mapping",
+    "MasterWorker",
+    "Noise",
+    "PeriodReport",
+    "PipelineProblem",
+    "PipelineSchedule",
+    "PipelineTrace",
+    "Recv",
+    "Send",
+    "SteadyState",
+    "Task",
+    "TaskGraph",
+    "buffer_counts",
+    "evaluate",
+    "gpipe_ops",
+    "inference_pattern",
+    "one_f_one_b_ops",
+    "pipeline_graph",
+    "simulate_dynamic",
+    "simulate_pipeline",
+    "training_period",
+    "working_set",
+]

@@ -1,0 +1,197 @@
+"""Several devices: pipeline problems, interval mappings and their period model (docs/pipelines.md).
+
+A :class:`PipelineProblem` is a Chain cut into consecutive intervals, each placed on
+one device or replicated on several (round-robin, which keeps outputs in order). The
+analytical model, reproduced exactly by the discrete-event simulator
+(:mod:`schedir.pipeline_sim`) at zero noise, is documented in ``docs/pipelines.md``:
+
+- interval [i, j) on replicas R (a_i in, a_j out) with work W = sum fwd_time[i:j]:
+  period max_{u in R} (W / speed_u) / |R|;
+- boundary j between intervals on R and R': each directed link (u, v) is a serial
+  resource; item n goes from R[n mod |R|] to R'[n mod |R'|], so every used pair carries
+  one item out of lcm(|R|, |R'|), each taking latency + x_j / bandwidth. Its period is
+  max over used pairs of that time / lcm(|R|, |R'|);
+- period of the mapping = the max of these; latency = sum along the path of the
+  slowest replica's time and the slowest used link's time.
+
+References: Subhlok and Vondran (SPAA 1996) and Benoit and Robert (JPDC 2008) for
+interval mappings with replication. The master-worker problem (:class:`MasterWorker`)
+lives in :mod:`schedir.pipeline.master_worker` and is re-exported here.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from schedir.chain.problem import Chain
+from schedir.errors import InvalidProblem
+from schedir.pipeline.master_worker import MasterWorker, SteadyState  # noqa: F401 (re-exported)
+from schedir.platform import Platform, check_bytes, check_number
+
+
+@dataclass(frozen=True)
+class PipelineProblem:
+    """A chain to pipeline over the devices of a platform.
+
+    Attributes:
+        chain: the stages; for inference only ``fwd_time`` and ``in_size`` matter
+            (plus ``fwd_tmp`` for memory); for training also the backward fields.
+        weights: bytes of the parameters of each stage (length L). Count gradients and
+            optimizer state here too if they live on the device.
+        platform: devices (speed, memory) and links.
+        microbatches: micro-batches per training step (training), or items simulated
+            by default (inference).
+        training: False: a stream of inference inputs; True: 1F1B / GPipe training.
+    """
+
+    chain: Chain
+    weights: tuple[int, ...]
+    platform: Platform
+    microbatches: int = 8
+    training: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.chain, Chain):
+            raise InvalidProblem(f"chain = {self.chain!r}: expected a Chain")
+        if not isinstance(self.platform, Platform):
+            raise InvalidProblem(f"platform = {self.platform!r}: expected a Platform")
+        L = self.chain.length
+        try:
+            weights = tuple(self.weights)
+        except TypeError:
+            raise InvalidProblem(f"weights = {self.weights!r}: expected a list of bytes") from None
+        if len(weights) != L:
+            raise InvalidProblem(
+                f"weights: expected {L} byte counts (one per stage), got {len(weights)}"
+            )
+        for k, w in enumerate(weights):
+            check_bytes(f"weights[{k}]", w)
+        object.__setattr__(self, "weights", tuple(int(w) for w in weights))
+        # every time and size the models add, multiply or divide stays finite
+        c = self.chain
+        for name in ("fwd_time", "bwd_time"):
+            for k, t in enumerate(getattr(c, name)):
+                check_number(f"chain {name}[{k}]", t, what="time (s)")
+        for name in ("in_size", "saved_size", "fwd_tmp", "bwd_tmp"):
+            for k, n in enumerate(getattr(c, name)):
+                check_bytes(f"chain {name}[{k}]", n)
+        if not self.platform.devices:
+            raise InvalidProblem("pipeline problem: the platform lists no devices")
+        m = self.microbatches
+        if isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < 1:
+            raise InvalidProblem(f"microbatches = {m!r}: expected an integer >= 1")
+        object.__setattr__(self, "microbatches", int(m))
+        if not isinstance(self.training, bool):
+            raise InvalidProblem(f"training = {self.training!r}: expected true or false")
+
+    @property
+    def length(self) -> int:
+        return self.chain.length
+
+    def work(self, i: int, j: int) -> float:
+        """Seconds (at speed 1) of the forward of stages i..j-1 (inference) or of
+        forward + backward (training; the loss counts in the last interval)."""
+        c = self.chain
+        w = sum(c.fwd_time[i:j])
+        if self.training:
+            w += sum(c.bwd_time[i:j])
+            if j == c.length:
+                w += c.fwd_time[-1] + c.bwd_time[-1]
+        return w
+
+    def to_dict(self) -> dict:
+        return {
+            "format": "schedir.pipeline",
+            "version": 1,
+            "chain": self.chain.to_dict(),
+            "weights": list(self.weights),
+            "platform": self.platform.to_dict(),
+            "microbatches": self.microbatches,
+            "training": self.training,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PipelineProblem:
+        if not isinstance(d, dict) or d.get("format") != "schedir.pipeline":
+            raise InvalidProblem("expected a JSON object with format 'schedir.pipeline'")
+        if d.get("version", 1) != 1:
+            raise InvalidProblem(f"version = {d.get('version')!r}: this library reads version 1")
+        for key in ("chain", "weights", "platform"):
+            if key not in d:
+                raise InvalidProblem(f"pipeline problem: missing field {key!r}")
+        if not isinstance(d["weights"], list):
+            raise InvalidProblem(f"weights = {d['weights']!r}: expected a list of bytes")
+        return cls(
+            Chain.from_dict(d["chain"]),
+            tuple(d["weights"]),
+            Platform.from_dict(d["platform"]),
+            d.get("microbatches", 8),
+            d.get("training", False),
+        )
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Stages [first, last) placed on ``devices`` (round-robin in this order)."""
+
+    first: int
+    last: int
+    devices: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        for name in ("first", "last"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise InvalidProblem(f"interval {name} = {v!r}: expected a stage index")
+        if isinstance(self.devices, str) or not all(isinstance(u, str) for u in self.devices):
+            raise InvalidProblem(f"interval devices = {self.devices!r}: expected device names")
+        object.__setattr__(self, "devices", tuple(self.devices))
+        if not 0 <= self.first < self.last or not self.devices:
+            raise InvalidProblem(f"interval {self}: expected first < last and >= 1 device")
+
+    def __str__(self) -> str:
+        return f"[{self.first}:{self.last})@{'+'.join(self.devices)}"
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """Consecutive intervals covering stages 0..L-1, on disjoint device sets."""
+
+    intervals: tuple[Interval, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "intervals", tuple(self.intervals))
+
+    def check(self, problem: PipelineProblem) -> None:
+        """InvalidProblem unless this is an interval mapping of ``problem``."""
+        pos, used = 0, set()
+        for iv in self.intervals:
+            if iv.first != pos:
+                raise InvalidProblem(f"mapping: interval {iv} does not start at stage {pos}")
+            pos = iv.last
+            for name in iv.devices:
+                problem.platform.device(name)
+                if name in used:
+                    raise InvalidProblem(f"mapping: device {name!r} is used twice")
+                used.add(name)
+        if pos != problem.length:
+            raise InvalidProblem(f"mapping covers stages 0..{pos - 1}, not 0..{problem.length - 1}")
+
+    def to_dict(self) -> list:
+        return [[iv.first, iv.last, list(iv.devices)] for iv in self.intervals]
+
+    @classmethod
+    def from_dict(cls, d: Sequence) -> Mapping:
+        try:
+            return cls(tuple(Interval(a, b, tuple(devs)) for a, b, devs in d))
+        except (TypeError, ValueError) as err:
+            if isinstance(err, InvalidProblem):
+                raise
+            raise InvalidProblem(
+                f"mapping {d!r}: expected [[first, last, [devices]], ...]"
+            ) from None
+
+    def __str__(self) -> str:
+        return " ".join(str(iv) for iv in self.intervals)

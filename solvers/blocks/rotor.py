@@ -1,0 +1,316 @@
+"""``block_rotor``: rotor's recursion over a block chain with save options (docs/auto.md).
+
+Beaumont, Eyraud-Dubois, Herrmann, Joly, Shilova, "Optimal checkpointing for
+heterogeneous chains" (2019), with each stage's recording move choosing one of its
+save options, as Rockmate does (Zhao et al., "Rockmate: an efficient, fast,
+automatic and generic tool for re-materialization in PyTorch", ICML 2023). The
+recursion is the library's tight model (docs/semantics.md) on the
+:class:`schedir.blocks.BlockChain` semantics: sizes are relative to the sub-problem's
+input, so a value held by several cuts (a skip connection) is paid once.
+
+C(m, i, t): least time to run stages i..t (t = L: with the loss) from a_i to d_i,
+with a_i resident and not counted, d_{t+1} resident and counted in m. With
+``x(i, j)`` = bytes of a_j not in a_i, ``s(i, o)`` = x(i, i+1) + option o's saved
+bytes, ``g(c)`` = bytes of d[c] and ``gnew(c)`` = bytes of d[c] not in d[c+1]:
+
+- loss: C(m, L, L) = loss_time if m >= g(L) + loss_tmp;
+- record stage i with option o (``F_all(i)``, stages i+1..t, ``B(i)``): rec_time +
+  bwd_time + C(m - s(i, o), i+1, t) (0 when i = t) if m >= g(t+1) + s(i, o) + rec_tmp
+  and m >= s(i, o) + g(i+1) + gnew(i) + bwd_tmp;
+- split at i < j <= t (``F_ck(i) F_n(i+1..j-1)``, stages j..t, then i..j-1): the
+  forward times + C(m - x(i, j), j, t) + C(m, i, j-1) if m >= g(t+1) + x(i, i+1) +
+  fwd_tmp[i] and m >= g(t+1) + bytes(a_l and a_{l+1} not in a_i) + fwd_tmp[l] for
+  i < l < j.
+
+Exact over persistent schedules for the block chain's simulator on the sizes as given
+(checked against brute force), while the budget (capped where nothing is recomputed)
+is at most ``max_slots`` bytes; beyond, sizes are rounded up to ``slots`` slots (the
+schedule then fits in bytes) and ``meta["discretization"]`` reports the grid.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from schedir import B, F_all, F_ck, F_n, Loss, Schedule
+from schedir.blocks.problem import BlockChain, simulate_blocks
+from solvers.registry import Infeasible, register
+
+
+class _Sizes:
+    """The recursion's sizes, in bytes, for one block chain."""
+
+    def __init__(self, p: BlockChain) -> None:
+        L = p.length
+        self.L = L
+        vs = p.value_sizes
+        cuts = [frozenset(c) for c in p.cuts]
+        self.x0 = sum(vs[v] for v in cuts[0])
+        self.x = [[0] * (L + 1) for _ in range(L + 1)]  # x[i][j] = bytes(a_j - a_i)
+        self.pair = [[0] * (L + 1) for _ in range(L + 1)]  # a_l | a_{l+1} minus a_i
+        for i in range(L + 1):
+            for j in range(i, L + 1):
+                self.x[i][j] = sum(vs[v] for v in cuts[j] - cuts[i])
+            for l in range(i + 1, L):
+                self.pair[i][l] = sum(vs[v] for v in (cuts[l] | cuts[l + 1]) - cuts[i])
+        grads = [p.grad_ids(c) for c in range(L + 1)]
+        gs = p.grad_sizes
+        self.g = [sum(gs[v] for v, _ in d) for d in grads] + [0]
+        self.gnew = [sum(gs[v] for v, _ in grads[c] - grads[c + 1]) for c in range(L)]
+        self.ftmp = [s.fwd_tmp for s in p.stages]
+        self.f = [s.fwd_time for s in p.stages]
+        self.opts = [s.options for s in p.stages]
+        self.s = [[self.x[i][i + 1] + o.saved for o in self.opts[i]] for i in range(L)]
+        self.loss_need = self.g[L] + p.loss_tmp
+        self.loss_time = p.loss_time
+        # sweep[i][j]: bytes besides a_i (and d_{t+1}) that F_ck(i) F_n(i+1..j-1) need
+        self.sweep = [[0] * (L + 1) for _ in range(L + 1)]
+        for i in range(L):
+            need = self.x[i][i + 1] + self.ftmp[i]
+            for j in range(i + 1, L + 1):
+                if j - 1 > i:
+                    need = max(need, self.pair[i][j - 1] + self.ftmp[j - 1])
+                self.sweep[i][j] = need
+
+    def record_need(self, i: int, t: int, o: int) -> int:
+        opt = self.opts[i][o]
+        s = self.s[i][o]
+        return max(self.g[t + 1] + s + opt.rec_tmp, s + self.g[i + 1] + self.gnew[i] + opt.bwd_tmp)
+
+    def sweep_need(self, i: int, j: int, t: int) -> int:
+        """Memory besides a_i that ``F_ck(i) F_n(i+1..j-1)`` needs with d_{t+1} resident."""
+        return self.g[t + 1] + self.sweep[i][j]
+
+
+def least_memory(p: BlockChain) -> tuple[int, dict]:
+    """The least budget (bytes, a_0 included) of any persistent schedule, and the
+    table ``need[(i, t)]`` (bytes besides a_i) behind it; exact integers."""
+    z = _Sizes(p)
+    L = z.L
+    need: dict[tuple[int, int], int] = {(L, L): z.loss_need}
+    for i in range(L - 1, -1, -1):
+        need[i + 1, i] = 0
+        for t in range(i, L + 1):
+            best = min(
+                max(z.record_need(i, t, o), z.s[i][o] + need[i + 1, t])
+                for o in range(len(z.opts[i]))
+            )
+            for j in range(i + 1, t + 1):
+                split = max(z.sweep_need(i, j, t), z.x[i][j] + need[j, t], need[i, j - 1])
+                best = min(best, split)
+            need[i, t] = best
+    return z.x0 + need[0, L], need
+
+
+def _ops(L: int, choose, m: int) -> tuple[tuple, list[int | None]]:
+    """Ops of the persistent schedule whose moves ``choose(i, t, m)`` picks, and the
+    option recorded for each stage. Moves: ("record", o, m_rest) or ("split", j, m_right)."""
+    ops: list = []
+    options: list[int | None] = [None] * L
+    stack: list = [("solve", 0, L, m)]
+    while stack:
+        item = stack.pop()
+        if item[0] == "emit":
+            ops.append(item[1])
+            continue
+        _, i, t, m = item
+        if i == t + 1:
+            continue
+        if i == L:
+            ops.append(Loss())
+            continue
+        move = choose(i, t, m)
+        if move[0] == "record":
+            _, o, rest = move
+            options[i] = o
+            ops.append(F_all(i))
+            stack.append(("emit", B(i)))
+            stack.append(("solve", i + 1, t, rest))
+        else:
+            _, j, right = move
+            ops.append(F_ck(i))
+            ops.extend(F_n(k) for k in range(i + 1, j))
+            stack.append(("solve", i, j - 1, m))
+            stack.append(("solve", j, t, right))
+    return tuple(ops), options
+
+
+def least_memory_ops(p: BlockChain, budget: int) -> tuple[tuple, list]:
+    """A schedule that fits ``budget`` whenever it is at least :func:`least_memory`."""
+    z = _Sizes(p)
+    least, need = least_memory(p)
+    if budget < least:
+        raise ValueError(f"budget {budget} < least feasible {least}")
+
+    def choose(i: int, t: int, m: int):
+        for o in range(len(z.opts[i])):
+            if max(z.record_need(i, t, o), z.s[i][o] + need[i + 1, t]) <= m:
+                return ("record", o, m - z.s[i][o])
+        for j in range(t, i, -1):
+            if max(z.sweep_need(i, j, t), z.x[i][j] + need[j, t], need[i, j - 1]) <= m:
+                return ("split", j, m - z.x[i][j])
+        raise AssertionError(f"no move fits stages {i}..{t} in {m} bytes")  # pragma: no cover
+
+    return _ops(z.L, choose, budget - z.x0)
+
+
+class _Table:
+    """C(m, i, t) for m = 0..M slots (sizes rounded up to ``slot`` bytes)."""
+
+    def __init__(self, p: BlockChain, M: int, slot: int) -> None:
+        z = _Sizes(p)
+        self.z, self.M, self.slot = z, M, slot
+        L, W = z.L, M + 1
+
+        def q(nbytes: int) -> int:  # bytes -> slots, rounded up
+            return -(-nbytes // slot)
+
+        self.q = q
+        self.sweep = [[0] * (L + 1) for _ in range(L + 1)]  # in slots, terms rounded up
+        for i in range(L):
+            need = q(z.x[i][i + 1]) + q(z.ftmp[i])
+            for j in range(i + 1, L + 1):
+                if j - 1 > i:
+                    need = max(need, q(z.pair[i][j - 1]) + q(z.ftmp[j - 1]))
+                self.sweep[i][j] = need
+        self.rows: dict[tuple[int, int], np.ndarray] = {}
+        inf = np.full(W, np.inf)
+        loss = inf.copy()
+        loss[min(q(z.loss_need), W) :] = z.loss_time
+        self.rows[L, L] = loss
+        self.prefix = np.concatenate([[0.0], np.cumsum(z.f)])
+        shifted: dict[tuple[int, int, int], np.ndarray] = {}
+
+        def shift(j: int, t: int, k: int) -> np.ndarray:
+            key = (j, t, k)
+            if key not in shifted:
+                out = np.full(W, np.inf)
+                if k < W:
+                    out[k:] = self.rows[j, t][: W - k]
+                shifted[key] = out
+            return shifted[key]
+
+        for i in range(L - 1, -1, -1):
+            for t in range(i, L + 1):
+                best = np.full(W, np.inf)
+                for o, opt in enumerate(z.opts[i]):
+                    s = q(z.s[i][o])
+                    thr = q(z.g[t + 1]) + s + q(opt.rec_tmp)
+                    thr = max(thr, s + q(z.g[i + 1]) + q(z.gnew[i]) + q(opt.bwd_tmp))
+                    base = opt.rec_time + opt.bwd_time
+                    cand = np.full(W, np.inf)
+                    if t == i:
+                        cand[min(thr, W) :] = base
+                    elif s < W:
+                        cand[s:] = base + self.rows[i + 1, t][: W - s]
+                        cand[: min(thr, W)] = np.inf
+                    np.minimum(best, cand, out=best)
+                for j in range(i + 1, t + 1):
+                    thr = self._sweep(i, j, t)
+                    if thr >= W:
+                        continue
+                    cand = shift(j, t, q(z.x[i][j])) + self.rows[i, j - 1]
+                    cand += self.prefix[j] - self.prefix[i]
+                    cand[:thr] = np.inf
+                    np.minimum(best, cand, out=best)
+                self.rows[i, t] = best
+
+    def _sweep(self, i: int, j: int, t: int) -> int:
+        return self.q(self.z.g[t + 1]) + self.sweep[i][j]
+
+    def value(self, m: int) -> float:
+        return float(self.rows[0, self.z.L][min(m, self.M)])
+
+    def choose(self, i: int, t: int, m: int):
+        z, q = self.z, self.q
+        best, move = math.inf, None
+        for o, opt in enumerate(z.opts[i]):
+            s = q(z.s[i][o])
+            thr = max(
+                q(z.g[t + 1]) + s + q(opt.rec_tmp),
+                s + q(z.g[i + 1]) + q(z.gnew[i]) + q(opt.bwd_tmp),
+            )
+            if m < thr:
+                continue
+            rest = 0.0 if t == i else self.rows[i + 1, t][m - s]
+            value = opt.rec_time + opt.bwd_time + rest
+            if value < best:
+                best, move = value, ("record", o, m - s)
+        for j in range(i + 1, t + 1):
+            xj = q(z.x[i][j])
+            if m < self._sweep(i, j, t) or m < xj:
+                continue
+            forward = self.prefix[j] - self.prefix[i]
+            value = forward + self.rows[j, t][m - xj] + self.rows[i, j - 1][m]
+            if value < best:
+                best, move = value, ("split", j, m - xj)
+        if move is None:  # pragma: no cover - only called where the table is finite
+            raise AssertionError(f"no move for stages {i}..{t} at {m} slots")
+        return move
+
+
+def table_bytes(p: BlockChain, slots: int) -> int:
+    """Bytes of the DP's tables for ``slots`` memory slots (one float64 row per (i, t))."""
+    n = p.length + 1
+    return 8 * (n * (n + 1) // 2) * (slots + 1) * 2
+
+
+def store_all(p: BlockChain) -> tuple[tuple, list[int]]:
+    """Every stage recorded with its fastest option (least saved bytes among ties)."""
+    L = p.length
+
+    def cost(option) -> tuple[float, int]:
+        return option.rec_time + option.bwd_time, option.saved
+
+    options = [min(range(len(s.options)), key=lambda o, s=s: cost(s.options[o])) for s in p.stages]
+    ops = [F_all(k) for k in range(L)] + [Loss()] + [B(k) for k in range(L - 1, -1, -1)]
+    return tuple(ops), options
+
+
+@register(
+    "block_rotor",
+    problem=BlockChain,
+    exact=True,
+    description="rotor's recursion with a save option per recorded block (Rockmate's DP)",
+)
+def block_rotor(
+    problem: BlockChain, budget: int, *, max_slots: int = 5_000, slots: int = 1_000
+) -> Schedule:
+    """Optimal persistent schedule of ``problem`` under ``budget`` bytes (module doc).
+
+    ``meta["block_options"]`` holds the chosen option of every stage; ``meta["exact"]`` is
+    False when sizes were discretized (``meta["discretization"]``: slot size, slots).
+    """
+    least, _ = least_memory(problem)
+    if budget < least:
+        raise Infeasible("block_rotor", budget, least)
+    ops, options = store_all(problem)
+    peak = simulate_blocks(problem, Schedule(ops, {"block_options": options})).peak_memory
+    if peak <= budget:  # nothing to recompute: the fastest options, all recorded
+        return Schedule(ops, {"block_options": options, "exact": True, "dp": "store_all"})
+    x0 = _Sizes(problem).x0
+    room = min(budget, peak) - x0
+    grid = slots
+    while True:
+        slot = 1 if room <= max_slots else -(-room // grid)
+        M = room // slot
+        table = _Table(problem, M, slot)
+        if math.isfinite(table.value(M)):
+            ops, options = _ops(problem.length, table.choose, M)
+            ops_meta: dict = {
+                "block_options": options,
+                "exact": slot == 1,
+                "dp": "table",
+                "dp_value": table.value(M),
+            }
+            if slot > 1:
+                ops_meta["discretization"] = {"slot_size": slot, "slots": M}
+            return Schedule(ops, ops_meta)
+        if slot == 1 or grid >= max_slots:
+            ops, options = least_memory_ops(problem, budget)
+            meta = {"block_options": options, "exact": False, "fallback": "min_memory"}
+            meta["slots"] = grid
+            return Schedule(ops, meta)
+        grid = min(2 * grid, max_slots)

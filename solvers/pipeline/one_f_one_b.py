@@ -1,0 +1,208 @@
+"""Training pipelines with a 1F1B schedule and per-stage checkpointing (``"pipeline_1f1b"``).
+
+The chain is cut into S <= P intervals placed on S distinct devices in a chosen order
+(no replication). With ``m`` micro-batches, stage p (0-based) keeps the activations of
+up to n_p = min(S - p, m) micro-batches in flight (PipeDream-Flush / 1F1B; Narayanan
+et al., SC 2021). Memory model of a stage on device u (documented in
+``docs/pipelines.md``): its weights, and for each in-flight micro-batch an equal share
+b_p = floor((memory_u - weights) / n_p) of the rest. One micro-batch's forward and
+backward of the interval (a sub-chain whose loss is "receive d_j", or the real loss on
+the last stage) must fit in b_p: if store-all fits, it costs its forward + backward;
+otherwise the exact chain DP (rotor, :mod:`solvers.rotor`) gives the least time in b_p
+bytes and the difference is recompute time; below rotor's least memory the stage is
+infeasible. This is conservative (every micro-batch reserves its whole peak). The
+schedule gives these peaks to the simulator as footprints (``meta["stash"]``), which
+adds inputs that arrive before their forward and gradients still being sent after
+their backward; a candidate whose simulated peaks exceed a device is skipped, so
+the returned schedule always passes the judge.
+
+The period is :func:`schedir.pipeline.training_period` (1F1B's cycle means, with
+communication); the solver enumerates the number of stages, the device orders and
+the cut points (exhaustive, cached per interval and budget), so it is exact for this
+model; ``max_candidates`` bounds the enumeration on large instances.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from functools import cache
+
+from schedir import Chain
+from schedir.pipeline.model import capacity, link_time, training_period
+from schedir.pipeline.ops import PipelineSchedule, one_f_one_b_ops
+from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
+from schedir.pipeline.simulate import simulate_pipeline
+from solvers.chain.rotor import min_memory
+from solvers.pipeline.exhaustive import compositions
+from solvers.registry import Infeasible, register
+
+
+def sub_chain(chain: Chain, i: int, j: int) -> Chain:
+    """Stages i..j-1 as a chain; its loss is the real loss if j == L, else the arrival
+    of d_j (no time, x_j bytes)."""
+    L = chain.length
+    if j == L:
+        tail = (chain.fwd_time[L], chain.bwd_time[L], chain.in_size[L], 0, 0, chain.bwd_tmp[L])
+    else:
+        tail = (0.0, 0.0, chain.in_size[j], 0, 0, 0)
+    return Chain(
+        fwd_time=(*chain.fwd_time[i:j], tail[0]),
+        bwd_time=(*chain.bwd_time[i:j], tail[1]),
+        in_size=(*chain.in_size[i:j], tail[2]),
+        saved_size=(*chain.saved_size[i:j], tail[3]),
+        fwd_tmp=(*chain.fwd_tmp[i:j], tail[4]),
+        bwd_tmp=(*chain.bwd_tmp[i:j], tail[5]),
+    )
+
+
+class StageCosts:
+    """Cached (time at speed 1, recompute, per-micro-batch bytes) of an interval."""
+
+    def __init__(self, problem: PipelineProblem, slots: int = 500):
+        self.problem, self.slots = problem, slots
+
+        self.exact = True  # every rotor answer used so far was exact
+
+        @cache
+        def cost(i: int, j: int, budget: float) -> tuple[float, float, int] | None:
+            import schedir
+            import solvers
+            from solvers.chain.store_all import store_all_ops
+
+            sub = sub_chain(problem.chain, i, j)
+            base = sub.store_all_time()
+            peak = schedir.simulate(sub, store_all_ops(sub)).peak_memory
+            if budget >= peak:
+                return base, 0.0, peak
+            b = int(budget)
+            if b < min_memory(sub):
+                return None
+            try:
+                s = solvers.solve(sub, b, "rotor", slots=slots)
+            except solvers.Infeasible:
+                return None
+            self.exact = self.exact and bool(s.meta.get("exact", False))
+            return s.meta["makespan"], s.meta["makespan"] - base, s.meta["peak_memory"]
+
+        self.cost = cost
+
+    def stage(self, i: int, j: int, device, inflight: int, budget: int | None = None):
+        """(seconds on ``device``, recompute seconds at speed 1, bytes per micro-batch)."""
+        w = sum(self.problem.weights[i:j])
+        limit = capacity(self.problem, device.name, budget)
+        cap = math.inf if limit is None else limit - w
+        if cap < 0:
+            return None
+        share = cap / inflight if math.isfinite(cap) else math.inf
+        got = self.cost(i, j, math.floor(share) if math.isfinite(share) else math.inf)
+        if got is None:
+            return None
+        t, rec, per_mb = got
+        return t / device.speed, rec, per_mb
+
+
+def best_1f1b(
+    problem: PipelineProblem,
+    max_candidates: int = 200_000,
+    slots: int = 500,
+    budget: int | None = None,
+    progress=None,
+) -> tuple:
+    """(period, mapping, recompute per stage, bytes per micro-batch per stage, exact).
+
+    Candidates are taken by increasing period; one whose schedule the simulator finds
+    over a device's memory (the buffers in flight come on top of the shares) is
+    skipped. ``exact`` is False when ``max_candidates`` cut the enumeration or a
+    stage's rotor answer was not exact (discretized).
+    """
+    if not problem.training:
+        raise ValueError("pipeline_1f1b needs a training problem (training=True)")
+    L, m = problem.length, problem.microbatches
+    devs = problem.platform.devices
+    costs = StageCosts(problem, slots)
+    x = problem.chain.in_size
+    best = (math.inf, None, None, None)
+    seen, complete = 0, True
+    P = len(devs)
+    total = sum(math.perm(P, S) * math.comb(L - 1, S - 1) for S in range(1, min(P, L) + 1))
+    total = min(total, max_candidates)
+    for S in range(1, min(len(devs), L) + 1):
+        for order in itertools.permutations(devs, S):
+            for cuts in compositions(L, S):
+                seen += 1
+                if seen > max_candidates:
+                    complete = False
+                    break
+                if progress is not None and seen % 500 == 0:
+                    progress(seen / total, f"pipeline_1f1b: {seen} of {total} candidates")
+                stages = []
+                for p in range(S):
+                    got = costs.stage(cuts[p], cuts[p + 1], order[p], min(S - p, m), budget)
+                    if got is None:
+                        break
+                    stages.append(got)
+                else:
+                    c = [s[0] for s in stages]
+                    f = [link_time(problem, order[p].name, order[p + 1].name, x[cuts[p + 1]])
+                         for p in range(S - 1)]  # fmt: skip
+                    b = [link_time(problem, order[p + 1].name, order[p].name, x[cuts[p + 1]])
+                         for p in range(S - 1)]  # fmt: skip
+                    bound = max(c + f + b)
+                    if bound >= best[0]:
+                        continue
+                    mapping = Mapping(tuple(
+                        Interval(cuts[p], cuts[p + 1], (order[p].name,)) for p in range(S)
+                    ))  # fmt: skip
+                    rec = [s[1] for s in stages]
+                    period = training_period(problem, mapping, rec)
+                    per_mb = [s[2] for s in stages]
+                    if period < best[0] - 1e-15 and _fits(problem, mapping, rec, per_mb, budget):
+                        best = (period, mapping, rec, per_mb)
+    if best[1] is None:
+        raise Infeasible("pipeline_1f1b", budget, None, "no stage split fits the devices' memory")
+    return (*best, complete and costs.exact)
+
+
+def _schedule(problem: PipelineProblem, mapping: Mapping, rec, per_mb) -> PipelineSchedule:
+    """The 1F1B ops; ``meta["stash"]`` gives every stage's per-micro-batch footprint
+    (its store-all or rotor peak), which the simulator holds from the forward's start
+    to the backward's end in place of its own accounting."""
+    s = one_f_one_b_ops(problem, mapping, rec)
+    stash = {f"{iv.first}:{iv.last}": int(b)
+             for iv, b in zip(mapping.intervals, per_mb, strict=True)}  # fmt: skip
+    return PipelineSchedule(s.ops, {**s.meta, "stash": stash})
+
+
+def _fits(problem: PipelineProblem, mapping: Mapping, rec, per_mb, budget) -> bool:
+    """Whether the simulated 1F1B schedule stays within every device's capacity."""
+    trace = simulate_pipeline(problem, _schedule(problem, mapping, rec, per_mb))
+    for dev, peak in trace.device_peak.items():
+        cap = capacity(problem, dev, budget)
+        if cap is not None and peak > cap:
+            return False
+    return True
+
+
+@register(
+    "pipeline_1f1b",
+    problem=PipelineProblem,
+    exact=True,
+    description="1F1B training pipeline, rotor per stage when memory is short, least period",
+)
+def pipeline_1f1b(
+    problem: PipelineProblem,
+    budget: int | None = None,
+    *,
+    max_candidates: int = 200_000,
+    slots: int = 500,
+    progress=None,
+) -> PipelineSchedule:
+    """``budget`` (bytes, optional) bounds every device besides its own memory."""
+    period, mapping, rec, per_mb, exact = best_1f1b(
+        problem, max_candidates, slots, budget, progress
+    )
+    s = _schedule(problem, mapping, rec, per_mb)
+    meta = {**s.meta, "method": "pipeline_1f1b", "period": period, "recompute": rec,
+            "microbatches": problem.microbatches, "exact": exact}  # fmt: skip
+    return PipelineSchedule(s.ops, meta)
