@@ -7,7 +7,8 @@ to 3, from our per-tensor accounting (:mod:`schedir.training_state`: tensors tha
 device count divides stay replicated) next to the ZeRO paper's closed form
 (Rajbhandari et al. 2020, Fig. 1: (2 + 2 + K) bytes per parameter, K = 12). The paper's
 7.5B example at 64 devices is printed exactly (one flat tensor of 7.5e9 elements, as
-the formula assumes).
+the formula assumes; only for device counts that divide it). At large N, tensors with no
+axis N divides stay whole on every device, and our figures leave the formula's.
 
 Part 2 (``zero_fit.csv``): the largest model of a GPT shape family (hidden d = 128 k,
 k layers, d / 128 heads, vocabulary 50257, 2048 tokens, one sequence per device) whose
@@ -100,6 +101,8 @@ def memory_rows(devices: list[int]) -> list[dict]:
     for name, (shapes, blocks) in models.items():
         psi = count(shapes)
         for n in devices:
+            if blocks is None and psi % n:
+                continue  # a flat tensor N does not divide stays whole: not the paper's model
             for stage in range(4):
                 ours = state(shapes, blocks, n, stage)
                 paper = zero_paper_bytes(psi, n, stage)
