@@ -1,0 +1,195 @@
+"""ZeRO data parallelism of an NNX model's training step on a ``data`` mesh axis.
+
+Stage 0 is plain data parallelism (everything replicated, the batch split over
+``data``); stage 1 shards the optimizer state, stage 2 also the gradients, stage 3 also
+the parameters (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training
+Trillion Parameter Models"). Sharded arrays follow :func:`schedir.training_state.shard_axis`
+(the first axis N divides; none: replicated), laid out with ``NamedSharding``; the step
+is one ``jax.jit`` whose ``out_shardings`` and a ``with_sharding_constraint`` on the
+gradients say where each array lives, and XLA inserts the all-gathers and
+reduce-scatters. What the step holds is measured from each array's addressable shards
+(:func:`measured_bytes`) and predicted by :func:`schedir.training_state.device_bytes`.
+
+    step = zero_step(loss_fn, optax.adamw(1e-3), mesh, stage=2)   # loss_fn(model, batch)
+    state = step.init(model)
+    for batch in batches:
+        state, loss = step(state, batch)
+    nnx.update(model, state.params)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import jax
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from schedir.training_state import Placement, Tensor, shard_axis
+
+AXIS = "data"
+
+
+def _tensors(tree: object) -> tuple[Tensor, ...]:
+    """``(shape, itemsize)`` of every leaf of ``tree`` (arrays or ShapeDtypeStructs)."""
+    return tuple(
+        Tensor(tuple(x.shape), np.dtype(x.dtype).itemsize) for x in jax.tree_util.tree_leaves(tree)
+    )
+
+
+def split_params(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State]:
+    """(graphdef, parameters) of ``model``; ValueError naming any other state variable
+    (batch statistics, RNG counters): the ZeRO step updates parameters only."""
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    others = [
+        "/".join(str(k) for k in path) for path, _ in jax.tree_util.tree_leaves_with_path(rest)
+    ]
+    if others:
+        raise ValueError(
+            f"model state {others[:5]}: not an nnx.Param; the ZeRO step trains parameters "
+            "only (no batch statistics or RNG state)"
+        )
+    return graphdef, params
+
+
+def state_bytes(
+    model: nnx.Module, optimizer: optax.GradientTransformation
+) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+    """(parameters, optimizer state) of ``model`` as per-tensor ``(shape, itemsize)``, the
+    optimizer state exactly from ``jax.eval_shape(optimizer.init, params)`` (nothing is
+    allocated). Gradients have the parameters' shapes and dtypes."""
+    _, params = split_params(model)
+    return _tensors(params), _tensors(jax.eval_shape(optimizer.init, params))
+
+
+def _sharding(mesh: Mesh, x: object, sharded: bool) -> NamedSharding:
+    axis = shard_axis(tuple(x.shape), mesh.shape[AXIS]) if sharded else None
+    spec = [None] * len(x.shape)
+    if axis is not None:
+        spec[axis] = AXIS
+    return NamedSharding(mesh, P(*spec))
+
+
+def shardings(mesh: Mesh, tree: object, sharded: bool) -> object:
+    """A tree of NamedShardings for ``tree``: split by the sharding rule, or replicated."""
+    return jax.tree_util.tree_map(lambda x: _sharding(mesh, x, sharded), tree)
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class ZeroState:
+    """What the step carries: the parameters and the optimizer state, placed as the
+    stage says. ``graphdef`` is static (the model's structure)."""
+
+    params: nnx.State
+    opt_state: optax.OptState
+    graphdef: nnx.GraphDef = field(metadata=dict(static=True))
+
+
+@dataclass(frozen=True)
+class ZeroStep:
+    """A jitted training step under ZeRO ``stage`` on ``mesh``'s ``data`` axis.
+
+    Attributes:
+        loss_fn: ``loss_fn(model, batch) -> scalar``; ``batch`` is a pytree whose leaves
+            are split over ``data`` along their leading axis.
+        optimizer: an optax transformation (e.g. ``optax.adamw(1e-3)``).
+        mesh: a ``jax.sharding.Mesh`` with a ``data`` axis.
+        stage: 0 (data parallelism), 1, 2 or 3.
+    """
+
+    loss_fn: Callable
+    optimizer: optax.GradientTransformation
+    mesh: Mesh
+    stage: int
+
+    def __post_init__(self) -> None:
+        if self.stage not in (0, 1, 2, 3) or isinstance(self.stage, bool):
+            raise ValueError(f"stage = {self.stage!r}: expected 0, 1, 2 or 3")
+        if AXIS not in self.mesh.shape:
+            raise ValueError(f"mesh axes {tuple(self.mesh.shape)}: no {AXIS!r} axis")
+
+    @property
+    def placement(self) -> Placement:
+        return Placement.zero(self.stage)
+
+    def _place(self, params: object, opt_state: object) -> tuple[object, object]:
+        p = self.placement
+        return (shardings(self.mesh, params, p.params == "sharded"),
+                shardings(self.mesh, opt_state, p.opt_state == "sharded"))  # fmt: skip
+
+    def init(self, model: nnx.Module) -> ZeroState:
+        """The model's parameters and a fresh optimizer state, placed on the mesh."""
+        graphdef, params = split_params(model)
+        opt_state = jax.eval_shape(self.optimizer.init, params)
+        p_sh, o_sh = self._place(params, opt_state)
+        params = jax.device_put(params, p_sh)
+        opt_state = jax.jit(self.optimizer.init, out_shardings=o_sh)(params)
+        return ZeroState(params, opt_state, graphdef)
+
+    def _batch(self, batch: object) -> object:
+        n = self.mesh.shape[AXIS]
+        for path, x in jax.tree_util.tree_leaves_with_path(batch):
+            if not np.ndim(x) or np.shape(x)[0] % n:
+                raise ValueError(
+                    f"batch{jax.tree_util.keystr(path)} shape {np.shape(x)}: the leading "
+                    f"axis must be a multiple of the {n} devices of {AXIS!r}"
+                )
+        return jax.device_put(batch, NamedSharding(self.mesh, P(AXIS)))
+
+    def _step(self, state: ZeroState, keep_grads: bool):
+        p_sh, o_sh = self._place(state.params, state.opt_state)
+        g_sh = shardings(self.mesh, state.params, self.placement.grads == "sharded")
+
+        def step(state: ZeroState, batch: object):
+            def loss(params):
+                return self.loss_fn(nnx.merge(state.graphdef, params), batch)
+
+            value, grads = jax.value_and_grad(loss)(state.params)
+            grads = jax.lax.with_sharding_constraint(grads, g_sh)
+            updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+            params = optax.apply_updates(state.params, updates)
+            new = ZeroState(params, opt_state, state.graphdef)
+            return (new, value, grads) if keep_grads else (new, value)
+
+        out = (ZeroState(p_sh, o_sh, state.graphdef), NamedSharding(self.mesh, P()))
+        out_shardings = (*out, g_sh) if keep_grads else out
+        return jax.jit(step, out_shardings=out_shardings, donate_argnums=0)
+
+    def __call__(self, state: ZeroState, batch: object) -> tuple[ZeroState, jax.Array]:
+        """One step: (new state, loss). ``state`` is donated (do not reuse it)."""
+        return self._jitted(False, state)(state, self._batch(batch))
+
+    def with_grads(self, state: ZeroState, batch: object) -> tuple[ZeroState, jax.Array, object]:
+        """One step that also returns the gradients, placed as the stage keeps them (to
+        measure their bytes: inside :meth:`__call__` XLA may free them early)."""
+        return self._jitted(True, state)(state, self._batch(batch))
+
+    def _jitted(self, keep_grads: bool, state: ZeroState):
+        cache = self.__dict__.setdefault("_cache", {})
+        key = (keep_grads, state.graphdef, jax.tree_util.tree_structure(state))
+        if key not in cache:
+            cache[key] = self._step(state, keep_grads)
+        return cache[key]
+
+
+def zero_step(
+    loss_fn: Callable, optimizer: optax.GradientTransformation, mesh: Mesh, stage: int
+) -> ZeroStep:
+    """A training step of ZeRO ``stage`` (0-3) over ``mesh``'s ``data`` axis; see
+    :class:`ZeroStep` (``init(model)``, then ``state, loss = step(state, batch)``)."""
+    return ZeroStep(loss_fn, optimizer, mesh, stage)
+
+
+def measured_bytes(tree: object) -> dict[int, int]:
+    """Bytes of ``tree``'s arrays on each device: ``shard.data.nbytes`` summed over every
+    array's ``addressable_shards``, keyed by device id (every device of every array)."""
+    out: dict[int, int] = {}
+    for x in jax.tree_util.tree_leaves(tree):
+        for shard in x.addressable_shards:
+            out[shard.device.id] = out.get(shard.device.id, 0) + shard.data.nbytes
+    return out
