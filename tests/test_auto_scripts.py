@@ -18,9 +18,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script(path: str):
-    spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    # the script imports examples/auto_models.py, whose module name tests/auto_models.py
+    # also has: hide the tests' module while the script loads
+    saved = sys.modules.pop("auto_models", None)
+    try:
+        spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.modules.pop("auto_models", None)
+        if saved is not None:
+            sys.modules["auto_models"] = saved
     return module
 
 
