@@ -26,6 +26,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/dp_speed.py
+	$(PY) benchmarks/auto_plan_time.py --quick
 
 experiments: $(STAMP)
 	$(PY) -m paper_experiments --quick

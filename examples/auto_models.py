@@ -219,3 +219,22 @@ def scanned(quick: bool = False, depth: int | None = None):
 
 
 MODELS = {"gpt": gpt, "resnet": resnet, "unet": unet, "scanned": scanned}
+
+
+# ------------------------------------------------------------- shared by the scripts
+
+JAX_POLICIES = ("checkpoint_dots", "nothing_saveable", "everything_saveable")
+
+
+def budget_sweep(p, points: int) -> list[int]:
+    """``points`` budgets (bytes) from the least feasible one to the store-all peak of
+    plan ``p``, evenly spaced, exact integers."""
+    least = p.least_budget()
+    top = max(p.store_all_peak, least)
+    return sorted({least + (top - least) * q // max(points - 1, 1) for q in range(points)})
+
+
+def policy_plans(p) -> dict:
+    """JAX's policies applied to every block of plan ``p``'s model, priced by the same
+    simulator: ``{policy: plan}`` (a policy is a fixed schedule, whatever the budget)."""
+    return {policy: p.replan(10**18, method=policy) for policy in JAX_POLICIES}

@@ -141,7 +141,8 @@ def expected_residuals(model: BlockModel, schedule: Schedule) -> Counter:
     """What the compiled step saves at the top level, as a multiset of
     ``(shape, dtype)``: the values of the buffers resident right before ``Loss`` (each
     value once; ``abar`` adds the option's new residuals) and the loss stage's (the
-    loss and its new residuals). Compare with :func:`saved_residuals`."""
+    loss and its new residuals), and the slices of scanned stacks' parameters that the
+    blocks read. Compare with :func:`saved_residuals`."""
     trace = simulate_blocks(model.problem, schedule, record_buffers=True)
     options = schedule_options(model.problem, schedule)
     at = next(i for i, op in enumerate(schedule.ops) if isinstance(op, Loss))
@@ -168,6 +169,11 @@ def expected_residuals(model: BlockModel, schedule: Schedule) -> Counter:
     found.update(key(avals[v]) for v in (*lay.ins, *lay.outs) if v not in values)
     for spec in model.functions(model.length, 0).recipe.new:
         found[key(spec)] += 1
+    # A scanned stack's per-iteration parameter slices are computed once per step from
+    # the stacked parameters (global_values) and held for the whole step, by both
+    # executors: JAX saves each slice a block reads; like parameters, not activations.
+    read = {v for lay in model.layouts for v in (*lay.params, *lay.others)}
+    found.update(key(avals[v]) for v in model.program.derived if v in read)
     return found
 
 

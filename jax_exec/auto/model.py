@@ -62,6 +62,7 @@ class BlockModel:
     cost_model: CostModel = field(default_factory=CostModel)
     _functions: dict = field(default_factory=dict)
     _kernels: dict = field(default_factory=dict)
+    _temps: dict = field(default_factory=dict)  # kernel key -> temporary bytes (planning)
     _cache: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)  # seconds per planning phase
 
@@ -118,7 +119,15 @@ class BlockModel:
         cotangent from ``d[k+1]`` added) or ``"loss"``."""
         key = self.kernel_key(kind, k, o)
         if key not in self._kernels:
-            self._kernels[key] = _compile(*self.kernel_source(kind, k, o))
+            kernel = _compile(*self.kernel_source(kind, k, o))
+            planned = self._temps.get(key)
+            if planned is not None and planned != kernel.temp_bytes:
+                raise RuntimeError(
+                    f"the {kind} kernel of block {k} (option {o}) has {kernel.temp_bytes} "
+                    f"temporary bytes optimized and {planned} as planned (compiled with "
+                    f"{PLANNING_OPTIONS}): the plan's memory figures would be wrong"
+                )
+            self._kernels[key] = kernel
         return self._kernels[key]
 
     def kernel_source(self, kind: str, k: int, o: int = 0) -> tuple:
@@ -152,6 +161,8 @@ class BlockModel:
         key = self.kernel_key(kind, k, o)
         if key in self._kernels:
             return self._kernels[key].temp_bytes, True
+        if key in self._temps:
+            return self._temps[key], True
         option = self.option(k, o) if kind in ("record", "backward") else None
         return temp_estimate(self, kind, k, option), False
 
@@ -184,21 +195,36 @@ class BlockModel:
         return list(dict.fromkeys(used))
 
     def compile_used(self, schedule: Any) -> int:
-        """Compile the kernels ``schedule`` runs (XLA compiles them in parallel threads);
-        the number compiled now."""
+        """Compile the kernels ``schedule`` runs for their temporary bytes (XLA compiles
+        them in parallel threads, :func:`planning_temp_bytes`); the number compiled now."""
         start = time.perf_counter()
         todo: dict = {}
         for kind, k, o in self.used_kernels(schedule):
             key = self.kernel_key(kind, k, o)
-            if key not in self._kernels and key not in todo:
+            if key not in self._kernels and key not in self._temps and key not in todo:
                 todo[key] = self.kernel_source(kind, k, o)
         if todo:
             workers = min(len(todo), os.cpu_count() or 1)
             with ThreadPoolExecutor(max_workers=workers) as pool:
-                kernels = list(pool.map(lambda source: _compile(*source), todo.values()))
-            self._kernels.update(zip(todo, kernels, strict=True))
+                temps = list(pool.map(lambda source: planning_temp_bytes(*source), todo.values()))
+            self._temps.update(zip(todo, temps, strict=True))
         self.timings["kernels"] = self.timings.get("kernels", 0.0) + time.perf_counter() - start
         return len(todo)
+
+
+# Planning needs a kernel's temporary bytes (XLA's buffer assignment), not fast code, so
+# it compiles without the backend's (LLVM's) optimizations: several times faster on CPU.
+# Buffer assignment runs before code generation, so the bytes are those of the optimized
+# kernel the runtime compiles (BlockModel.kernel checks it).
+PLANNING_OPTIONS = {"xla_backend_optimization_level": 0}
+
+
+def planning_temp_bytes(fn: Callable, *args: Any) -> int:
+    """XLA's temporary bytes of ``jax.jit(fn)`` at ``args`` (compiled with
+    :data:`PLANNING_OPTIONS`)."""
+    compiled = jax.jit(fn).lower(*args).compile(compiler_options=PLANNING_OPTIONS)
+    stats = compiled.memory_analysis()
+    return int(stats.temp_size_in_bytes) if stats is not None else 0
 
 
 def through_flags(model: BlockModel, k: int) -> tuple[bool, ...]:

@@ -1,0 +1,209 @@
+"""Activation memory reduction versus time overhead of the automatic planner, on Flax
+models written as users write them (docs/auto.md).
+
+For the GPT (tied embeddings, dropout), the ResNet (BatchNorm), the U-Net (skip
+concatenations) and the scanned transformer of ``examples/auto_models.py``: our planner
+(``jax_exec.auto.plan``, method ``"auto"``) at budgets from 10% to 100% of the
+store-all peak, JAX's policies applied to every block (``checkpoint_dots``,
+``nothing_saveable``, ``everything_saveable``), all priced by the same block-chain
+simulator; and, as graph baselines, DTR and the whole-graph MILP (``checkmate_milp``,
+time limit 60 s, 10 s with ``--quick``) on the graph of the block chain
+(``schedir.graph.chain_to_graph`` of the chain with every block keeping what a plain
+step keeps): each block is one atomic node there (it saves all its residuals or is
+recomputed whole) and a value crossing several cuts is paid at each, so their peaks
+are upper bounds of what the planner's model would charge; their overheads are
+relative to that graph's each-node-once time. The MILP runs at 50% only.
+
+At 50% of the store-all peak the summary says whether the planner's predicted overhead
+is no worse than the best JAX policy that fits, and within 5% of the MILP where that
+solves within its time limit; and the largest memory reduction the planner reaches at
+<= 10% and <= 20% overhead, next to Rockmate's reported 2x-5x.
+
+Writes ``auto_remat.csv``, ``auto_remat.md`` and ``auto_remat.png`` under ``--out``.
+``--quick``: small models, estimated kernel temporaries (``exact=False``).
+
+    python paper_experiments/auto_remat.py [--quick] [--out results/auto_remat]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples"))
+
+from auto_models import JAX_POLICIES, MODELS  # noqa: E402
+
+import solvers  # noqa: E402
+from jax_exec import auto  # noqa: E402
+from jax_exec.auto.api import reference_schedule  # noqa: E402
+from schedir.graph.problem import chain_to_graph  # noqa: E402
+
+FIELDS = ["model", "method", "budget_fraction", "budget", "peak", "peak_fraction",
+          "reduction", "overhead", "exact", "time_limited", "solve_time"]  # fmt: skip
+FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+def _row(model, method, fraction, budget, peak, top, overhead, exact, limited, seconds):
+    return {
+        "model": model, "method": method, "budget_fraction": fraction, "budget": budget,
+        "peak": peak, "peak_fraction": peak / top, "reduction": top / peak if peak else 0.0,
+        "overhead": overhead, "exact": exact, "time_limited": limited,
+        "solve_time": round(seconds, 3),
+    }  # fmt: skip
+
+
+def run_model(name: str, quick: bool, milp_limit: float) -> list[dict]:
+    factory, loss_fn, args = MODELS[name](quick=quick)
+    exact = not quick
+    p = auto.plan(loss_fn, factory(), *args, budget="100%", exact=exact)
+    top = p.store_all_peak
+    rows = []
+    for fraction in FRACTIONS:
+        start = time.perf_counter()
+        try:
+            q = p.replan(int(fraction * top))
+        except solvers.Infeasible:
+            continue
+        peak = q.schedule.meta["peak_memory"]
+        rows.append(_row(name, "auto", fraction, q.budget, peak, top, q.overhead, exact,
+                         False, time.perf_counter() - start))  # fmt: skip
+    for policy in JAX_POLICIES:
+        start = time.perf_counter()
+        q = p.replan(10**18, method=policy)
+        peak = q.schedule.meta["peak_memory"]
+        rows.append(_row(name, policy, "", "", peak, top, q.overhead, exact, False,
+                         time.perf_counter() - start))  # fmt: skip
+    graph = chain_to_graph(p.problem.to_chain(reference_schedule(p.model).meta["block_options"]))
+    base = sum(node.cost for node in graph.nodes)  # each node computed once
+    for method, fractions, options in (
+        ("dtr", FRACTIONS, {}),
+        ("checkmate_milp", (0.5,), {"time_limit": milp_limit}),
+    ):
+        for fraction in fractions:
+            start = time.perf_counter()
+            try:
+                s = solvers.solve(graph, int(fraction * top), method=method, **options)
+            except solvers.Infeasible:
+                continue
+            meta = s.meta
+            rows.append(_row(name, f"{method} (block graph)", fraction, int(fraction * top),
+                             meta["peak_memory"], top, meta["makespan"] / base - 1, exact,
+                             bool(meta.get("time_limited", False)),
+                             time.perf_counter() - start))  # fmt: skip
+    return rows
+
+
+def summary(rows: list[dict], models: list[str], milp_limit: float) -> str:
+    lines = [
+        "# auto_remat: activation memory vs overhead",
+        "",
+        "Predicted by the block-chain simulator (store-all: every block keeps what a plain "
+        "step keeps). Graph baselines run on the block graph (upper-bound peaks, "
+        "see the script's docstring).",
+        "",
+        "| model | auto @50% | best JAX policy fitting 50% | auto <= policy | MILP @50% "
+        "(block graph) | auto within 5% of MILP | DTR @50% | reduction at <=10% / <=20% "
+        "overhead |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in models:
+        mine = [r for r in rows if r["model"] == name]
+        half = next((r for r in mine if r["method"] == "auto" and r["budget_fraction"] == 0.5),
+                    None)  # fmt: skip
+        fits = [r for r in mine if r["method"] in JAX_POLICIES and r["peak_fraction"] <= 0.5]
+        best = min(fits, key=lambda r: r["overhead"], default=None)
+        milp = next((r for r in mine if r["method"].startswith("checkmate_milp")), None)
+        dtr = next((r for r in mine if r["method"].startswith("dtr")
+                    and r["budget_fraction"] == 0.5), None)  # fmt: skip
+
+        def pct(r):
+            return "infeasible" if r is None else f"{r['overhead']:+.1%}"
+
+        if half is None:
+            vs_policy = "auto infeasible"
+        elif best is None:
+            vs_policy = "yes (no policy fits)"
+        else:
+            vs_policy = "yes" if half["overhead"] <= best["overhead"] + 1e-12 else "NO"
+        policy = "none fits" if best is None else f"{best['method']} {pct(best)}"
+        if milp is None:
+            vs_milp, milp_cell = "n/a (MILP infeasible)", "infeasible"
+        elif milp["time_limited"]:
+            vs_milp = f"n/a (MILP time-limited at {milp_limit:.0f} s)"
+            milp_cell = f"{pct(milp)} (time-limited)"
+        else:
+            within = half is not None and half["overhead"] <= milp["overhead"] + 0.05
+            vs_milp, milp_cell = ("yes" if within else "NO"), pct(milp)
+        reductions = []
+        for cap in (0.10, 0.20):
+            ok = [r["reduction"] for r in mine if r["method"] == "auto" and r["overhead"] <= cap]
+            reductions.append(f"{max(ok):.2f}x" if ok else "-")
+        lines.append(f"| {name} | {pct(half)} | {policy} | {vs_policy} | {milp_cell} | "
+                     f"{vs_milp} | {pct(dtr)} | {' / '.join(reductions)} |")  # fmt: skip
+    lines += [
+        "",
+        "Rockmate reports 2x-5x activation memory reduction at 10-20% overhead on its "
+        "models (GPT2, ResNet, RegNet on GPU, measured); the reductions above are our "
+        "predicted ones (roofline times, simulator memory) relative to what XLA keeps for "
+        "a plain step, on the sizes run here.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], models: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(models), figsize=(4 * len(models), 3.5), squeeze=False)
+    for ax, name in zip(axes[0], models, strict=True):
+        mine = [r for r in rows if r["model"] == name]
+        for method in dict.fromkeys(r["method"] for r in mine):
+            pts = sorted((r["peak_fraction"], 100 * r["overhead"]) for r in mine
+                         if r["method"] == method)  # fmt: skip
+            ax.plot(*zip(*pts, strict=True), "-o" if len(pts) > 1 else "s", label=method,
+                    markersize=4)  # fmt: skip
+        ax.set_title(name)
+        ax.set_xlabel("peak / store-all peak")
+        ax.set_ylabel("overhead (%)")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small models, estimated temps")
+    parser.add_argument("--out", default="results/auto_remat", help="output directory")
+    parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
+    ns = parser.parse_args(argv)
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    milp_limit = 10.0 if ns.quick else 60.0
+    rows = []
+    for name in ns.models:
+        start = time.perf_counter()
+        rows += run_model(name, ns.quick, milp_limit)
+        print(f"auto_remat: {name} done in {time.perf_counter() - start:.1f} s", flush=True)
+    with open(out / "auto_remat.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    text = summary(rows, ns.models, milp_limit)
+    (out / "auto_remat.md").write_text(text)
+    plot(rows, ns.models, out / "auto_remat.png")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
