@@ -142,7 +142,6 @@ def compile_kernel(fn: Callable, *args: Any) -> Kernel:
     return Kernel(compiled, temp, max(flops, 0.0))
 
 
-_compile = compile_kernel  # the name jax_exec.auto imports
 
 
 def _tree_key(tree: Any) -> tuple:

@@ -33,7 +33,7 @@ from jax_exec.auto.kernels import (
     loss_function,
 )
 from jax_exec.auto.trace import Program, Traced, trace
-from jax_exec.kernels import Kernel, _compile
+from jax_exec.kernels import Kernel, compile_kernel
 from schedir.blocks.problem import BlockChain, BlockOption, BlockStage
 
 
@@ -119,7 +119,7 @@ class BlockModel:
         cotangent from ``d[k+1]`` added) or ``"loss"``."""
         key = self.kernel_key(kind, k, o)
         if key not in self._kernels:
-            kernel = _compile(*self.kernel_source(kind, k, o))
+            kernel = compile_kernel(*self.kernel_source(kind, k, o))
             planned = self._temps.get(key)
             if planned is not None and planned != kernel.temp_bytes:
                 raise RuntimeError(
@@ -132,7 +132,7 @@ class BlockModel:
 
     def kernel_source(self, kind: str, k: int, o: int = 0) -> tuple:
         """``(function, *shapes)`` of a kernel, to compile with
-        :func:`jax_exec.kernels._compile`."""
+        :func:`jax_exec.kernels.compile_kernel`."""
         specs = self.specs(k)
         block, lay = self.blocks.blocks[k], self.layouts[k]
         if kind == "loss":
