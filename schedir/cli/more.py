@@ -329,7 +329,7 @@ def default_experiments_dir() -> Path:
 
 
 def cmd_experiments(args: argparse.Namespace) -> int:
-    from schedir import report
+    from schedir.cli import report
 
     directory = Path(args.dir) if args.dir else default_experiments_dir()
     try:
