@@ -142,8 +142,6 @@ def compile_kernel(fn: Callable, *args: Any) -> Kernel:
     return Kernel(compiled, temp, max(flops, 0.0))
 
 
-
-
 def _tree_key(tree: Any) -> tuple:
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     return (treedef, tuple((tuple(leaf.shape), str(leaf.dtype)) for leaf in leaves))

@@ -5,7 +5,7 @@ JAX reports what a differentiated function saves for its backward only through
 ``jax._src.ad_checkpoint.saved_residuals``, returns the same facts as data; JAX 0.10
 has no public equivalent. The compiled path's checks (``jax_exec.saved_activations``,
 ``jax_exec.auto``'s plan checks) need them as data, so they call :func:`saved_residuals`
-here and nowhere else. tests/test_jax_residuals.py fails if JAX moves the function or
+here and nowhere else. tests/jax_exec/test_jax_residuals.py fails if JAX moves the function or
 changes what it returns.
 """
 

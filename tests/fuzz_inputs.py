@@ -1,4 +1,4 @@
-"""Malformed problems, schedules and budgets for the fuzz test (tests/test_fuzz_cli.py).
+"""Malformed problems, schedules and budgets for the fuzz test (tests/cli/test_fuzz_cli.py).
 
 A seeded generator: valid seeds of every problem kind and schedule class (small, so
 that every solver is fast on them), mutated 1 to 3 times at random places of their

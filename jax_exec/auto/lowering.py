@@ -185,7 +185,7 @@ def saved_residuals(fn: Callable, *args: Any) -> Counter:
     The one place this package calls a private JAX function:
     ``jax._src.ad_checkpoint.saved_residuals`` is the function behind the public
     ``jax.ad_checkpoint.print_saved_residuals``, which only prints. A test
-    (tests/test_auto_plan.py) fails if it moves or changes its output.
+    (tests/jax_exec/test_auto_plan.py) fails if it moves or changes its output.
     """
     from jax_exec.residuals import saved_residuals as _saved
 

@@ -19,7 +19,7 @@ backward. The lowering is that of :mod:`jax_exec.lowering` (``jax.checkpoint`` p
   rule: a ``custom_vjp``'s residuals are outside the reach of a checkpoint policy (tried:
   a policy around the whole step also re-saves the records' internals).
 
-Checked (tests/test_offload_lowering.py): gradients equal the plain lowering's; at the
+Checked (tests/jax_exec/test_offload_lowering.py): gradients equal the plain lowering's; at the
 top level, :func:`offload_residuals` (JAX's ``saved_residuals``, whose abstract values
 say ``float32<host>[...]`` on CPU too) finds the offloaded buffers in host memory and
 the device keeps the plain lowering's residuals minus those. XLA schedules the copies

@@ -37,7 +37,7 @@ import schedir
 import solvers
 from schedir.cli.app import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CASES = int(os.environ.get("SCHEDIR_FUZZ_CASES", "2400"))
 SEED = int(os.environ.get("SCHEDIR_FUZZ_SEED", "11"))
 SECONDS_PER_CALL = 20  # slower on these tiny problems is a finding (a cold cvxpy/HiGHS

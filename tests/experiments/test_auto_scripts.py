@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script(path: str):

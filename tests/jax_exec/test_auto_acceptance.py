@@ -3,7 +3,7 @@
 BatchNorm, U-Net with skip concatenations, scanned transformer), quick sizes.
 
 For three budgets between the least feasible one and the store-all peak, against
-independent oracles (``check_plan`` of tests/test_auto_plan.py): loss and gradients
+independent oracles (``check_plan`` of tests/jax_exec/test_auto_plan.py): loss and gradients
 equal plain ``nnx.value_and_grad`` (rtol 1e-5), the model state after the step
 (BatchNorm statistics, RNG counters) equals the plain step's, the op-by-op run's
 measured live bytes and needs equal the simulator's, its peak equals the plan's
@@ -28,7 +28,7 @@ from jax_exec.auto.lowering import expected_residuals, saved_residuals
 
 def _example_models():
     # tests/auto_models.py has the same module name: load the examples' file by path
-    path = Path(__file__).resolve().parents[1] / "examples" / "auto_models.py"
+    path = Path(__file__).resolve().parents[2] / "examples" / "auto_models.py"
     spec = importlib.util.spec_from_file_location("example_auto_models", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

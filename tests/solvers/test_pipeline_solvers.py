@@ -7,7 +7,7 @@ import math
 import random
 
 import pytest
-from test_pipeline_instances import random_problem
+from pipeline_instances import random_problem
 
 import schedir
 import solvers

@@ -18,7 +18,7 @@ import solvers
 from schedir.cli.app import parse_budget
 from schedir.cli.common import CLIError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHAIN = str(ROOT / "examples" / "chain_small.json")
 DEMO = str(ROOT / "examples" / "demo_model.json")
 

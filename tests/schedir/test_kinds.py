@@ -15,7 +15,7 @@ from schedir.cli import main
 from schedir.pipeline.ops import one_f_one_b_ops
 from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def small_chain() -> Chain:

@@ -6,7 +6,7 @@ import csv
 import importlib.util
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_graph_solvers_quick(tmp_path: Path) -> None:

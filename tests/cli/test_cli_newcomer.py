@@ -16,7 +16,7 @@ from test_cli import run
 import schedir
 import solvers
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHAIN = str(ROOT / "examples" / "chain_small.json")
 
 

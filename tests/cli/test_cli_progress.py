@@ -10,7 +10,7 @@ import pytest
 import solvers.registry
 from schedir.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHAIN = str(ROOT / "examples" / "chain_small.json")
 
 

@@ -17,7 +17,7 @@ import pytest
 import schedir
 from schedir.cli.app import CLIError, main, parse_budget
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHAIN = str(ROOT / "examples" / "chain_small.json")
 DEMO = str(ROOT / "examples" / "demo_model.json")
 

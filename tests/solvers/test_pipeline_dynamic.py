@@ -6,7 +6,7 @@ import random
 from collections import Counter
 
 import pytest
-from test_pipeline_instances import random_problem
+from pipeline_instances import random_problem
 
 import schedir
 import solvers

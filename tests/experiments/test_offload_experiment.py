@@ -6,7 +6,7 @@ import importlib.util
 import math
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_remat_offload_quick(tmp_path, capsys):

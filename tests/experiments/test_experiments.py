@@ -1,7 +1,7 @@
 """Every experiment in ``paper_experiments/`` runs in ``--quick`` mode and writes a sane CSV.
 
 Experiments are discovered by globbing (``*.py`` not starting with ``_``). Each must
-have its own quick-mode test (e.g. ``tests/test_remat_experiment.py``); this file checks
+have its own quick-mode test (e.g. ``tests/experiments/test_remat_experiment.py``); this file checks
 that, and checks the generic contract on one of them: the script exits 0, writes at
 least one CSV with a header of distinct names, rows of that width, no NaN, and a PNG;
 when the script declares a module-level ``FIELDS = [...]`` list, the CSV's header is
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = ROOT / "paper_experiments"
 
 
