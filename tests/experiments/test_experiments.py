@@ -31,7 +31,7 @@ def has_own_test(name: str) -> bool:
     this = Path(__file__).name
     return any(
         name in text and "--quick" in text
-        for path in (ROOT / "tests").glob("test_*.py")
+        for path in (ROOT / "tests").rglob("test_*.py")
         if path.name != this
         for text in [path.read_text()]
     )
