@@ -30,6 +30,10 @@ from schedir.errors import InvalidProblem
 from schedir.pipeline.master_worker import MasterWorker, SteadyState  # noqa: F401 (re-exported)
 from schedir.platform import Platform, check_bytes, check_number
 
+# A schedule holds ops per micro-batch and stage, and the simulator runs every one of
+# them: beyond this a training step, or the default simulated stream, never finishes.
+MAX_MICROBATCHES = 100_000
+
 
 @dataclass(frozen=True)
 class PipelineProblem:
@@ -82,6 +86,11 @@ class PipelineProblem:
         m = self.microbatches
         if isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < 1:
             raise InvalidProblem(f"microbatches = {m!r}: expected an integer >= 1")
+        if m > MAX_MICROBATCHES:
+            raise InvalidProblem(
+                f"microbatches = {m!r}: at most {MAX_MICROBATCHES:,} (schedules and the "
+                "simulator hold ops per micro-batch and stage)"
+            )
         object.__setattr__(self, "microbatches", int(m))
         if not isinstance(self.training, bool):
             raise InvalidProblem(f"training = {self.training!r}: expected true or false")
