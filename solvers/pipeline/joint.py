@@ -123,8 +123,12 @@ class _Search:
         pb = self.problem
         shape = "v" if pattern == "v_shape" else "loop"
         chunks = place(list(cuts), list(devs), shape)
-        base = self._orders(pattern, devs, cuts, chunks, None, None)
-        rows = alive_profile(base)
+        if pattern.startswith("list:"):  # k micro-batches per device, then list scheduling
+            k = int(pattern.split(":")[1])
+            rows = {u: [{"s": {(a, b): k for a, b, v in chunks if v == u}, "w": {}}]
+                    for u in devs}  # fmt: skip
+        else:
+            rows = alive_profile(self._orders(pattern, devs, cuts, chunks, None, None))
         slack = {u: 0.0 for u in devs}
         for _ in range(3):
             plans = self._choose(chunks, rows, "store_all" if mode == "as_is" else mode, slack)
@@ -133,7 +137,7 @@ class _Search:
             fp = None if mode == "as_is" else [p.footprint for p in plans]
             rec = [p.extra for p in plans]
             try:
-                s = self._orders(pattern, devs, cuts, chunks, fp, rec)
+                s = self._orders(pattern, devs, cuts, chunks, fp, rec, slack)
             except InvalidSchedule:
                 return None
             self.evals += 1
@@ -150,13 +154,14 @@ class _Search:
                 slack[u] += max(0.0, v)
         return None
 
-    def _orders(self, pattern, devs, cuts, chunks, fp, rec) -> PipelineSchedule:
+    def _orders(self, pattern, devs, cuts, chunks, fp, rec, slack=None) -> PipelineSchedule:
         pb = self.problem
         stash = None
         if fp is not None:
             stash = {f"{a}:{b}": int(f) for (a, b, _), f in zip(chunks, fp, strict=True)}
-        if pattern == "list":
-            caps = {u: self.cap(u) - self._fixed(u, chunks) for u in devs}
+        if pattern.startswith("list"):
+            slack = slack or {}
+            caps = {u: self.cap(u) - self._fixed(u, chunks) - slack.get(u, 0.0) for u in devs}
             caps = {u: (None if math.isinf(c) else c) for u, c in caps.items()}
             orders = list_orders(pb, chunks, caps=caps if fp is not None else None,
                                  footprint=fp, recompute=rec)  # fmt: skip
@@ -194,15 +199,18 @@ class _Search:
                 plans[c] = got
         return plans  # type: ignore[return-value]
 
-    def dp_cuts(self, pattern: str, devs: Sequence[str]) -> list[int] | None:
+    def dp_cuts(self, pattern: str, devs: Sequence[str], k: int | None = None) -> list[int] | None:
         """Cuts minimizing the slowest chunk (one chunk per device), each chunk's
-        time from its plan under the budget its position allows."""
+        time from its plan under the budget its position allows (``k``: k
+        micro-batches in flight on every device, for list scheduling)."""
         pb = self.problem
         L, p = pb.length, len(devs)
         if p > L:
             return None
-        probe = PATTERNS.get(pattern, one_f_one_b)(pb, list(devs))
-        rows = alive_profile(probe)
+        if k is not None:
+            rows = {u: [{"s": {(0, 1): k}, "w": {}}] for u in devs}
+        else:
+            rows = alive_profile(PATTERNS[pattern](pb, list(devs)))
         n_all = sum(max((sum(r["s"].values()) for r in rs), default=1) for rs in rows.values())
         inf = math.inf
 
@@ -239,13 +247,13 @@ class _Search:
         return cuts[::-1]
 
     def improve(self, pattern: str, devs: Sequence[str], cuts: list[int]) -> None:
-        """Move one cut at a time by +-1 while the simulated period improves."""
+        """Hill climbing on the cuts: evaluate every move of one cut by +-1 and take
+        the best while the simulated period improves (from infeasible cuts too: the
+        first feasible neighbour is an improvement)."""
         period = self.candidate(pattern, devs, cuts, "plan")
-        if period is None:
-            return
-        improved = True
-        while improved and self.evals < self.max_evals:
-            improved = False
+        period = math.inf if period is None else period
+        while self.evals < self.max_evals:
+            best = (period, None)
             for k in range(1, len(cuts) - 1):
                 for step in (-1, 1):
                     new = list(cuts)
@@ -253,11 +261,11 @@ class _Search:
                     if not new[k - 1] < new[k] < new[k + 1]:
                         continue
                     got = self.candidate(pattern, devs, new, "plan")
-                    if got is not None and got < period - 1e-12:
-                        period, cuts, improved = got, new, True
-                        break
-                if improved:
-                    break
+                    if got is not None and got < best[0] - 1e-12:
+                        best = (got, new)
+            if best[1] is None:
+                return
+            period, cuts = best
 
 
 def device_orders(problem: PipelineProblem) -> list[list[str]]:
@@ -305,6 +313,7 @@ def pipeline_joint(
     L = problem.length
     orders = device_orders(problem)
     for n, devs in enumerate(orders):
+        dp_1f1b = search.dp_cuts("1f1b", devs) if len(devs) <= L else None
         for pattern in patterns:
             v = CHUNKS_PER_DEVICE[pattern]
             if len(devs) * v > L:
@@ -313,6 +322,21 @@ def pipeline_joint(
             for mode in ("as_is", "store_all", "least"):
                 if pattern != "list":
                     search.candidate(pattern, devs, balanced, mode)
+            if pattern == "list":
+                # list scheduling with budgets for k micro-batches in flight per device
+                tried = {}
+                for k in range(1, min(problem.microbatches, 2 * len(devs)) + 1):
+                    for c in (balanced, dp_1f1b or balanced,
+                              search.dp_cuts(pattern, devs, k) or balanced):  # fmt: skip
+                        got = search.candidate(f"list:{k}", devs, c, "plan")
+                        if got is not None and got < tried.get(k, (math.inf,))[0]:
+                            tried[k] = (got, c)
+                if tried:
+                    k = min(tried, key=lambda kk: tried[kk][0])
+                    search.improve(f"list:{k}", devs, list(tried[k][1]))
+                else:  # nothing fits yet: climb from the cuts of one micro-batch in flight
+                    search.improve("list:1", devs, search.dp_cuts(pattern, devs, 1) or balanced)
+                continue
             cuts = search.dp_cuts(pattern, devs) if v == 1 else None
             search.improve(pattern, devs, cuts or balanced)
             if progress is not None:
