@@ -29,6 +29,7 @@ a heuristic search whose every answer the simulator judges.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Sequence
@@ -129,15 +130,17 @@ class _Search:
                     for u in devs}  # fmt: skip
         else:
             rows = alive_profile(self._orders(pattern, devs, cuts, chunks, None, None))
-        slack = {u: 0.0 for u in devs}
-        for _ in range(3):
+        slack = {u: 0.0 for u in devs}  # bytes taken off a device's room after a try
+        order_slack = {u: 0.0 for u in devs}  # list scheduling: off its caps only
+        listed = pattern.startswith("list")
+        for attempt in range(4):
             plans = self._choose(chunks, rows, "store_all" if mode == "as_is" else mode, slack)
             if plans is None:
                 return None
             fp = None if mode == "as_is" else [p.footprint for p in plans]
             rec = [p.extra for p in plans]
             try:
-                s = self._orders(pattern, devs, cuts, chunks, fp, rec, slack)
+                s = self._orders(pattern, devs, cuts, chunks, fp, rec, order_slack)
             except InvalidSchedule:
                 return None
             self.evals += 1
@@ -150,8 +153,10 @@ class _Search:
                 return rep.period
             if mode == "as_is":
                 return None
+            # list scheduling first holds fewer micro-batches (same plans), then plans shrink
+            target = order_slack if listed and attempt < 2 else slack
             for u, v in over.items():
-                slack[u] += max(0.0, v)
+                target[u] += max(0.0, v)
         return None
 
     def _orders(self, pattern, devs, cuts, chunks, fp, rec, slack=None) -> PipelineSchedule:
@@ -161,10 +166,18 @@ class _Search:
             stash = {f"{a}:{b}": int(f) for (a, b, _), f in zip(chunks, fp, strict=True)}
         if pattern.startswith("list"):
             slack = slack or {}
-            caps = {u: self.cap(u) - self._fixed(u, chunks) - slack.get(u, 0.0) for u in devs}
+            # messages are counted by the list scheduler itself; a W's working set is not
+            wgt = 0
+            if pb.wgrad_fraction is not None:
+                wgt = max(pb.chain.bwd_tmp[: pb.length])
+            weights = {u: wgt + sum(sum(pb.weights[a:b]) for a, b, v in chunks if v == u)
+                       for u in devs}  # fmt: skip
+            caps = {u: self.cap(u) - weights[u] - slack.get(u, 0.0) for u in devs}
             caps = {u: (None if math.isinf(c) else c) for u, c in caps.items()}
+            order = pattern.split(":")[2] if pattern.count(":") == 2 else "BFW"
             orders = list_orders(pb, chunks, caps=caps if fp is not None else None,
-                                 footprint=fp, recompute=rec)  # fmt: skip
+                                 footprint=fp, recompute=rec, priority=tuple(order),
+                                 messages=True)  # fmt: skip
             s = schedule_from_orders(pb, chunks, orders, {"pattern": "list"}, rec)
         else:
             s = PATTERNS[pattern](pb, list(devs), cuts=list(cuts), recompute=rec)
@@ -268,17 +281,29 @@ class _Search:
             period, cuts = best
 
 
-def device_orders(problem: PipelineProblem) -> list[list[str]]:
-    """The platform's order, and by decreasing memory (front stages hold more
-    micro-batches), and by decreasing speed, without repeats."""
+def device_orders(problem: PipelineProblem, every: int = 3) -> list[list[str]]:
+    """Every order of up to ``every`` devices; beyond, the platform's order, by
+    decreasing memory (front stages hold more micro-batches) and by decreasing and
+    increasing speed; without repeats."""
     devs = list(problem.platform.devices)
+    if len(devs) <= every:
+        orders = [[d.name for d in o] for o in itertools.permutations(devs)]
+        return _distinct(problem, orders)
     mem = [d.memory if d.memory is not None else math.inf for d in devs]
     orders = [[d.name for d in devs]]
     orders.append([d.name for _, d in sorted(zip(mem, devs, strict=True), key=lambda t: -t[0])])
     orders.append([d.name for d in sorted(devs, key=lambda d: -d.speed)])
-    out = []
-    for o in orders:
-        if o not in out:
+    orders.append([d.name for d in sorted(devs, key=lambda d: d.speed)])
+    return _distinct(problem, orders)
+
+
+def _distinct(problem: PipelineProblem, orders: list[list[str]]) -> list[list[str]]:
+    out, seen = [], set()
+    for o in orders:  # identical devices in the same places give the same schedules
+        sig = tuple((problem.platform.device(u).speed, problem.platform.device(u).memory)
+                    for u in o)  # fmt: skip
+        if sig not in seen:
+            seen.add(sig)
             out.append(o)
     return out
 
@@ -324,16 +349,19 @@ def pipeline_joint(
                     search.candidate(pattern, devs, balanced, mode)
             if pattern == "list":
                 # list scheduling with budgets for k micro-batches in flight per device
+                # (priorities: backwards, forwards, weight gradients, or W before F)
                 tried = {}
                 for k in range(1, min(problem.microbatches, 2 * len(devs)) + 1):
                     for c in (balanced, dp_1f1b or balanced,
                               search.dp_cuts(pattern, devs, k) or balanced):  # fmt: skip
-                        got = search.candidate(f"list:{k}", devs, c, "plan")
-                        if got is not None and got < tried.get(k, (math.inf,))[0]:
-                            tried[k] = (got, c)
+                        for order in ("BFW", "BWF"):
+                            name = f"list:{k}:{order}"
+                            got = search.candidate(name, devs, c, "plan")
+                            if got is not None and got < tried.get(name, (math.inf,))[0]:
+                                tried[name] = (got, c)
                 if tried:
-                    k = min(tried, key=lambda kk: tried[kk][0])
-                    search.improve(f"list:{k}", devs, list(tried[k][1]))
+                    name = min(tried, key=lambda kk: tried[kk][0])
+                    search.improve(name, devs, list(tried[name][1]))
                 else:  # nothing fits yet: climb from the cuts of one micro-batch in flight
                     search.improve("list:1", devs, search.dp_cuts(pattern, devs, 1) or balanced)
                 continue

@@ -39,9 +39,11 @@ from solvers.registry import Infeasible, register
 
 def message_reserve(problem: PipelineProblem, i: int, j: int) -> int:
     """Bytes of one message of each kind around chunk [i, j) outside its footprint: a
-    received a_i and a sent d_i (i > 0), a received d_j (j < L)."""
+    received a_i and a sent d_i (i > 0), a received d_j (j < L); with split
+    backwards also the working set of a W (``Wgt``), which runs outside the footprint."""
     x, L = problem.chain.in_size, problem.length
-    return (2 * x[i] if i > 0 else 0) + (x[j] if j < L else 0)
+    wgt = max(problem.chain.bwd_tmp[i:j]) if problem.wgrad_fraction is not None else 0
+    return (2 * x[i] if i > 0 else 0) + (x[j] if j < L else 0) + wgt
 
 
 class StageCosts:
