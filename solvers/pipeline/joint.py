@@ -349,9 +349,12 @@ def pipeline_joint(
     progress=None,
 ) -> PipelineSchedule:
     """The fastest schedule found (module docstring); ``budget`` bytes bound every
-    device besides its memory; ``max_evals`` bounds the simulated candidates."""
+    device besides its memory; ``patterns``: names or one comma-separated string;
+    ``max_evals`` bounds the simulated candidates."""
     if not problem.training:
         raise ValueError("pipeline_joint needs a training problem (training=True)")
+    if isinstance(patterns, str):  # "1f1b,zb_h1" from the command line
+        patterns = [name.strip() for name in patterns.split(",") if name.strip()]
     for name in patterns:
         if name not in CHUNKS_PER_DEVICE:
             raise ValueError(f"pipeline_joint: pattern {name!r} unknown; known: "

@@ -88,7 +88,7 @@ GAP = 0.10  # docs/pipelines.md: worst 8.8%, mean 0.3% on 22 instances
 
 def test_fast_method_is_within_the_stated_gap_of_the_milp():
     ratios = []
-    for seed in range(6):
+    for seed in range(4):
         for memfrac in (None, 0.6):
             pb = instance(seed, memfrac=memfrac)
             try:
@@ -97,15 +97,15 @@ def test_fast_method_is_within_the_stated_gap_of_the_milp():
                 continue
             fast = solvers.solve(pb, None, "pipeline_joint")
             ratios.append(fast.meta["step_period"] / exact.meta["step_period"])
-    assert len(ratios) >= 8
+    assert len(ratios) >= 6
     assert max(ratios) <= 1 + GAP and sum(ratios) / len(ratios) <= 1.02
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", range(2))
 def test_joint_is_never_slower_than_a_baseline_that_fits(seed):
-    """On random instances of 3 devices and 6 stages, at memories from loose to tight:
-    at least the best baseline that fits, strictly better where none fits."""
-    for memfrac in (None, 0.7, 0.4):
+    """On random instances of 3 devices and 6 stages, at a loose and a tight memory: at
+    least the best baseline that fits (the experiment checks more)."""
+    for memfrac in (None, 0.4):
         pb = instance(seed, p=3, L=6, m=4, memfrac=memfrac)
         best = math.inf
         for name, make in BASELINES.items():
