@@ -155,5 +155,5 @@ def test_bad_requests_are_refused():
         solvers.get("pipeline_joint", pb).function(pb, patterns=("zb_h3",))
     tiny = instance(0, memfrac=0.01)
     for method in ("pipeline_joint", "pipeline_joint_milp"):
-        with pytest.raises(solvers.Infeasible, match="no schedule fits"):
+        with pytest.raises(solvers.Infeasible, match="found no schedule"):
             solvers.solve(tiny, None, method)
