@@ -1,6 +1,7 @@
 """The pipeline kind: a chain cut into intervals over several devices, inference
-streams and 1F1B/GPipe training; steady state and dynamic task graphs
-(docs/pipelines.md). Drawn with one lane per device and per link."""
+streams and training schedules (GPipe, 1F1B, interleaved, zero-bubble, V-shape; split
+backwards); steady state and dynamic task graphs (docs/pipelines.md). Drawn with one
+lane per device and per link."""
 
 from schedir import kind as _kind
 from schedir.pipeline.dag import Task, TaskGraph, pipeline_graph, simulate_dynamic
@@ -14,10 +15,13 @@ from schedir.pipeline.model import (
 )
 from schedir.pipeline.ops import (
     Bwd,
+    Effect,
     Fwd,
     PipelineSchedule,
     Recv,
     Send,
+    Wgt,
+    effect,
     gpipe_ops,
     inference_pattern,
     one_f_one_b_ops,
@@ -54,6 +58,7 @@ KIND = _kind.register(
 __all__ = [
     "KIND",
     "Bwd",
+    "Effect",
     "Fwd",
     "Interval",
     "Mapping",
@@ -68,7 +73,9 @@ __all__ = [
     "SteadyState",
     "Task",
     "TaskGraph",
+    "Wgt",
     "buffer_counts",
+    "effect",
     "evaluate",
     "gpipe_ops",
     "inference_pattern",
