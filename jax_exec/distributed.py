@@ -20,7 +20,6 @@ from collections import OrderedDict
 from collections.abc import Mapping
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -109,12 +108,16 @@ def transfer(
     if is_local(src):
         if value is None:
             raise ValueError(f"transfer {src} -> {dst}: the sender must pass the array")
-        piece = jax.device_put(value, src)[None]
+        piece = jax.device_put(value, src)
     else:
-        piece = jax.device_put(jnp.zeros((1, *aval.shape), aval.dtype), dst)
-    shape = (2, *aval.shape)
+        piece = jax.device_put(np.zeros(aval.shape, aval.dtype), dst)
+    if piece.ndim == 0:
+        raise ValueError(f"transfer {src} -> {dst}: a scalar (expected an array with axis 0)")
+    # the two devices' pieces side by side on axis 0: no reshape, nothing to compile
+    # but the shift itself
+    shape = (2 * aval.shape[0], *aval.shape[1:])
     moved = run(jax.make_array_from_single_device_arrays(shape, sharding, [piece]))
     if is_local(src):
         return None
     (shard,) = [s for s in moved.addressable_shards if s.device == mine]
-    return shard.data[0]
+    return shard.data

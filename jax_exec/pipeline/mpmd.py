@@ -142,7 +142,6 @@ class _Kernels:
         self.fwd = jax.jit(f)
         self.layouts: dict = {}
         self.masks: dict = {}
-        self.first = i == 0
         if last:
 
             def g(p, r, a, y, scale):
@@ -184,7 +183,7 @@ class _Kernels:
             _, res = vjp(p, r, a, tail)
             layout = self.layout(p, r, a, tail)
             keep = self.weight_residuals(p, res, d, layout)
-            da = None if i == 0 else apply(p, res, d, layout)[1]
+            da = apply(p, res, d, layout)[1]  # unused on the first chunk (d_0)
             return da, [v if k else None for v, k in zip(res, keep, strict=True)]
 
         self._apply = apply
@@ -229,7 +228,7 @@ def interval_kernels(
     fresh kernels, which compile again: pass the same loss function each step.
     """
     last = j == len(stages)
-    key = (tuple(s.key for s in stages[i:j]), last, loss_fn if last else None, i == 0)
+    key = (tuple(s.key for s in stages[i:j]), last, loss_fn if last else None)
     try:
         hash(key)
     except TypeError:
@@ -392,7 +391,7 @@ def run_pipeline(
 
     def add_grads(i: int, gp) -> None:
         for k, g in zip(range(i, i + len(gp)), gp, strict=True):
-            grads[k] = g if grads[k] is None else jax.tree_util.tree_map(jnp.add, grads[k], g)
+            grads[k] = g if grads[k] is None else _add(grads[k], g)
             ran[k] = True
 
     def compute(dev: str, op) -> dict:
@@ -426,7 +425,7 @@ def run_pipeline(
                 value, res = k.vjp(p, r, a, *t)
                 made[stash_key] = ("residuals", k.layout(p, r, a, t), res)
             if j == L:
-                loss = value if loss is None else loss + jax.device_put(value, loss.device)
+                loss = value if loss is None else _add(loss, jax.device_put(value, loss.device))
                 return made
             return {**made, a_out: value}
         stash = store[stash_key]
@@ -525,6 +524,10 @@ def run_pipeline(
         placement=place,
         device_peaks=peaks,
     )
+
+
+# one compiled sum per (gradient structure, device), not one per leaf shape
+_add = jax.jit(lambda a, b: jax.tree_util.tree_map(jnp.add, a, b))
 
 
 def _activation_avals(stages: Sequence[Stage], x0: jax.Array) -> list:

@@ -31,6 +31,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from schedir.pipeline.ops import Bwd, Fwd, PipelineSchedule, Wgt
+
 
 def stage_mesh(n_stages: int, devices: Sequence | None = None, axis: str = "stage") -> Mesh:
     """A 1-D mesh of ``n_stages`` devices (default: the first of ``jax.devices()``)."""
@@ -269,6 +271,41 @@ def timetable(orders: Sequence[Sequence[tuple[str, int]]]) -> Timetable:
     )
 
 
+def stage_orders(schedule: PipelineSchedule) -> tuple[tuple[tuple[str, int], ...], ...]:
+    """The per-stage orders of a training schedule with one chunk per device (1F1B,
+    GPipe, ZB-H1, ZB-H2 from :mod:`schedir.pipeline.baselines`), devices in pipeline
+    order: ``Fwd`` -> "F", ``Bwd(part="full")`` -> "BW", ``Bwd(part="input")`` -> "B",
+    ``Wgt`` -> "W" (messages dropped: the SPMD runner shifts every tick). Refused
+    (ValueError naming it): several chunks on one device, chunks of unequal lengths
+    (the stages hold equal slices of the stacked blocks), a backward that recomputes.
+    """
+    chunks = []
+    orders = []
+    for dev, ops in schedule.ops:
+        seen = {(o.first, o.last) for o in ops if isinstance(o, Fwd | Bwd | Wgt)}
+        if len(seen) != 1:
+            raise ValueError(f"device {dev} runs chunks {sorted(seen)}: the SPMD runner "
+                             "takes one chunk per device")  # fmt: skip
+        chunks.append(seen.pop())
+        order = []
+        for o in ops:
+            if isinstance(o, Bwd) and o.recompute:
+                raise ValueError(f"device {dev}: {o} recomputes: not supported by the SPMD runner")
+            if isinstance(o, Fwd):
+                order.append(("F", o.mb))
+            elif isinstance(o, Bwd):
+                order.append(("BW" if o.part == "full" else "B", o.mb))
+            elif isinstance(o, Wgt):
+                order.append(("W", o.mb))
+        orders.append(tuple(order))
+    chunks_sorted = sorted(range(len(chunks)), key=lambda k: chunks[k])
+    if chunks_sorted != list(range(len(chunks))):
+        raise ValueError(f"chunks {chunks} are not in device order")
+    if len({b - a for a, b in chunks}) != 1:
+        raise ValueError(f"chunks {chunks} have unequal lengths")
+    return tuple(orders)
+
+
 def spmd_value_and_grad(
     block_apply: Callable[[Any, jax.Array], jax.Array],
     loss_fn: Callable[[jax.Array, Any], jax.Array],
@@ -315,7 +352,9 @@ def spmd_value_and_grad(
         raise ValueError(f"batch of {x.shape[0]} is not divisible into {m} micro-batches")
     split = lambda a: a.reshape(m, a.shape[0] // m, *a.shape[1:])  # noqa: E731
     run = _trainer(block_apply, loss_fn, mesh, key, axis)
-    return run(stacked, split(x), jax.tree_util.tree_map(split, y))
+    # replicated on the mesh (under jax.distributed: every process passes the same batch)
+    xs, ys = jax.device_put((split(x), jax.tree_util.tree_map(split, y)), NamedSharding(mesh, P()))
+    return run(stacked, xs, ys)
 
 
 _TRAINERS: OrderedDict = OrderedDict()
