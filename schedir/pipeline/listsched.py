@@ -35,6 +35,7 @@ def list_orders(
     recompute: Sequence[float] | None = None,
     cap_wgrad: bool = True,
     w_defer: dict[str, int] | None = None,
+    messages: bool = False,
 ) -> dict[str, Order]:
     """Per-device orders of one training step of ``problem.microbatches`` micro-batches.
 
@@ -47,6 +48,10 @@ def list_orders(
     a device reserves the stashes of its later chunks there (so that a V-shape never
     starts a micro-batch it cannot finish). ``footprint[c]``: a per-micro-batch
     footprint of chunk c (``meta["stash"]``), ``recompute[c]``: extra backward seconds.
+    ``messages``: the caps also cover the messages between devices as the simulator
+    counts them inside footprints: a received buffer from its sender's op end until its
+    consumer starts, a sent gradient from its backward's end until its transfer ends;
+    an op starts only if what it sends fits its receiver (credit-based flow control).
     """
     chunks = check_placement(problem, chunks)
     C, m = len(chunks), problem.microbatches
@@ -100,6 +105,8 @@ def list_orders(
     events: list[tuple[float, int, str]] = []  # (end time, seq, device)
     seq, now = 0, 0.0
     total = m * C * (3 if split else 2)
+    inbox: dict[tuple, int] = {}  # op -> bytes of its received input, held until it starts
+    timed: list[tuple[float, str, int]] = []  # (time, device, bytes freed then)
 
     def deliver(key: tuple, src: str, dst: str, ready: float, nbytes: int) -> None:
         if src == dst:
@@ -108,7 +115,28 @@ def list_orders(
             start = max(ready, link_free.get((src, dst), 0.0))
             link_free[src, dst] = start + link_time(problem, src, dst, nbytes)
             arrive[key] = link_free[src, dst]
+            if messages:
+                act[dst] += nbytes
+                inbox[key] = nbytes
+                if key[0] != "F":  # the sender's copy of a gradient, until sent
+                    act[src] += nbytes
+                    heapq.heappush(timed, (link_free[src, dst], src, nbytes))
         pending[dst].add(key)
+
+    def sends_fit(kind: str, c: int) -> bool:
+        """Whether the receiver (and, for a gradient, the sender) has room for it."""
+        if not messages:
+            return True
+        first, last, u = chunks[c]
+        if kind == "F" and c + 1 < C and chunks[c + 1][2] != u:
+            v, size, own = chunks[c + 1][2], x[last], 0
+        elif kind in ("B", "Bi") and c > 0 and chunks[c - 1][2] != u:
+            v, size, own = chunks[c - 1][2], x[first], x[first]
+        else:
+            return True
+        room_v = caps.get(v) is None or act[v] + size <= caps[v]
+        room_u = caps.get(u) is None or act[u] + own <= caps[u]
+        return room_v and room_u
 
     def finish(u: str, key: tuple, t: float) -> None:
         kind, c, n = key
@@ -149,17 +177,20 @@ def list_orders(
             options.sort(key=lambda k, u=u, w=waiting: sort_key(k, u, w))
             for key in options:
                 kind, c, n = key
+                if not sends_fit(kind, c):
+                    continue
                 if kind == "F" and (c, n) in reserved:
                     reserved.discard((c, n))
                     booked[u] -= stash[c]
                 elif kind == "F":
-                    want = act[u] + booked[u] + stash[c] + later[c]
+                    want = act[u] + booked[u] + stash[c] + later[c] - inbox.get(key, 0)
                     if caps.get(u) is not None and want > caps[u]:
                         continue
                     reserved.update((k, n) for k in range(c + 1, C) if chunks[k][2] == u)
                     booked[u] += later[c]
                 if kind == "F":
                     act[u] += stash[c]
+                act[u] -= inbox.pop(key, 0)
                 pending[u].discard(key)
                 orders[u].append((kind, c, n))
                 end = now + dur[kind, c]
@@ -168,11 +199,15 @@ def list_orders(
                 heapq.heappush(events, (end, seq, u))
                 break
         waits = [arrive[k] for u in devs for k in pending[u] if arrive[k] > now]
+        waits += [t for t, _, _ in timed if t > now]
         if not events and not waits:
             stuck = {u: sorted(pending[u])[:3] for u in devs if pending[u]}
             raise InvalidSchedule(f"list scheduling: no op can start (memory caps too small?) "
                                   f"at t={now:.6g}: {stuck}")  # fmt: skip
         now = min(([events[0][0]] if events else []) + waits)
+        while timed and timed[0][0] <= now:
+            _, u, size = heapq.heappop(timed)
+            act[u] -= size
         while events and events[0][0] <= now:
             t, _, u = heapq.heappop(events)
             finish(u, running.pop(u), t)
