@@ -29,7 +29,7 @@ def test_multi_device_execution_matches_the_single_device_model():
                                       "spmd_nnx", "dmda", "eager", "cached",
                                       "current_params", "spmd_cached", "executor", "zb_h1",
                                       "v_shape", "recompute", "memory", "zb_cached",
-                                      "spmd_zb_h1"}  # fmt: skip
+                                      "spmd_zb_h1", "joint"}  # fmt: skip
 
 
 def _close(a, b, what: str) -> None:
@@ -180,6 +180,15 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
             assert r.device_peaks[dev] >= 0.85 * model[dev], (name, r.device_peaks, model)
         assert all(model[d] <= sim[d] for d in model), (name, model, sim)  # + working sets
     checked.append("memory")
+    # the joint planner's schedule (list scheduling of F, Bi, W under 10 kB per device)
+    tight = schedir.Platform.fully_connected([schedir.Device(f"d{u}", 1.0, 10_000)
+                                              for u in range(4)], 1e9)  # fmt: skip
+    joint = solvers.get("pipeline_joint", pbp).function(PipelineProblem(prof, [0] * L, tight, 4,
+                                                                        True))  # fmt: skip
+    r = run_pipeline(layers, joint, x, y, mse_loss)
+    _close(r.loss, ref_loss, "joint")
+    _close(r.grads, ref_grads, "joint")
+    checked.append("joint")
     pbi = PipelineProblem(chain, [0] * L, plat, 4, False)
     mi = Mapping((Interval(0, 3, ("d0", "d1")), Interval(3, 6, ("d2", "d3"))))
     r = run_pipeline(layers, expand(inference_pattern(pbi, mi), 4), x)

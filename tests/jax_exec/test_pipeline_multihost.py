@@ -1,8 +1,9 @@
 """Two processes of four CPU devices each, one JAX job (``schedir launch``): every
-generated training schedule, executed by the MPMD runtime on the 8 devices of both
-processes (sends between hosts through jax.distributed) and on each process's own 4
-devices, and the SPMD runner (1F1B and ZB-H1 orders) on a mesh over both processes,
-give the single-device loss and gradients (rtol 1e-5). One launch runs them all."""
+generated training schedule (the six baselines and the joint planner's), executed by
+the MPMD runtime on the 8 devices of both processes (sends between hosts through
+jax.distributed) and on each process's own 4 devices, and the SPMD runner (1F1B and
+ZB-H1 orders) on a mesh over both processes, give the single-device loss and
+gradients (rtol 1e-5). One launch runs them all."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def test_two_processes_run_every_schedule_like_one_device():
         if text.startswith("{"):
             reports[int(rank.lstrip("["))] = json.loads(text)
     assert set(reports) == {0, 1}, proc.stdout[-3000:]
-    names = {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "v_shape"}
+    names = {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "v_shape", "joint"}
     for rep in reports.values():
         assert rep["processes"] == 2 and rep["devices"] == 8 and rep["local"] == 4
         assert set(rep["local_4"]) == names, rep  # each process alone on its 4 devices
@@ -65,6 +66,7 @@ def _child() -> None:  # pragma: no cover - runs in the launched processes
     from flax import nnx
 
     import schedir
+    import solvers
     from jax_exec.models import mse_loss
     from jax_exec.pipeline.mpmd import run_pipeline
     from jax_exec.pipeline.spmd import (
@@ -112,9 +114,16 @@ def _child() -> None:  # pragma: no cover - runs in the launched processes
                                          [0] + [1] * L, [0] * L, [0] * (L + 1))  # fmt: skip
         return PipelineProblem(chain, [0] * L, platform, MICROBATCHES, True)
 
+    def generate(name: str, L: int, platform):
+        if name == "joint":  # the joint planner, memory tight enough for list scheduling
+            plat = platform if L == 4 else schedir.Platform.hosts(2, 4, 100e9, 10e9, memory=10)
+            sched = solvers.get("pipeline_joint", problem(L, plat)).function(problem(L, plat))
+            return sched
+        return BASELINES[name](problem(L, platform))
+
     def check(name: str, L: int, platform, devices=None) -> tuple[list[int], int]:
         """Run one generated schedule on the first L blocks (one block per chunk)."""
-        sched = BASELINES[name](problem(L, platform))
+        sched = generate(name, L, platform)
         r = run_pipeline(blocks[:L], sched, x, y, mse_loss, devices=devices)
         ref_loss, ref_grads = refs[L]
         checked = []
@@ -134,7 +143,7 @@ def _child() -> None:  # pragma: no cover - runs in the launched processes
     hosts = schedir.Platform.hosts(2, 4, 100e9, 10e9)  # h{p}/d{k}: process p's k-th device
     mine = schedir.Platform.hosts(1, 4, 100e9, 10e9)
     own = {f"h0/d{k}": d for k, d in enumerate(jax.local_devices())}
-    for name in BASELINES:
+    for name in [*BASELINES, "joint"]:
         virtual = name in ("interleaved_1f1b", "v_shape")  # two chunks per device
         checked, has_loss = check(name, 16 if virtual else 8, hosts)
         report["hosts_8"][name], report["loss_8"][name] = checked, has_loss
