@@ -23,7 +23,8 @@ class RunResult:
         grads: parameter gradients: one pytree per layer (``nnx.State`` for NNX layers;
             a parameter several layers read is in the first of them, with the sum of
             the gradients of its uses), or a dict ``module name -> nnx.State`` for a
-            DAG model; None for inference.
+            DAG model; None for inference. A pipeline run over several processes
+            gives None for the layers another process ran.
         outputs: the model outputs (inference runs), else None.
         peak_bytes: max over the initial state and every op of ``op_peak_bytes``
             (device activation bytes).

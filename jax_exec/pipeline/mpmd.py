@@ -165,7 +165,8 @@ def run_pipeline(
     one per ``op_log`` entry; ``device_peaks``: per device the most measured bytes
     after an op. Under ``jax.distributed`` each process returns the gradients of the
     stages it ran (None for the others), the loss where the last stage ran (else
-    None), and entries for its own devices only.
+    None), the outputs (inference) where every item's last stage ran, and log
+    entries and peaks for its own devices only.
     """
     stages = as_stages(layers)
     L = len(stages)
