@@ -43,7 +43,7 @@ from schedir.pipeline.placement import balanced_cuts, place, schedule_from_order
 from schedir.pipeline.problem import PipelineProblem
 from schedir.pipeline.steps import step_report
 from solvers.pipeline.one_f_one_b import message_reserve
-from solvers.pipeline.stage_plans import Plan, StagePlans
+from solvers.pipeline.stage_plans import Plan, shared_plans
 from solvers.registry import Infeasible, register
 
 PATTERNS = {"1f1b": one_f_one_b, "zb_h1": zb_h1, "zb_h2": zb_h2, "v_shape": v_shape}
@@ -103,7 +103,7 @@ class _Search:
     def __init__(self, problem, budget, slots, steps, patterns, max_evals, progress):
         self.problem, self.budget, self.steps = problem, budget, steps
         self.patterns, self.max_evals, self.progress = patterns, max_evals, progress
-        self.plans = StagePlans(problem, slots)
+        self.plans = shared_plans(problem, slots)
         self.best: tuple | None = None  # (period, schedule, report, info)
         self.evals = 0
         self.seen: set = set()
@@ -281,6 +281,29 @@ class _Search:
             period, cuts = best
 
 
+def apply_plans(schedule: PipelineSchedule, plans: dict[str, Plan]) -> PipelineSchedule:
+    """``schedule`` with chunk ``"i:j"`` run by ``plans["i:j"]``: its footprint in
+    ``meta["stash"]``, its extra seconds on every backward (``Bwd.recompute``)."""
+    lists = []
+    for dev, ops in schedule.ops:
+        out = []
+        for op in ops:
+            plan = plans.get(f"{op.first}:{op.last}") if isinstance(op, Bwd) else None
+            out.append(op if plan is None else Bwd(op.first, op.last, op.mb, plan.extra, op.part))
+        lists.append((dev, tuple(out)))
+    stash = {**schedule.meta.get("stash", {}), **{k: p.footprint for k, p in plans.items()}}
+    return PipelineSchedule(tuple(lists), {**schedule.meta, "stash": stash})
+
+
+def full_remat(problem: PipelineProblem, schedule: PipelineSchedule, slots: int = 500):
+    """``schedule`` with every chunk of ``meta["chunks"]`` at rotor's least memory (full
+    rematerialization, the Megatron-style fallback when activations do not fit)."""
+    plans = shared_plans(problem, slots, offload=False)
+    chunks = [tuple(ch) for ch in schedule.meta["chunks"]]
+    return apply_plans(schedule, {f"{a}:{b}": plans.within(a, b, plans.least(a, b))
+                                  for a, b, _ in chunks})  # fmt: skip
+
+
 def device_orders(problem: PipelineProblem, every: int = 3) -> list[list[str]]:
     """Every order of up to ``every`` devices; beyond, the platform's order, by
     decreasing memory (front stages hold more micro-batches) and by decreasing and
@@ -380,5 +403,6 @@ def pipeline_joint(
     meta = {**s.meta, "method": "pipeline_joint", "period": period / m,
             "step_period": period, "step_throughput": rep.throughput, "bubble": rep.bubble,
             "plans": plans, "candidates": search.evals, "exact": False,
-            "plans_exact": search.plans.exact, "search_time": time.perf_counter() - t0}  # fmt: skip
+            "plans_exact": all(p.exact for p in info["plans"]),
+            "search_time": time.perf_counter() - t0}  # fmt: skip
     return PipelineSchedule(s.ops, meta)

@@ -53,7 +53,7 @@ from solvers.pipeline.exhaustive import compositions
 from solvers.pipeline.joint import device_orders
 from solvers.pipeline.milp import _highs_model, _Rows
 from solvers.pipeline.one_f_one_b import message_reserve
-from solvers.pipeline.stage_plans import Plan, StagePlans
+from solvers.pipeline.stage_plans import Plan, StagePlans, shared_plans
 from solvers.registry import Infeasible, register
 
 
@@ -198,8 +198,9 @@ def _solve_combo(problem, devs, cuts, plans, budget, time_limit, unit):
     for c, (_, _, u) in enumerate(chunks):
         mine = sorted((val[R.index["S", *o]], rank[o[0]], o) for o in ops if o[1] == c)
         orders[u] = [o for _, _, o in mine]
+    exact = all(p.exact for menu in menus for p in menu)
     out = {"status": status.name, "time_limited": limited, "variables": n_cols,
-           "rows": len(R.lo)}  # fmt: skip
+           "rows": len(R.lo), "menus_exact": exact}  # fmt: skip
     if limited and math.isfinite(info.mip_dual_bound):
         out["lower_bound"] = float(info.mip_dual_bound) * unit
     return float(val[T]) * unit, chunks, orders, chosen, out
@@ -300,7 +301,7 @@ def pipeline_joint_milp(
     t0 = time.perf_counter()
     pb = problem
     L, m = pb.length, pb.microbatches
-    plans = StagePlans(pb, slots)
+    plans = shared_plans(pb, slots)
     devices = [d.name for d in pb.platform.devices]
     orders = ([list(o) for o in itertools.permutations(devices)] if len(devices) <= 4
               else device_orders(pb))  # fmt: skip
@@ -315,7 +316,7 @@ def pipeline_joint_milp(
             combos.append((lb, devs[:P], tuple(cuts)))
     combos.sort(key=lambda t: t[0])
     unit = max(pb.work(0, L) / max(d.speed for d in pb.platform.devices), 1e-30)
-    best, solved, limited, complete = None, 0, False, True
+    best, solved, limited, complete, menus_exact = None, 0, False, True, True
     bounds = []
     for k, (lb, devs, cuts) in enumerate(combos):
         if best is not None and lb >= best[0] * (1 - 1e-9):
@@ -331,6 +332,7 @@ def pipeline_joint_milp(
             continue
         T, chunks, ords, chosen, info = got
         limited = limited or info["time_limited"]
+        menus_exact = menus_exact and info["menus_exact"]
         bounds.append(info.get("lower_bound", T))
         fp = [p.footprint for p in chosen]
         rec = [p.extra for p in chosen]
@@ -345,7 +347,7 @@ def pipeline_joint_milp(
         raise Infeasible("pipeline_joint_milp", budget, None,
                          "no cut, order and plan menu fits the devices' memory")  # fmt: skip
     T, s, rep, chosen, info = best
-    exact = complete and not limited and plans.exact
+    exact = complete and not limited and menus_exact
     meta = {**s.meta, "method": "pipeline_joint_milp", "model_period": T,
             "step_period": rep.period, "period": rep.period / m,
             "step_throughput": rep.throughput, "bubble": rep.bubble,
