@@ -72,8 +72,10 @@ from jax_exec.pipeline.spmd import (  # noqa: E402
     sequential,
     shard_stacked,
     spmd_pipeline,
+    spmd_value_and_grad,
     stack_blocks,
     stage_mesh,
+    stage_orders,
 )
 
 __all__ += [
@@ -85,8 +87,10 @@ __all__ += [
     "sequential",
     "shard_stacked",
     "spmd_pipeline",
+    "spmd_value_and_grad",
     "stack_blocks",
     "stage_mesh",
+    "stage_orders",
 ]
 # The executor protocol: one ``run`` for every schedule class (docs/jax_exec.md).
 from jax_exec.executor import (  # noqa: E402

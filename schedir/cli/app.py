@@ -9,6 +9,7 @@
     schedir methods [PROBLEM.json]
     schedir profile --model demo --out problem.json
     schedir experiments [--quick] [NAME ...]
+    schedir launch --processes N [--devices-per-process K] -- python script.py ARGS
 
 Budgets take units (B, KiB, MiB, GiB, TiB; kB, MB, GB, TB are powers of 1000) or a
 percentage of the store-all peak (``50%``), computed exactly. Errors are one line on
@@ -409,6 +410,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_show)
 
     add_more_commands(sub, solver_flags)
+    from schedir.cli.launch import add_launch_command  # stdlib only; kept out of import time
+
+    add_launch_command(sub)
     return parser
 
 
@@ -420,8 +424,10 @@ def one_line(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (``python -m schedir`` exits with it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv
-    argv = [a for a in argv if a != "--debug"]
+    # ``--debug`` is schedir's anywhere before a ``--`` (after it, the launched command's)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    debug = "--debug" in argv[:cut]
+    argv = [a for a in argv[:cut] if a != "--debug"] + argv[cut:]
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
