@@ -25,8 +25,6 @@ Checkmate's "solve R given S"), which the simulator then judges.
 from __future__ import annotations
 
 import math
-import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -35,6 +33,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from schedir import Compute, Free, Graph, GraphSchedule, InvalidProblem, simulate_graph
+from solvers._highs import quiet_highs
 from solvers.registry import Infeasible, register
 
 SOLVER = "HIGHS"
@@ -257,32 +256,6 @@ def _status(model_status) -> str:
     return names.get(model_status, str(model_status).rsplit(".", 1)[-1])
 
 
-_BANNER_SILENCED = False
-
-
-def _new_highs():
-    """A quiet ``highspy.Highs``. HiGHS prints a banner on stdout when the process
-    creates its first solver, before any option applies: that first one is created with
-    stdout (fd 1) sent to /dev/null."""
-    global _BANNER_SILENCED
-    import highspy
-
-    if not _BANNER_SILENCED:
-        sys.stdout.flush()
-        saved, null = os.dup(1), os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(null, 1)
-            highspy.Highs()
-        finally:
-            os.dup2(saved, 1)
-            os.close(saved)
-            os.close(null)
-        _BANNER_SILENCED = True
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    return h
-
-
 def solve_model(
     model: CheckmateModel,
     budget: float,
@@ -342,7 +315,7 @@ def solve_model(
         lp.integrality_ = [highspy.HighsVarType.kInteger] * nx + [
             highspy.HighsVarType.kContinuous
         ] * (nu + extra)
-    h = _new_highs()
+    h = quiet_highs()
     h.setOptionValue("presolve", "on" if presolve else "off")
     if time_limit is not None:
         h.setOptionValue("time_limit", max(float(time_limit), 1e-3))

@@ -26,6 +26,7 @@ import math
 import numpy as np
 
 from schedir import OffloadProblem, OffloadSchedule
+from solvers._highs import silence_banner
 from solvers.offload.rotor_offload import Model, build_table, check_budget, emit, slot_for
 from solvers.registry import Infeasible, register
 
@@ -119,6 +120,7 @@ def solve_milp(model: Model, memory: int, *, time_limit: float | None = None):
     cost = np.array([mv[2] for _, mv in flat])
     prob = cp.Problem(cp.Minimize(cost @ y), cons)
     opts = {"time_limit": time_limit} if time_limit else {}
+    silence_banner()
     prob.solve(solver=cp.HIGHS, **opts)
     if y.value is None:
         return math.inf, {}, prob.status

@@ -71,6 +71,7 @@ from schedir import (
     simulate_offload,
 )
 from schedir.simulate import op_time
+from solvers._highs import silence_banner
 from solvers.offload.rotor_offload import check_budget
 from solvers.registry import Infeasible, register
 
@@ -414,6 +415,7 @@ def milp(inst: Instance, budget: int, *, time_limit: float | None = None):
     prob = cp.Problem(cp.Minimize(xc[C]), cons)
     opts = {"time_limit": time_limit} if time_limit else {}
     try:
+        silence_banner()
         prob.solve(solver=cp.HIGHS, mip_rel_gap=1e-9, **opts)
     except cp.error.SolverError:
         return None, False, math.inf

@@ -49,6 +49,7 @@ import scipy.sparse as sp
 
 from schedir.pipeline.model import capacity, evaluate, interval_memory, link_time, mapping_memory
 from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
+from solvers._highs import quiet_highs
 from solvers.pipeline.dp import mapping_schedule, require_inference
 from solvers.registry import Infeasible, register
 
@@ -286,8 +287,8 @@ def _highs_model(m: _Rows, n: int, scale: float):
     lp.a_matrix_.value_ = A.data
     kinds = highspy.HighsVarType
     lp.integrality_ = [kinds.kContinuous if c else kinds.kInteger for c in cont]
-    highs = highspy.Highs()
-    for name, value in (("output_flag", False), ("mip_rel_gap", 0.0), ("mip_abs_gap", 0.0)):
+    highs = quiet_highs()
+    for name, value in (("mip_rel_gap", 0.0), ("mip_abs_gap", 0.0)):
         highs.setOptionValue(name, value)
     highs.passModel(lp)
     return highs

@@ -234,3 +234,35 @@ def test_interval_mapping_methods_refuse_training_problems(method):
     pb = schedir.PipelineProblem(chain, [10] * chain.length, platform, 4, True)
     with pytest.raises(NotImplementedError, match=f"{method} plans inference.*pipeline_1f1b"):
         solvers.solve(pb, 380, method)
+
+
+QUIET_SOLVES = """
+import random, schedir, solvers
+tiny = schedir.Chain.from_rotor([2, 1], [1, 1, 1], [1, 4, 1], [1, 4, 1], [0, 0], [0, 0, 0])
+three = [schedir.Device("d0", memory=9), schedir.Device("d1", memory=9),
+         schedir.Device("d2", memory=18)]
+solvers.solve(schedir.PipelineProblem(tiny, [0, 10], schedir.Platform.fully_connected(three, 1)),
+              None, "pipeline_milp")
+pair = schedir.Platform.fully_connected([schedir.Device("g0"), schedir.Device("g1")], 10.0)
+solvers.solve(schedir.PipelineProblem(tiny, [1, 1], pair, microbatches=2, training=True),
+              None, "pipeline_joint_milp")
+ch = schedir.Chain.from_rotor([1, 2], [3, 4, 1], [10, 20, 30], [0, 25, 35], [0, 0], [0, 0, 0])
+solvers.solve(schedir.OffloadProblem(ch, schedir.Platform(device_memory=200)), 200, "offload_milp")
+w = schedir.OffloadProblem(ch, schedir.Platform.host_offload(10.0), weight_size=[20, 30, 0])
+solvers.solve(w, 400, "weight_offload", algorithm="milp")
+"""
+
+
+def test_highs_solvers_print_nothing_when_called_from_python():
+    """HiGHS prints a banner when a process creates its first solver (once per process,
+    so only a fresh process can show it): every HiGHS caller goes through
+    solvers._highs, and a fresh process that solves with each prints nothing at all."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", QUIET_SOLVES], cwd=root, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout == "", proc.stdout[:500]
