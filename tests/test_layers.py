@@ -33,3 +33,24 @@ def test_the_ir_core_loads_without_jax_or_solvers() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_no_solver_module_imports_the_solvers_package_itself() -> None:
+    """A module of ``solvers`` imports what it uses from its module (solvers.registry,
+    solvers.chain.rotor, ...), never the package ``solvers`` (whose __init__ imports
+    every module: a cycle through __init__, even inside a function)."""
+    import ast
+
+    offenders = []
+    for path in sorted((ROOT / "solvers").rglob("*.py")):
+        if path == ROOT / "solvers" / "__init__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            if "solvers" in names:
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert offenders == [], offenders

@@ -35,9 +35,14 @@ from functools import cache, lru_cache
 
 import numpy as np
 
-from schedir import Chain
+from schedir import Chain, OffloadProblem, discretize, simulate
+from schedir.chain.discretize import size_unit
 from schedir.pipeline.problem import PipelineProblem
 from schedir.platform import Device, Platform
+from solvers.chain._rotor_dp import build_table as rotor_table
+from solvers.chain.store_all import store_all_ops
+from solvers.offload.rotor_offload import build_table as offload_table
+from solvers.registry import Infeasible, solve
 
 
 def sub_chain(chain: Chain, i: int, j: int) -> Chain:
@@ -133,11 +138,8 @@ class StagePlans:
         self.curve = cache(self._curve)
 
     def _store_all(self, i: int, j: int) -> Plan:
-        import schedir
-        from solvers.chain.store_all import store_all_ops
-
         sub = sub_chain(self.problem.chain, i, j)
-        peak = schedir.simulate(sub, store_all_ops(sub)).peak_memory
+        peak = simulate(sub, store_all_ops(sub)).peak_memory
         return Plan(sub.store_all_time(), 0.0, int(peak), "store_all")
 
     def _least(self, i: int, j: int) -> int:
@@ -151,24 +153,18 @@ class StagePlans:
 
     def _curve(self, i: int, j: int, kind: str) -> Curve:
         """The time/memory curve of rotor ("rotor") or rotor_offload ("offload")."""
-        import schedir
-        from schedir.chain.discretize import size_unit
-        from solvers.chain._rotor_dp import build_table as rotor_table
-        from solvers.offload.rotor_offload import build_table as offload_table
-
         sub = sub_chain(self.problem.chain, i, j)
         top = self.store_all(i, j).footprint
         unit = size_unit(sub)
         slot = unit if top // unit <= self.slots else -(-top // self.slots)
         if kind == "rotor":
-            d = schedir.discretize(sub, top, slot_size=slot)
+            d = discretize(sub, top, slot_size=slot)
             table = rotor_table(d.chain, d.budget)
             x0 = d.chain.in_size[0]
             values = np.array([table.value(b) for b in range(x0, d.budget + 1)])
             return Curve(values, slot, x0, slot == unit, "rotor")
         plat = self.problem.platform
-        off = schedir.OffloadProblem(sub, schedir.Platform(offload=plat.offload,
-                                                           prefetch=plat.prefetch))  # fmt: skip
+        off = OffloadProblem(sub, Platform(offload=plat.offload, prefetch=plat.prefetch))
         table = offload_table(off, slot)
         x0 = table.model.x[0]
         values = np.asarray(table.tables[0][0][table.model.L], dtype=float)
@@ -199,18 +195,15 @@ class StagePlans:
     def _offload(self, i: int, j: int, budget: int, base: Plan, share_host: int) -> Plan | None:
         """rotor_offload solved at ``budget`` with the host memory split ``share_host``
         ways (its table cannot tell whether the host holds the offloads)."""
-        import schedir
-        import solvers
-
         plat = self.problem.platform
         host = plat.host_memory // max(1, share_host)
         sub = sub_chain(self.problem.chain, i, j)
-        off = schedir.OffloadProblem(sub, schedir.Platform(
+        off = OffloadProblem(sub, Platform(
             device_memory=budget, host_memory=host, offload=plat.offload,
             prefetch=plat.prefetch))  # fmt: skip
         try:
-            s = solvers.solve(off, budget, "rotor_offload", slots=self.slots)
-        except solvers.Infeasible:
+            s = solve(off, budget, "rotor_offload", slots=self.slots)
+        except Infeasible:
             return None
         t = s.meta["makespan"]
         kind = "rotor" if s.meta.get("fallback") == "rotor" else "offload"
