@@ -15,7 +15,9 @@ serve messages in the order they are produced. The result is an order per device
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from schedir.errors import InvalidSchedule
 from schedir.pipeline.model import link_time
@@ -24,7 +26,24 @@ from schedir.pipeline.placement import Chunk, Order, check_placement
 from schedir.pipeline.problem import PipelineProblem
 
 
-def list_orders(
+@dataclass(frozen=True)
+class ListSchedule:
+    """The orders of :func:`list_schedule` and ``cap_slack`` (bytes): the largest
+    amount by which every cap may be lowered at once with the same orders coming out
+    (every comparison of a device's bytes with its cap that passed still passes; inf
+    without caps). Lowering the caps by more gives the next schedule of smaller
+    memories: walking down these steps visits every schedule of every lower cap."""
+
+    orders: dict[str, Order]
+    cap_slack: float
+
+
+def list_orders(problem: PipelineProblem, chunks: Sequence[Chunk], **options) -> dict[str, Order]:
+    """The orders of :func:`list_schedule` (same arguments)."""
+    return list_schedule(problem, chunks, **options).orders
+
+
+def list_schedule(
     problem: PipelineProblem,
     chunks: Sequence[Chunk],
     *,
@@ -36,7 +55,7 @@ def list_orders(
     cap_wgrad: bool = True,
     w_defer: dict[str, int] | None = None,
     messages: bool = False,
-) -> dict[str, Order]:
+) -> ListSchedule:
     """Per-device orders of one training step of ``problem.microbatches`` micro-batches.
 
     ``split``: backwards as "Bi" + "W" (else full "B"). ``priority``: the kinds "B"
@@ -52,6 +71,12 @@ def list_orders(
     counts them inside footprints: a received buffer from its sender's op end until its
     consumer starts, a sent gradient from its backward's end until its transfer ends;
     an op starts only if what it sends fits its receiver (credit-based flow control).
+    With ``messages``, each device also keeps room for the gradients of its backward
+    path (:func:`gradient_reserve`: one incoming gradient per chunk fed from another
+    device, one outgoing gradient's own copy) that neither its forwards' stashes nor
+    incoming activations may take: without it a device full of stashes could not
+    receive the gradient that frees them (a deadlock whose occurrence depended on the
+    cap's value, so that more memory could make list scheduling fail).
     """
     chunks = check_placement(problem, chunks)
     C, m = len(chunks), problem.microbatches
@@ -62,6 +87,16 @@ def list_orders(
     speed = {u: problem.platform.device(u).speed for u in devs}
     rank = {kind: k for k, kind in enumerate(priority)}
     bwd_kind = "Bi" if split else "B"
+    slack = [math.inf]  # least margin of a passed comparison with a cap
+
+    def fits(u: str, want: float) -> bool:
+        cap = caps.get(u)
+        if cap is None:
+            return True
+        if want > cap:
+            return False
+        slack[0] = min(slack[0], cap - want)
+        return True
 
     def op_of(kind: str, c: int, n: int):
         first, last, _ = chunks[c]
@@ -80,16 +115,20 @@ def list_orders(
                 stash[c] = sum(size for key, size in eff.allocs if key[1] == "s")
             if kind == "Bi":
                 hold[c] = sum(size for key, size in eff.allocs_end if key[1] == "w")
+                if not any(key[1] == "s" for key in eff.releases):  # the stash lives to W
+                    hold[c] += stash[c]
     later = [sum(stash[k] for k in range(c + 1, C) if chunks[k][2] == chunks[c][2])
              for c in range(C)]  # fmt: skip
     reserved: set = set()  # (chunk, mb) whose stash an earlier forward reserved
     booked = dict.fromkeys(devs, 0.0)
     x = problem.chain.in_size
+    grad_room = gradient_reserve(problem, chunks) if messages else dict.fromkeys(devs, 0)
     for u in devs:
-        need = max(stash[c] + later[c] for c in range(C) if chunks[c][2] == u)
-        if caps.get(u) is not None and need > caps[u]:
+        need = grad_room[u] + max(stash[c] + later[c] for c in range(C) if chunks[c][2] == u)
+        if not fits(u, need):
             raise InvalidSchedule(f"list scheduling: device {u} caps activations at "
-                                  f"{caps[u]} bytes, below one chunk's stash ({need})")  # fmt: skip
+                                  f"{caps[u]} bytes, below one chunk's stash "
+                                  f"and its gradients' room ({need})")  # fmt: skip
 
     arrive: dict[tuple, float] = {}  # (kind, c, mb) -> time its inputs are on its device
     link_free: dict[tuple, float] = {}
@@ -129,14 +168,13 @@ def list_orders(
             return True
         first, last, u = chunks[c]
         if kind == "F" and c + 1 < C and chunks[c + 1][2] != u:
-            v, size, own = chunks[c + 1][2], x[last], 0
+            # an activation may not take the room the receiver keeps for gradients
+            v, size, own = chunks[c + 1][2], x[last] + grad_room[chunks[c + 1][2]], 0
         elif kind in ("B", "Bi") and c > 0 and chunks[c - 1][2] != u:
             v, size, own = chunks[c - 1][2], x[first], x[first]
         else:
             return True
-        room_v = caps.get(v) is None or act[v] + size <= caps[v]
-        room_u = caps.get(u) is None or act[u] + own <= caps[u]
-        return room_v and room_u
+        return fits(v, act[v] + size) and fits(u, act[u] + own)
 
     def finish(u: str, key: tuple, t: float) -> None:
         kind, c, n = key
@@ -184,7 +222,8 @@ def list_orders(
                     booked[u] -= stash[c]
                 elif kind == "F":
                     want = act[u] + booked[u] + stash[c] + later[c] - inbox.get(key, 0)
-                    if caps.get(u) is not None and want > caps[u]:
+                    want += grad_room[u]
+                    if not fits(u, want):
                         continue
                     reserved.update((k, n) for k in range(c + 1, C) if chunks[k][2] == u)
                     booked[u] += later[c]
@@ -212,7 +251,25 @@ def list_orders(
             t, _, u = heapq.heappop(events)
             finish(u, running.pop(u), t)
             free_at[u] = t
-    return orders
+    return ListSchedule(orders, slack[0])
+
+
+def gradient_reserve(problem: PipelineProblem, chunks: Sequence[Chunk]) -> dict[str, int]:
+    """Bytes each device keeps for its backward path's messages: an incoming gradient
+    d_last for each of its chunks whose successor is on another device, and the own
+    copy of the largest gradient d_first it sends. With one chunk per device (a loop
+    placement) this guarantees progress: the oldest micro-batch's gradient always fits
+    its receiver, whose backward then sends its own (by induction down to the first
+    chunk, which sends nothing)."""
+    x = problem.chain.in_size
+    into: dict[str, int] = {}
+    out: dict[str, int] = {}
+    for c, (first, last, u) in enumerate(chunks):
+        if c + 1 < len(chunks) and chunks[c + 1][2] != u:
+            into[u] = into.get(u, 0) + x[last]
+        if c > 0 and chunks[c - 1][2] != u:
+            out[u] = max(out.get(u, 0), x[first])
+    return {u: into.get(u, 0) + out.get(u, 0) for _, _, u in chunks}
 
 
 def _inputs_done(key: tuple, done: set) -> bool:

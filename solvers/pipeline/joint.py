@@ -36,7 +36,7 @@ from collections.abc import Sequence
 
 from schedir.errors import InvalidSchedule
 from schedir.pipeline.baselines import one_f_one_b, v_shape, zb_h1, zb_h2
-from schedir.pipeline.listsched import list_orders
+from schedir.pipeline.listsched import list_schedule
 from schedir.pipeline.model import capacity
 from schedir.pipeline.ops import Bwd, Fwd, PipelineSchedule, Wgt, wgrad_hold
 from schedir.pipeline.placement import balanced_cuts, place, schedule_from_orders
@@ -77,12 +77,9 @@ def alive_profile(schedule: PipelineSchedule) -> dict[str, list[dict]]:
     return out
 
 
-def footprint_budget(problem, rows, chunks_here, room: float) -> float:
-    """The largest per-micro-batch footprint f (the same for the device's chunks) with
-    max over rows of sum_c (s_c f + w_c H_c) <= room; H_c = wgrad_bytes or f."""
-    if math.isinf(room):
-        return math.inf
-    best = math.inf
+def _row_terms(problem, rows, chunks_here) -> list[tuple[int, float]]:
+    """Per row, (a, fixed): its bytes are a f + fixed for a footprint f."""
+    terms = []
     for row in rows:
         a = sum(row["s"].get(c, 0) for c in chunks_here)
         fixed = 0.0
@@ -92,11 +89,31 @@ def footprint_budget(problem, rows, chunks_here, room: float) -> float:
                 a += n
             else:
                 fixed += n * wgrad_hold(problem, c[0], c[1], 0)
+        terms.append((a, fixed))
+    return terms
+
+
+def footprint_budget(problem, rows, chunks_here, room: float) -> float:
+    """The largest per-micro-batch footprint f (the same for the device's chunks) with
+    max over rows of sum_c (s_c f + w_c H_c) <= room; H_c = wgrad_bytes or f."""
+    if math.isinf(room):
+        return math.inf
+    best = math.inf
+    for a, fixed in _row_terms(problem, rows, chunks_here):
         if a > 0:
             best = min(best, (room - fixed) / a)
         elif fixed > room:
             return -1.0
     return best
+
+
+def footprint_margin(problem, rows, chunks_here, room: float, footprint: float) -> float:
+    """How many bytes ``room`` may lose with :func:`footprint_budget` still at least
+    ``footprint`` (inf: any)."""
+    if math.isinf(room):
+        return math.inf
+    return min((room - fixed - a * footprint for a, fixed in _row_terms(problem, rows, chunks_here)
+                if a > 0), default=math.inf)  # fmt: skip
 
 
 class _Search:
@@ -121,7 +138,6 @@ class _Search:
         if key in self.seen or self.evals >= self.max_evals:
             return None
         self.seen.add(key)
-        pb = self.problem
         shape = "v" if pattern == "v_shape" else "loop"
         chunks = place(list(cuts), list(devs), shape)
         if pattern.startswith("list:"):  # k micro-batches per device, then list scheduling
@@ -130,58 +146,108 @@ class _Search:
                     for u in devs}  # fmt: skip
         else:
             rows = alive_profile(self._orders(pattern, devs, cuts, chunks, None, None))
+        if pattern.startswith("list"):
+            return self._walk(pattern, devs, cuts, chunks, rows)
         slack = {u: 0.0 for u in devs}  # bytes taken off a device's room after a try
-        order_slack = {u: 0.0 for u in devs}  # list scheduling: off its caps only
-        listed = pattern.startswith("list")
-        for attempt in range(4):
+        for _ in range(4):
             plans = self._choose(chunks, rows, "store_all" if mode == "as_is" else mode, slack)
             if plans is None:
                 return None
             fp = None if mode == "as_is" else [p.footprint for p in plans]
             rec = [p.extra for p in plans]
             try:
-                s = self._orders(pattern, devs, cuts, chunks, fp, rec, order_slack)
+                s = self._orders(pattern, devs, cuts, chunks, fp, rec)
             except InvalidSchedule:
                 return None
-            self.evals += 1
-            rep = step_report(pb, s, self.steps)
-            over = {u: rep.device_peak.get(u, 0) - self.cap(u) for u in devs}
-            if all(v <= 0 for v in over.values()):
-                info = {"pattern": pattern, "cuts": list(cuts), "plans": plans, "mode": mode}
-                if self.best is None or rep.period < self.best[0] - 1e-12:
-                    self.best = (rep.period, s, rep, info)
-                return rep.period
-            if mode == "as_is":
-                return None
-            # list scheduling first holds fewer micro-batches (same plans), then plans shrink
-            target = order_slack if listed and attempt < 2 else slack
-            for u, v in over.items():
-                target[u] += max(0.0, v)
+            period, over = self._judge(s, pattern, cuts, plans, mode)
+            if period is not None or mode == "as_is":
+                return period
+            for u, v in over.items():  # plans shrink by what the simulator found over
+                slack[u] += max(0.0, v)
         return None
 
-    def _orders(self, pattern, devs, cuts, chunks, fp, rec, slack=None) -> PipelineSchedule:
+    def _judge(self, s: PipelineSchedule, pattern, cuts, plans, mode):
+        """Simulate ``s`` over repeated steps; keep it if it fits and is the fastest so
+        far. Returns (its period or None, bytes over each device's memory)."""
+        self.evals += 1
+        rep = step_report(self.problem, s, self.steps)
+        over = {u: rep.device_peak.get(u, 0) - self.cap(u) for u in rep.device_peak}
+        if any(v > 0 for v in over.values()):
+            return None, over
+        info = {"pattern": pattern, "cuts": list(cuts), "plans": plans, "mode": mode}
+        if self.best is None or rep.period < self.best[0] - 1e-12:
+            self.best = (rep.period, s, rep, info)
+        return rep.period, over
+
+    def _walk(self, pattern, devs, cuts, chunks, rows):
+        """List scheduling at the devices' memories and at every lower one: the caps and
+        the plans' room lowered together by delta bytes, delta walking up through every
+        value at which the plans or the list schedule change (``cap_slack``, and the
+        margin before a chunk's plan shrinks), until nothing fits. The fastest that
+        fits is kept. Greedy list scheduling is not monotone in its caps (more room
+        may admit a forward that delays a backward), so a schedule of a smaller memory
+        can be faster: walking down makes every schedule that the walk finds at a
+        memory M' found at every M > M' too."""
+        tol = 1e-9 * max([1.0] + [self.cap(u) for u in devs if not math.isinf(self.cap(u))])
+        best, delta, visited = None, 0.0, set()
+        while self.evals < self.max_evals:
+            plans = self._choose(chunks, rows, "plan", dict.fromkeys(devs, delta))
+            if plans is None:
+                break
+            fp = [p.footprint for p in plans]
+            rec = [p.extra for p in plans]
+            try:
+                s, cap_slack = self._list(pattern, chunks, fp, rec, delta)
+            except InvalidSchedule:
+                break
+            if (tuple(fp), s.ops) not in visited:
+                visited.add((tuple(fp), s.ops))
+                period, _ = self._judge(s, pattern, cuts, plans, "plan")
+                if period is not None and (best is None or period < best):
+                    best = period
+            step = min(cap_slack, self._plan_margin(chunks, rows, plans, delta))
+            if math.isinf(step):
+                break
+            delta += max(step, 0.0) + tol
+        return best
+
+    def _plan_margin(self, chunks, rows, plans, delta) -> float:
+        """Bytes the devices' room may lose past ``delta`` before a chunk's plan changes."""
+        out = math.inf
+        for dev in {u for _, _, u in chunks}:
+            here = [(a, b) for a, b, u in chunks if u == dev]
+            least = min(p.footprint for p, (_, _, u) in zip(plans, chunks, strict=True)
+                        if u == dev)  # fmt: skip
+            room = self.cap(dev) - self._fixed(dev, chunks) - delta
+            out = min(out, footprint_margin(self.problem, rows[dev], here, room, least))
+        return out
+
+    def _list(self, pattern, chunks, fp, rec, lower: float = 0.0):
+        """The list schedule of ``pattern`` ("list:k[:BFW|BWF]") with every device's cap
+        lowered by ``lower`` bytes, and its ``cap_slack``."""
         pb = self.problem
-        stash = None
+        # messages are counted by the list scheduler itself; a W's working set is not
+        wgt = max(pb.chain.bwd_tmp[: pb.length]) if pb.wgrad_fraction is not None else 0
+        caps = {}
+        for u in {v for _, _, v in chunks}:
+            held = sum(sum(pb.weights[a:b]) for a, b, v in chunks if v == u)
+            c = self.cap(u) - lower - wgt - held
+            caps[u] = None if math.isinf(c) else c
+        parts = pattern.split(":")
+        order = parts[2] if len(parts) > 2 else "BFW"
+        got = list_schedule(pb, chunks, caps=caps if fp is not None else None, footprint=fp,
+                            recompute=rec, priority=tuple(order), messages=True)  # fmt: skip
+        s = schedule_from_orders(pb, chunks, got.orders, {"pattern": "list"}, rec)
         if fp is not None:
             stash = {f"{a}:{b}": int(f) for (a, b, _), f in zip(chunks, fp, strict=True)}
-        if pattern.startswith("list"):
-            slack = slack or {}
-            # messages are counted by the list scheduler itself; a W's working set is not
-            wgt = 0
-            if pb.wgrad_fraction is not None:
-                wgt = max(pb.chain.bwd_tmp[: pb.length])
-            weights = {u: wgt + sum(sum(pb.weights[a:b]) for a, b, v in chunks if v == u)
-                       for u in devs}  # fmt: skip
-            caps = {u: self.cap(u) - weights[u] - slack.get(u, 0.0) for u in devs}
-            caps = {u: (None if math.isinf(c) else c) for u, c in caps.items()}
-            order = pattern.split(":")[2] if pattern.count(":") == 2 else "BFW"
-            orders = list_orders(pb, chunks, caps=caps if fp is not None else None,
-                                 footprint=fp, recompute=rec, priority=tuple(order),
-                                 messages=True)  # fmt: skip
-            s = schedule_from_orders(pb, chunks, orders, {"pattern": "list"}, rec)
-        else:
-            s = PATTERNS[pattern](pb, list(devs), cuts=list(cuts), recompute=rec)
-        if stash is not None:
+            s = PipelineSchedule(s.ops, {**s.meta, "stash": stash})
+        return s, got.cap_slack
+
+    def _orders(self, pattern, devs, cuts, chunks, fp, rec) -> PipelineSchedule:
+        """The fixed-order pattern's schedule on these cuts, with footprints ``fp``."""
+        s = PATTERNS[pattern](self.problem, list(devs), cuts=list(cuts), recompute=rec)
+        if fp is not None:
+            stash = {f"{a}:{b}": int(f) for (a, b, _), f in zip(chunks, fp, strict=True)}
             s = PipelineSchedule(s.ops, {**s.meta, "stash": stash})
         return s
 
@@ -399,9 +465,7 @@ def pipeline_joint(
         raise Infeasible("pipeline_joint", budget, None,
                          "no pattern, cut and per-chunk plan fits the devices' memory")  # fmt: skip
     period, s, rep, info = search.best
-    plans = [{"chunk": f"{a}:{b}", "device": u, "plan": p.kind, "footprint": p.footprint,
-              "extra": p.extra} for (a, b, u), p in zip(
-                  [tuple(ch) for ch in s.meta["chunks"]], info["plans"], strict=True)]  # fmt: skip
+    plans = search.plans.describe([tuple(ch) for ch in s.meta["chunks"]], info["plans"])
     m = problem.microbatches
     meta = {**s.meta, "method": "pipeline_joint", "period": period / m,
             "step_period": period, "step_throughput": rep.throughput, "bubble": rep.bubble,
