@@ -58,15 +58,19 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jax_exec.chain.tree import check_schedule
 from jax_exec.distributed import is_local, transfer
 from jax_exec.pipeline.chunks import (  # the dynamic runtime imports these two from here too
     ChunkKernels,
+    ChunkProgram,
     interval_kernels,
+    recompute_ops,
     split_microbatches,
+    store_all_ops,
 )
 from jax_exec.result import RunResult
 from jax_exec.stages import Stage, as_stages
-from schedir import Chain
+from schedir import Chain, parse_op
 from schedir.errors import InvalidSchedule
 from schedir.pipeline.ops import Bwd, Fwd, PipelineSchedule, Send, Wgt, effect
 from schedir.pipeline.problem import PipelineProblem
@@ -121,6 +125,25 @@ def unit_problem(schedule: PipelineSchedule, L: int, m: int, training: bool) -> 
     return PipelineProblem(chain, [0] * L, Platform.fully_connected(devs, 1.0), m, training)
 
 
+def chunk_chain_ops(schedule: PipelineSchedule, i: int, j: int) -> tuple:
+    """The chain schedule chunk [i, j) runs (local stages 0..j-i-1, its ``Loss`` the
+    arrival of d_j or the real loss): the plan's ``ops`` in ``meta["plans"]`` (a rotor
+    plan), else :func:`~jax_exec.pipeline.chunks.recompute_ops` when a backward of
+    the chunk recomputes (``Bwd.recompute > 0`` without a plan: the chunk checkpointed
+    whole), else :func:`~jax_exec.pipeline.chunks.store_all_ops`."""
+    name = f"{i}:{j}"
+    for plan in schedule.meta.get("plans") or ():
+        if isinstance(plan, dict) and plan.get("chunk") == name and plan.get("ops"):
+            try:
+                ops = tuple(parse_op(o) if isinstance(o, str) else o for o in plan["ops"])
+                return check_schedule(ops, j - i)
+            except InvalidSchedule as err:
+                raise InvalidSchedule(f"meta plans: chunk {name}: {err}") from None
+    recomputes = any(isinstance(o, Bwd) and (o.first, o.last) == (i, j) and o.recompute > 0
+                     for _, lst in schedule.ops for o in lst)  # fmt: skip
+    return recompute_ops(j - i) if recomputes else store_all_ops(j - i)
+
+
 def _op_effects(problem: PipelineProblem, schedule: PipelineSchedule, training: bool) -> dict:
     """(device, position) -> Effect, with the plan's per-chunk footprints
     (``meta["stash"]``), as the simulator reads them."""
@@ -128,7 +151,7 @@ def _op_effects(problem: PipelineProblem, schedule: PipelineSchedule, training: 
     out = {}
     for dev, ops in schedule.ops:
         for k, op in enumerate(ops):
-            fp = whole.get(f"{op.first}:{op.last}") if isinstance(op, Fwd | Bwd) else None
+            fp = whole.get(f"{op.first}:{op.last}") if isinstance(op, Fwd | Bwd | Wgt) else None
             try:
                 out[dev, k] = effect(problem, dev, op, training=training, footprint=fp)
             except InvalidSchedule as err:
@@ -194,6 +217,8 @@ def run_pipeline(
     avals = _activation_avals(stages, xs[0])
     slot = {mb: k for k, mb in enumerate(mbs)}
     params_on: dict = {}  # (device name, stage) -> (params, rest) on that device
+    programs: dict = {}  # (i, j) -> the chunk's ChunkProgram
+    per_stage = problem.wgrad_bytes is not None  # a split backward frees early (see W)
     store: dict = {}  # effect data key -> what the runtime holds for it
     sizes: dict = {}  # effect data key -> its model bytes
     left = dict(releasers)
@@ -213,74 +238,56 @@ def run_pipeline(
         return [p for p, _ in held], [r for _, r in held]
 
     def kern(i: int, j: int) -> ChunkKernels:
-        return interval_kernels(stages, i, j, loss_fn if training else None)
+        return interval_kernels(stages, i, j)
 
-    def tail(dev: str, j: int, mb: int) -> tuple:
-        if j < L:
-            return ()
-        return (jax.device_put(ys[slot[mb]], place[dev]), 1.0 / m)
-
-    def seed(dev: str, j: int, mb: int):
-        if j < L:
-            return store[dev, "d", j, mb]
-        dtype = jnp.result_type(loss) if loss is not None else jnp.float32
-        return jax.device_put(jnp.ones((), dtype), place[dev])
+    def program(i: int, j: int) -> ChunkProgram:
+        if (i, j) not in programs:
+            ops = chunk_chain_ops(schedule, i, j)
+            programs[i, j] = ChunkProgram(stages, i, j, avals, loss_fn if j == L else None, ops)
+        return programs[i, j]
 
     def add_grads(i: int, gp) -> None:
         for k, g in zip(range(i, i + len(gp)), gp, strict=True):
             grads[k] = g if grads[k] is None else _add(grads[k], g)
             ran[k] = True
 
+    def add_loss(value) -> None:
+        nonlocal loss
+        if value is not None:
+            loss = value if loss is None else _add(loss, jax.device_put(value, loss.device))
+
     def compute(dev: str, op) -> dict:
         """Run a compute op on ``dev``; returns what it made, by the effect's data keys."""
-        nonlocal loss
         i, j, mb = op.first, op.last, op.mb
-        k = kern(i, j)
         a_in, a_out = (dev, "a", i, mb), (dev, "a", j, mb)
         d_out, stash_key, w_key = (dev, "d", i, mb), (dev, "s", (i, j), mb), (dev, "w", (i, j), mb)
-        if isinstance(op, Wgt):
-            layout, kept, d = store[w_key]
-            add_grads(i, k.weight_part(params(dev, i, j)[0], kept, d, layout))
-            return {}
         p, r = params(dev, i, j)
+        if isinstance(op, Wgt):
+            add_grads(i, program(i, j).weight(p, r, store[w_key]))
+            return {}
         if isinstance(op, Fwd):
             a = jax.device_put(xs[slot[mb]], place[dev]) if i == 0 else store[a_in]
             made = {a_in: a} if i == 0 else {}
             if not training:
-                out = k.fwd(p, r, a)
+                out = kern(i, j).fwd(p, r, a)
                 if j == L:
                     outputs[mb] = out
                 return {**made, a_out: out}
-            back = backward_of.get((dev, i, j, mb))
-            if back is None:
+            if (dev, i, j, mb) not in backward_of:
                 raise InvalidSchedule(f"device {dev}: {op} has no backward on this device")
-            t = tail(dev, j, mb)
-            if back.recompute > 0:  # keep the input only; the backward recomputes
-                value = k.value(p, r, a, *t)
-                made[stash_key] = ("input", a, t)
-            else:
-                value, res = k.vjp(p, r, a, *t)
-                made[stash_key] = ("residuals", k.layout(p, r, a, t), res)
-            if j == L:
-                loss = value if loss is None else _add(loss, jax.device_put(value, loss.device))
-                return made
-            return {**made, a_out: value}
-        stash = store[stash_key]
-        d = seed(dev, j, mb)
-        if stash[0] == "input":
-            _, a, t = stash
-            if op.part == "input":
-                da, kept = k.recompute_input(p, r, a, t, d)
-                return {d_out: da, w_key: (k.layout(p, r, a, t), kept, d)}
-            gp, da = k.recompute_full(p, r, a, t, d)
-        else:
-            _, layout, res = stash
-            if op.part == "input":
-                da = None if i == 0 else k.input_part(p, res, d, layout)
-                keep = k.weight_residuals(p, res, d, layout)
-                kept = [v if use else None for v, use in zip(res, keep, strict=True)]
-                return {d_out: da, w_key: (layout, kept, d)}
-            gp, da = k.full(p, res, d, layout)
+            table, out = program(i, j).forward(p, r, a)
+            # the last chunk also holds the micro-batch's target until its backward
+            target = jax.device_put(ys[slot[mb]], place[dev]) if j == L else None
+            made[stash_key] = (table, target)
+            return made if out is None else {**made, a_out: out}
+        table, target = store[stash_key]
+        seed = (target, 1.0 / m) if j == L else store[dev, "d", j, mb]
+        if op.part == "input":
+            da, value, data = program(i, j).backward(p, r, table, seed, "input", per_stage)
+            add_loss(value)
+            return {d_out: da, w_key: data}
+        gp, da, value = program(i, j).backward(p, r, table, seed)
+        add_loss(value)
         add_grads(i, gp)
         return {d_out: da}
 

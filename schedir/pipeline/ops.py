@@ -233,6 +233,23 @@ class Effect:
     temp: int = 0
 
 
+def _output_share(problem: PipelineProblem, j: int) -> int:
+    """Bytes of chunk [i, j)'s stash that are its output a_j itself (j < L): the chain's
+    ``saved_size[j-1]`` (the abar of stage j-1) holds a_j, the buffer the forward also
+    sends, so it is counted once, as the output."""
+    if j >= problem.length:
+        return 0
+    return min(problem.chain.in_size[j], problem.chain.saved_size[j - 1])
+
+
+def stash_bytes(problem: PipelineProblem, first: int, last: int) -> int:
+    """Bytes of the stash of chunk [first, last) (no footprint): its stages' saved
+    sizes less its output (counted as the output buffer, which then lives until the
+    backward too, :func:`_output_share`), plus the target on the chunk with the loss."""
+    saved = sum(problem.chain.saved_size[first:last]) - _output_share(problem, last)
+    return saved + (problem.target_bytes if last == problem.length else 0)
+
+
 def wgrad_hold(problem: PipelineProblem, first: int, last: int, held: int) -> int:
     """Bytes the weight gradient of chunk [first, last) holds after its input part:
     ``sum(problem.wgrad_bytes[first:last])``, or ``held`` (what the input part would
@@ -313,10 +330,14 @@ def effect(
     a_in, a_out = (device, "a", i, n), (device, "a", j, n)
     d_in, d_out = (device, "d", j, n), (device, "d", i, n)
     stash, wdata = (device, "s", (i, j), n), (device, "w", (i, j), n)
+    kept_out = (a_out,) if j < L else ()  # the output stays in the stash's last abar
+    # a split backward without wgrad_bytes frees nothing early: its buffers live to W
+    late_free = problem.wgrad_bytes is None and footprint is None and training
     if isinstance(op, Wgt):
         temp = max(chain.bwd_tmp[i:j])
+        kept = (stash, a_in) + ((d_in,) if j < L else ()) + kept_out if late_free else ()
         return Effect(compute, (wdata,), (), problem.wgrad_time(i, j), 0,
-                      releases=(wdata,), temp=temp)  # fmt: skip
+                      releases=(wdata, *kept), temp=temp)  # fmt: skip
     if isinstance(op, Fwd):
         reads = (a_in,) if i > 0 else ()
         work = sum(chain.fwd_time[i:j])
@@ -327,7 +348,7 @@ def effect(
                           releases_start=reads)  # fmt: skip
         allocs = out + (((a_in, x[0]),) if i == 0 else ())
         if training:
-            allocs += ((stash, sum(chain.saved_size[i:j])),)
+            allocs += ((stash, stash_bytes(problem, i, j)),)
         return Effect(compute, reads, adds, work, 0, allocs=allocs,
                       releases=() if training else (a_in,),
                       temp=working_set(problem, i, j))  # fmt: skip
@@ -345,10 +366,12 @@ def effect(
         late = ((wdata, wgrad_hold(problem, i, j, held)),) if split else ()
         return Effect(compute, reads, adds, work, 0, allocs_end=out + late,
                       releases=(stash,), releases_start=reads[:-1])  # fmt: skip
-    held = sum(chain.saved_size[i:j]) + x[i] + (x[j] if j < L else 0)
-    late = ((wdata, wgrad_hold(problem, i, j, held)),) if split else ()
-    return Effect(compute, reads, adds, work, 0, allocs=out, allocs_end=late,
-                  releases=(stash, a_in) + reads[:-1],
+    freed = (stash, a_in) + reads[:-1] + kept_out
+    if split and late_free:  # the stash, input, gradient and output are W's to free
+        return Effect(compute, reads, adds, work, 0, allocs=out,
+                      temp=working_set(problem, i, j, backward=True))  # fmt: skip
+    late = ((wdata, sum(problem.wgrad_bytes[i:j])),) if split else ()
+    return Effect(compute, reads, adds, work, 0, allocs=out, allocs_end=late, releases=freed,
                   temp=working_set(problem, i, j, backward=True))  # fmt: skip
 
 

@@ -60,6 +60,9 @@ class PipelineProblem:
             end of ``W``. None: ``W`` holds everything the input part would have freed
             (the stash, the input and the incoming gradient: a split backward frees
             nothing earlier than a full one).
+        target_bytes: bytes of one micro-batch's target (the labels ``y``), which the
+            chunk with the loss holds from its forward's start to its backward's end
+            (training; 0: not counted).
     """
 
     chain: Chain
@@ -69,6 +72,7 @@ class PipelineProblem:
     training: bool = False
     wgrad_fraction: tuple[float, ...] | None = None
     wgrad_bytes: tuple[int, ...] | None = None
+    target_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.chain, Chain):
@@ -108,6 +112,8 @@ class PipelineProblem:
         object.__setattr__(self, "microbatches", int(m))
         if not isinstance(self.training, bool):
             raise InvalidProblem(f"training = {self.training!r}: expected true or false")
+        object.__setattr__(self, "target_bytes", int(check_bytes("target_bytes",
+                                                                 self.target_bytes)))  # fmt: skip
         self._check_split()
 
     def _check_split(self) -> None:
@@ -167,6 +173,7 @@ class PipelineProblem:
             "training": self.training,
             **{name: list(getattr(self, name)) for name in ("wgrad_fraction", "wgrad_bytes")
                if getattr(self, name) is not None},
+            **({"target_bytes": self.target_bytes} if self.target_bytes else {}),
         }  # fmt: skip
 
     @classmethod
@@ -188,6 +195,7 @@ class PipelineProblem:
             d.get("training", False),
             d.get("wgrad_fraction"),
             d.get("wgrad_bytes"),
+            d.get("target_bytes", 0),
         )
 
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from schedir.errors import InvalidProblem, InvalidSchedule
 from schedir.pipeline.model import link_time
-from schedir.pipeline.ops import Bwd, Fwd, PipelineSchedule, Send, effect, expand
+from schedir.pipeline.ops import Bwd, Fwd, PipelineSchedule, Send, Wgt, effect, expand
 from schedir.pipeline.problem import PipelineProblem
 from schedir.trace import Span
 
@@ -189,7 +189,7 @@ def simulate_pipeline(
         speed = plat.device(dev).speed
         for op in ops:
             whole = None
-            if training and isinstance(op, Fwd | Bwd):
+            if training and isinstance(op, Fwd | Bwd | Wgt):
                 whole = stash_override.get(f"{op.first}:{op.last}")
             try:
                 eff = effect(problem, dev, op, training=training, footprint=whole)

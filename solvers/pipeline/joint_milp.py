@@ -351,8 +351,7 @@ def pipeline_joint_milp(
     meta = {**s.meta, "method": "pipeline_joint_milp", "model_period": T,
             "step_period": rep.period, "period": rep.period / m,
             "step_throughput": rep.throughput, "bubble": rep.bubble,
-            "plans": [{"plan": p.kind, "footprint": p.footprint, "extra": p.extra}
-                      for p in chosen],
+            "plans": plans.describe([tuple(ch) for ch in s.meta["chunks"]], chosen),
             "combinations": solved, "exact": exact, "time_limited": limited,
             "milp": info, "search_time": time.perf_counter() - t0}  # fmt: skip
     return PipelineSchedule(s.ops, meta)

@@ -33,7 +33,7 @@ from schedir.pipeline.ops import PipelineSchedule, one_f_one_b_ops
 from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
 from schedir.pipeline.simulate import simulate_pipeline
 from solvers.pipeline.exhaustive import compositions
-from solvers.pipeline.stage_plans import StagePlans, sub_chain  # noqa: F401 (re-exported)
+from solvers.pipeline.stage_plans import Plan, StagePlans, sub_chain  # noqa: F401 (re-exported)
 from solvers.registry import Infeasible, register
 
 
@@ -189,6 +189,14 @@ def pipeline_1f1b(
         problem, max_candidates, slots, budget, progress
     )
     s = _schedule(problem, mapping, rec, per_mb)
+    plans = StagePlans(problem, slots, offload=False)
+    chosen = []
+    for iv, r, b in zip(mapping.intervals, rec, per_mb, strict=True):
+        base = plans.store_all(iv.first, iv.last)
+        rotor = r > 0 or b < base.footprint
+        chosen.append(Plan(base.time + r, r, int(b), "rotor") if rotor else base)
+    chunks = [(iv.first, iv.last, iv.devices[0]) for iv in mapping.intervals]
     meta = {**s.meta, "method": "pipeline_1f1b", "period": period, "recompute": rec,
-            "microbatches": problem.microbatches, "exact": exact}  # fmt: skip
+            "microbatches": problem.microbatches, "exact": exact,
+            "plans": plans.describe(chunks, chosen)}  # fmt: skip
     return PipelineSchedule(s.ops, meta)

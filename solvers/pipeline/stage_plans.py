@@ -30,7 +30,7 @@ flight of all devices.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache, lru_cache
 
 import numpy as np
@@ -108,6 +108,7 @@ class Curve:
     offset: int
     exact: bool
     kind: str
+    table: object = field(default=None, compare=False, repr=False)  # the solver's table
 
     def at(self, budget: int) -> tuple[float, int] | None:
         """(seconds, footprint bytes) of the best plan within ``budget`` bytes: the
@@ -162,13 +163,13 @@ class StagePlans:
             table = rotor_table(d.chain, d.budget)
             x0 = d.chain.in_size[0]
             values = np.array([table.value(b) for b in range(x0, d.budget + 1)])
-            return Curve(values, slot, x0, slot == unit, "rotor")
+            return Curve(values, slot, x0, slot == unit, "rotor", table)
         plat = self.problem.platform
         off = OffloadProblem(sub, Platform(offload=plat.offload, prefetch=plat.prefetch))
         table = offload_table(off, slot)
         x0 = table.model.x[0]
         values = np.asarray(table.tables[0][0][table.model.L], dtype=float)
-        return Curve(values, slot, int(x0), slot == unit, "offload")
+        return Curve(values, slot, int(x0), slot == unit, "offload", table)
 
     def _plan(self, i: int, j: int, budget: int, share_host: int = 1) -> Plan | None:
         """The fastest plan of chunk [i, j) within ``budget`` bytes per micro-batch
@@ -209,6 +210,33 @@ class StagePlans:
         kind = "rotor" if s.meta.get("fallback") == "rotor" else "offload"
         return Plan(t, t - base.time, int(s.meta["peak_memory"]), kind,
                     bool(s.meta.get("exact", False)))  # fmt: skip
+
+    def chain_ops(self, i: int, j: int, plan: Plan) -> tuple | None:
+        """The chain schedule (ops of :func:`sub_chain` ``(i, j)``, local stages) that
+        runs a rotor ``plan``: rotor's table read at the plan's footprint (its peak in
+        bytes is at most the footprint). None for store-all (the executors' default)
+        and for offload plans (their host copies are not executed)."""
+        if plan.kind != "rotor":
+            return None
+        curve = self.curve(i, j, "rotor")
+        units = plan.footprint // curve.slot
+        if not math.isfinite(curve.table.value(units)):
+            return None
+        return curve.table.ops(units)
+
+    def describe(self, chunks, plans) -> list[dict]:
+        """``meta["plans"]`` of a schedule: per chunk ``(first, last, device)`` its
+        plan's kind, footprint (bytes), extra seconds and, for a rotor plan, the chain
+        ops an executor runs (:meth:`chain_ops`, printed)."""
+        out = []
+        for (a, b, u), p in zip(chunks, plans, strict=True):
+            entry = {"chunk": f"{a}:{b}", "device": u, "plan": p.kind,
+                     "footprint": p.footprint, "extra": p.extra}  # fmt: skip
+            ops = self.chain_ops(a, b, p)
+            if ops is not None:
+                entry["ops"] = [str(op) for op in ops]
+            out.append(entry)
+        return out
 
     def within(self, i: int, j: int, budget: float, share_host: int = 1) -> Plan | None:
         """:meth:`plan` for a real-valued budget (floored; inf: store-all)."""

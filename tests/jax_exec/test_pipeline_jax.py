@@ -29,7 +29,8 @@ def test_multi_device_execution_matches_the_single_device_model():
                                       "spmd_nnx", "dmda", "eager", "cached",
                                       "current_params", "spmd_cached", "executor", "zb_h1",
                                       "v_shape", "recompute", "memory", "zb_cached",
-                                      "spmd_zb_h1", "joint"}  # fmt: skip
+                                      "spmd_zb_h1", "joint", "tight_1f1b",
+                                      "joint_rotor"}  # fmt: skip
 
 
 def _close(a, b, what: str) -> None:
@@ -56,8 +57,14 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
     import schedir
     import solvers
     from jax_exec.models import MLPBlock, mlp_stack, mse_loss
+    from jax_exec.pipeline.chunks import (
+        ChunkProgram,
+        recompute_ops,
+        store_all_ops,
+        weight_data_bytes,
+    )
     from jax_exec.pipeline.dynamic import run_dynamic
-    from jax_exec.pipeline.mpmd import run_pipeline
+    from jax_exec.pipeline.mpmd import _activation_avals, chunk_chain_ops, run_pipeline
     from jax_exec.pipeline.spmd import (
         nnx_blocks,
         sequential,
@@ -70,8 +77,15 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
     )
     from jax_exec.stages import as_stages
     from schedir.pipeline.baselines import BASELINES
-    from schedir.pipeline.ops import expand, gpipe_ops, inference_pattern, one_f_one_b_ops
+    from schedir.pipeline.ops import (
+        PipelineSchedule,
+        expand,
+        gpipe_ops,
+        inference_pattern,
+        one_f_one_b_ops,
+    )
     from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
+    from solvers.pipeline.stage_plans import sub_chain
 
     assert len(jax.devices()) == 4
     checked = []
@@ -159,27 +173,45 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
     assert len(compiles) == before, compiles[before:]
     _close(r.grads, ref_grads, "zb_cached")
     checked.append("zb_cached")
-    # measured bytes against the ops' model on the profiled sizes, and the simulator
+    # measured bytes against the ops' model on the profiled sizes (the target counted):
+    # equal after every op, for every baseline, split backwards freeing nothing early
+    # (no wgrad_bytes) or per stage (the profiled wgrad_bytes); and the simulator
     prof = jax_exec.profile(layers, mse_loss, x[:4], y[:4], timing="flops")
-    pbp = PipelineProblem(prof, [0] * L, plat, 4, True)
-    for name in ("1f1b", "gpipe", "zb_h1"):
-        sched = BASELINES[name](pbp, cuts=cuts)
-        r = run_pipeline(layers, sched, x, y, mse_loss, problem=pbp, block=True)
-        sim = schedir.simulate_pipeline(pbp, sched).device_peak
-        assert len(r.op_device_bytes) == len(r.op_model_bytes) == len(r.op_log)
-        model: dict = {}
-        for (dev, *_), got, want in zip(r.op_log, r.op_device_bytes, r.op_model_bytes,
-                                        strict=True):  # fmt: skip
-            model[dev] = max(model.get(dev, 0), want)
-            if dev != "d3":  # the loss chunk also holds the target and the loss residuals
-                # JAX keeps a stage output only when its backward reads it, the chain
-                # model counts it in saved_size; a split backward keeps what W reads, the
-                # model (no wgrad_bytes) what Bi would have freed: measured <= model
-                assert got <= want, (name, dev, got, want)
-        for dev in ("d0", "d1", "d2"):
-            assert r.device_peaks[dev] >= 0.85 * model[dev], (name, r.device_peaks, model)
-        assert all(model[d] <= sim[d] for d in model), (name, model, sim)  # + working sets
+    target = int(y[:4].nbytes)
+    pbp = PipelineProblem(prof, [0] * L, plat, 4, True, target_bytes=target)
+    wgrad = weight_data_bytes(stages, _activation_avals(stages, x[:4]))
+    pbw = PipelineProblem(prof, [0] * L, plat, 4, True, wgrad_bytes=wgrad, target_bytes=target)
+    for problem, names in ((pbp, BASELINES), (pbw, ("zb_h1", "zb_h2", "v_shape"))):
+        for name in names:
+            two = ["d0", "d1"] if name in ("interleaved_1f1b", "v_shape") else None
+            sched = BASELINES[name](problem, two, cuts=cuts)
+            r = run_pipeline(layers, sched, x, y, mse_loss, problem=problem, block=True)
+            _close(r.grads, ref_grads, f"memory {name}")
+            assert len(r.op_device_bytes) == len(r.op_log)
+            assert r.op_device_bytes == r.op_model_bytes, (name, [
+                (op, got, want) for (_, op, *_), got, want in
+                zip(r.op_log, r.op_device_bytes, r.op_model_bytes, strict=True) if got != want
+            ][:5])  # fmt: skip
+            sim = schedir.simulate_pipeline(problem, sched).device_peak
+            model: dict = {}
+            for (dev, *_), want in zip(r.op_log, r.op_model_bytes, strict=True):
+                model[dev] = max(model.get(dev, 0), want)
+            assert all(model[d] <= sim[d] for d in model), (name, model, sim)  # + working sets
     checked.append("memory")
+    # 1F1B planned at tight memory (pipeline_1f1b: rotor on the chunks that need it, run
+    # as planned): the measured bytes never exceed a device's memory
+    for memory in (9_000, 12_000):
+        tight = schedir.Platform.fully_connected([schedir.Device(f"d{u}", 1.0, memory)
+                                                  for u in range(4)], 1e9)  # fmt: skip
+        pbt = PipelineProblem(prof, [0] * L, tight, 4, True, target_bytes=target)
+        sched = solvers.solve(pbt, None, "pipeline_1f1b")
+        assert any(p["plan"] == "rotor" and p["ops"] for p in sched.meta["plans"])
+        r = run_pipeline(layers, sched, x, y, mse_loss, problem=pbt, block=True)
+        _close(r.grads, ref_grads, f"tight 1f1b {memory}")
+        assert max(r.op_device_bytes) <= memory, (memory, r.device_peaks)
+        assert all(got <= want for got, want in zip(r.op_device_bytes, r.op_model_bytes,
+                                                     strict=True))  # fmt: skip
+    checked.append("tight_1f1b")
     # the joint planner's schedule (list scheduling of F, Bi, W under 10 kB per device)
     tight = schedir.Platform.fully_connected([schedir.Device(f"d{u}", 1.0, 10_000)
                                               for u in range(4)], 1e9)  # fmt: skip
@@ -189,6 +221,41 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
     _close(r.loss, ref_loss, "joint")
     _close(r.grads, ref_grads, "joint")
     checked.append("joint")
+    # a rotor plan of the joint planner (2 devices, 8 kB each), through JSON: the chunk
+    # holds what rotor's schedule of its sub-chain holds before its Loss (less than
+    # storing all, more than recomputing all), and the step gives the same gradients
+    pair = schedir.Platform.fully_connected([schedir.Device(f"d{u}", 1.0, 8_000)
+                                             for u in range(2)], 1e9)  # fmt: skip
+    pb2 = PipelineProblem(prof, [0] * L, pair, 4, True, wgrad_fraction=(0.5,) * L,
+                          target_bytes=target)  # fmt: skip
+    joint = PipelineSchedule.from_dict(json.loads(json.dumps(
+        solvers.solve(pb2, None, "pipeline_joint").to_dict())))  # fmt: skip
+    rotor = [p for p in joint.meta["plans"] if p["plan"] == "rotor"]
+    assert rotor and all(p["ops"] for p in rotor), joint.meta["plans"]
+    specs = _activation_avals(stages, x[:4])
+    for plan in rotor:
+        i, j = (int(v) for v in plan["chunk"].split(":"))
+        ops = chunk_chain_ops(joint, i, j)
+        held = {}
+        for kind, chain_ops in (("rotor", ops), ("store_all", store_all_ops(j - i)),
+                                ("recompute", recompute_ops(j - i))):  # fmt: skip
+            prog = ChunkProgram(stages, i, j, specs, mse_loss if j == L else None, chain_ops)
+            table, _ = prog.forward([s.params for s in stages[i:j]], [s.rest for s in stages[i:j]],
+                                    jnp.zeros(specs[i].shape, specs[i].dtype))  # fmt: skip
+            trace = schedir.simulate(sub_chain(prof, i, j), chain_ops)
+            at = next(k for k, op in enumerate(chain_ops) if isinstance(op, schedir.Loss))
+            held[kind] = sum({id(a): int(a.nbytes) for a in jax.tree_util.tree_leaves(table)}
+                             .values())  # fmt: skip
+            assert held[kind] == trace.resident[at - 1], (kind, held, trace.resident)
+            assert kind != "rotor" or trace.peak_memory <= plan["footprint"]
+        assert held["recompute"] < held["rotor"] < held["store_all"], held
+    r = run_pipeline(layers, joint, x, y, mse_loss, problem=pb2, block=True)
+    _close(r.loss, ref_loss, "joint_rotor")
+    _close(r.grads, ref_grads, "joint_rotor")
+    # a plan's footprint reserves its peak (temporaries, the backward included)
+    assert all(got <= want for got, want in zip(r.op_device_bytes, r.op_model_bytes,
+                                                 strict=True))  # fmt: skip
+    checked.append("joint_rotor")
     pbi = PipelineProblem(chain, [0] * L, plat, 4, False)
     mi = Mapping((Interval(0, 3, ("d0", "d1")), Interval(3, 6, ("d2", "d3"))))
     r = run_pipeline(layers, expand(inference_pattern(pbi, mi), 4), x)

@@ -47,11 +47,12 @@ def test_split_backward_times_and_lifetimes_by_hand():
     assert when["Send(a1,0,g1)"] == (1.0, 4.0) and when["Bi(1:2,0)"] == (5.0, 6.0)
     assert when["W(1:2,0)"] == (6.0, 7.0) and when["Send(d1,0,g0)"] == (6.0, 9.0)
     assert when["Bi(0:1,0)"] == (9.0, 10.0) and when["W(0:1,0)"] == (10.0, 11.0)
-    # g0: a_1 (3) + stash (10) from 0; the send frees a_1 at 4; d_1 arrives from 6;
-    # Bi frees stash and d_1 at 10 and W holds 4 bytes until 11
+    # g0: from 0 a_1 (3) and the stash: saved_size (10) less a_1, which its abar holds
+    # (the buffer the send reads: counted once, it lives until the backward); d_1
+    # arrives from 6; Bi frees stash, a_1 and d_1 at 10 and W holds 4 bytes until 11
     assert schedir.simulate_pipeline(pb, split_step()).memory["g0"] == (
-        (0.0, 0.0, 0.0, 4.0, 6.0, 10.0, 10.0, 10.0, 11.0),
-        (0, 3, 13, 10, 13, 3, 0, 4, 0),
+        (0.0, 0.0, 0.0, 6.0, 10.0, 10.0, 10.0, 10.0, 11.0),
+        (0, 3, 10, 13, 10, 3, 0, 4, 0),
     )
     # g1: the receive buffer from the transfer's start (1), d_1 from Bi's start until
     # its send ends (9), W's 4 bytes from 6 to 7
@@ -65,9 +66,14 @@ def test_effect_reads_the_split_from_the_problem():
     assert e.work == 2.0 * 0.75 + 0.5 and e.allocs_end == ((("g0", "w", (0, 1), 0), 4),)
     assert effect(pb, "g0", Wgt(0, 1, 0)).work == 0.5
     assert effect(pb, "g1", Bwd(1, 2, 0)).work == 2.0  # full: both parts (loss time 0)
-    # without wgrad_bytes, W holds what the input part would have freed
+    # without wgrad_bytes the input part frees nothing: W frees the stash and a_1
     e = effect(two_devices(), "g1", Bwd(1, 2, 0, part="input"))
-    assert e.allocs_end == ((("g1", "w", (1, 2), 0), 0 + 3),)  # stash 0 + a_1
+    assert e.allocs_end == () and e.releases == ()
+    assert effect(two_devices(), "g1", Wgt(1, 2, 0)).releases == (
+        ("g1", "w", (1, 2), 0),
+        ("g1", "s", (1, 2), 0),
+        ("g1", "a", 1, 0),
+    )
 
 
 def with_split_backwards(schedule: PipelineSchedule) -> PipelineSchedule:
