@@ -1,10 +1,13 @@
-"""Jitted kernels of a chunk of stages, cached across calls (the MPMD and dynamic runtimes).
+"""What the MPMD (and dynamic) runtimes run for a chunk [i, j) of stages.
 
-A chunk [i, j) of a stage list (:mod:`jax_exec.stages`) gets one set of jitted
-functions (:class:`ChunkKernels`): its forward, its ``jax.vjp`` returned as residuals
-without parameter copies, the full backward, the input and weight parts of a split
-backward, and the recomputing backwards. :func:`interval_kernels` caches them per
-computation, so a training loop compiles once.
+- inference (and the dynamic runtime): :class:`ChunkKernels`, the chunk's jitted
+  forward, cached per computation by :func:`interval_kernels`;
+- training: :class:`ChunkProgram`, the chunk as a chain schedule of its sub-chain
+  (:func:`store_all_ops`, :func:`recompute_ops`, or a rotor plan's ops), each chain op
+  one of the stage kernels of :mod:`jax_exec.kernels` (cached there per computation
+  and shapes), so that a training loop compiles once and a chunk holds exactly the
+  buffers its chain schedule names; :func:`weight_data_bytes` profiles what a split
+  backward keeps per stage for its weight part (``wgrad_bytes``).
 """
 
 from __future__ import annotations

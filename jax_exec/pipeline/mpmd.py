@@ -1,27 +1,23 @@
 """MPMD pipelines: run per-device op lists (:class:`schedir.PipelineSchedule`) in JAX.
 
 Every chunk [i, j) of stages (a device may run several: the virtual stages of
-interleaved and V-shaped schedules) gets jitted functions that run on the device
-holding its parameters (placed once with ``jax.device_put``):
+interleaved and V-shaped schedules) runs on the device holding its parameters (placed
+once with ``jax.device_put``):
 
-- inference ``Fwd``: ``a_j = f_ij(params, a_i)``;
-- training ``Fwd``: ``(a_j, vjp) = jax.vjp(f_ij, params, a_i)``, the closure (its
-  residuals) kept on the device as the chunk's stash until the backward; on the last
-  chunk the loss is part of the function, ``loss(f(params, a), y_mb) / m``, so the
-  mean over micro-batches of the micro-batch losses is the step's loss (the
-  full-batch loss when ``loss_fn`` is a mean over equal micro-batches). When the
-  chunk's backward is split (``Bwd(part="input")`` then ``Wgt``) the forward records
-  two closures instead: ``jax.vjp`` with respect to the input and, separately, with
-  respect to the parameters;
-- ``Bwd(part="full")``: applies the closure to d_j (or to 1 for the loss), adds the
-  parameter gradients (summed over micro-batches), makes d_i;
-- ``Bwd(part="input")``: applies the input closure only (d_i); the parameter closure
-  and d_j become the chunk's weight-gradient data, and the input closure's residuals
-  are dropped (what only the input gradient needed);
-- ``Wgt``: applies the parameter closure to d_j and adds the gradients;
-- a backward with ``recompute > 0`` marks a chunk that recomputes: its forward runs
-  under ``jax.checkpoint`` (the stash holds its input only) and the backward
-  recomputes it;
+- inference ``Fwd``: ``a_j = f_ij(params, a_i)``, one jitted function;
+- training: the chunk runs as a chain schedule of its sub-chain
+  (:class:`~jax_exec.pipeline.chunks.ChunkProgram`, split at its ``Loss``): store-all
+  by default, a rotor plan's chain ops when ``meta["plans"]`` carries them, the chunk
+  checkpointed whole when its backward has ``recompute > 0`` and no plan ops
+  (:func:`chunk_chain_ops`). ``Fwd`` runs the chain ops before the loss and keeps
+  their buffers (the stash: exactly what the chain schedule holds there), and on the
+  last chunk the micro-batch's target; ``Bwd(part="full")`` runs the loss (the mean
+  over micro-batches: scaled by 1/m) or takes d_j, then the ops after it (the
+  recomputations included), adds the parameter gradients, makes d_i;
+- ``Bwd(part="input")``: the same with each stage's input part only; without the
+  problem's ``wgrad_bytes`` it frees nothing and ``Wgt`` reruns the backward for the
+  parameter gradients; with them it keeps per stage what its weight part reads and
+  ``Wgt`` runs the weight parts;
 - ``Send``: ``jax.device_put`` of the array to the peer's device (another process's
   device: :func:`jax_exec.distributed.transfer`).
 
@@ -39,7 +35,8 @@ sends in the same order.
 After every op the bytes held on its device are measured (the distinct arrays under
 the device's keys, parameters excluded) and, next to them, what the effect's sizes
 say the same live buffers weigh (the *model* bytes; with ``problem=`` a profiled
-problem, else unit sizes). Gradients equal ``jax.grad`` of the single-device model
+problem, else unit sizes): with the profiled problem they are equal (docs/pipelines.md
+says where they are not). Gradients equal ``jax.grad`` of the single-device model
 (tests: rtol 1e-5 on 4 CPU devices and on 2 processes of 4).
 
 The jitted kernels are cached across calls (:mod:`jax_exec.pipeline.chunks`): a training

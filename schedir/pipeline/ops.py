@@ -279,13 +279,18 @@ def effect(
     Memory (bytes, x_k = ``in_size[k]``; docs/pipelines.md "Lifetimes"):
 
     - Fwd(i, j): its output a_j (x_j, j < L) from its start until the last Send of it
-      (or its local consumer) releases it; x_0 when i == 0 from its start; its working
-      set while it runs; in training its stash ``sum(saved_size[i:j])`` from its start
-      and it keeps its input until its backward. In inference it releases its input
-      when it ends.
+      (or its local consumer) releases it, in training not before its own backward;
+      x_0 when i == 0 from its start; its working set while it runs; in training its
+      stash (:func:`stash_bytes`: ``sum(saved_size[i:j])`` less the output, which the
+      last stage's abar holds and which is counted once, as a_j; plus
+      ``target_bytes`` on the chunk with the loss) from its start, and it keeps its
+      input until its backward. In inference it releases its input when it ends.
     - Bwd(i, j): d_i (x_i, i > 0) from its start until sent; its working set; when it
-      ends it releases its stash, its input a_i and the incoming d_j. The input part
-      then allocates the "w" data (:func:`wgrad_hold`), which its Wgt releases.
+      ends it releases its stash, its input a_i, its output a_j and the incoming d_j.
+      The input part (``part="input"``) with ``wgrad_bytes`` releases them too and
+      allocates the "w" data (``sum(wgrad_bytes[i:j])``), which its Wgt releases;
+      without ``wgrad_bytes`` it releases nothing and its Wgt releases them (a split
+      backward frees nothing early).
     - Send: the receive buffer on the peer from the transfer's start until its consumer
       releases it; the sender's copy is released when the send ends.
     - Inside a footprint F: the Fwd allocates F and releases its input when it starts;

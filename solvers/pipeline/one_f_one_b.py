@@ -72,9 +72,11 @@ class StageCosts:
 
         The shares leave room for the messages around the footprints: an input a_i
         arriving before its forward, a gradient d_j waiting for its backward and the
-        gradient d_i being sent after it (issue 15: without them the simulated peak,
-        which counts those buffers as an executor holds them, overshot the device by
-        about 7% at tight memory and good candidates were dropped)."""
+        gradient d_i being sent after it, which the simulator counts outside the
+        footprints as an executor holds them (issue 15 reported a 7% overshoot without
+        them; the schedules of the solver from before, re-simulated on the profiled
+        chains at tight memory, peaked at 0.9997 of capacity at most: docs/pipelines.md,
+        benchmarks/pipeline_tight_memory.py)."""
         w = sum(self.problem.weights[i:j]) + message_reserve(self.problem, i, j)
         limit = capacity(self.problem, device.name, budget)
         cap = math.inf if limit is None else limit - w

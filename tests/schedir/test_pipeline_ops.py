@@ -184,3 +184,16 @@ def test_bad_split_ops_and_fields_are_refused():
     ]:
         with pytest.raises(InvalidProblem, match=message):
             two_devices(**{field: value})
+
+
+def test_the_loss_chunk_holds_its_target_and_a_bad_target_is_refused():
+    """``target_bytes``: the labels the chunk with the loss holds from its forward's
+    start to its backward's end (counted in its stash); a JSON round trip keeps it."""
+    pb = two_devices(target_bytes=5)
+    fwd = effect(pb, "g1", Fwd(1, 2, 0))
+    assert fwd.allocs == ((("g1", "s", (1, 2), 0), 0 + 5),)  # saved_size[1] + the target
+    assert effect(two_devices(), "g0", Fwd(0, 1, 0)).allocs[-1] == (("g0", "s", (0, 1), 0), 7)
+    assert schedir.PipelineProblem.from_dict(pb.to_dict()).target_bytes == 5
+    assert "target_bytes" not in two_devices().to_dict()
+    with pytest.raises(InvalidProblem, match="target_bytes"):
+        two_devices(target_bytes=-1)
