@@ -66,6 +66,7 @@ __all__ = [
 
 # Several devices (docs/pipelines.md).
 from jax_exec.pipeline.dynamic import DynamicRunResult, run_dynamic  # noqa: E402
+from jax_exec.pipeline.dynamic_training import run_dynamic_training  # noqa: E402
 from jax_exec.pipeline.mpmd import PipelineRunResult, run_pipeline  # noqa: E402
 from jax_exec.pipeline.spmd import (  # noqa: E402
     nnx_blocks,
@@ -81,6 +82,7 @@ __all__ += [
     "PipelineRunResult",
     "nnx_blocks",
     "run_dynamic",
+    "run_dynamic_training",
     "run_pipeline",
     "sequential",
     "shard_stacked",
