@@ -267,6 +267,16 @@ class RuntimeState:
         self.droppable = lay.droppable
         nd = len(self.size)
         self.left = [len(r) for r in lay.readers]
+        self.readers = lay.readers
+        tasks = graph.tasks
+        self.footprint = [t.temp + sum(self.size[d] for d in {*self.reads[k], *self.writes[k]})
+                          for k, t in enumerate(tasks)]  # fmt: skip
+        # bytes a recomputation adds: its producer's temporaries and other outputs
+        self.rebuild_bytes = [
+            0 if p is None else tasks[p].temp + sum(
+                self.size[w] for w in self.writes[p] if w != d and self.kind[w] != "accumulator")
+            for d, p in enumerate(self.producer)
+        ]  # fmt: skip
         self.copies: list = [{} for _ in range(nd)]  # device -> present, arriving, pending, leaving
         self.on_host = [k in SOURCES for k in self.kind]
         self.dropped = [False] * nd
@@ -489,10 +499,7 @@ class RuntimeState:
                 continue
             if self.dropped[d]:
                 rec.append(d)
-                p = self.producer[d]
-                need += self.size[d] + self.graph.tasks[p].temp
-                need += sum(self.size[w] for w in self.writes[p]
-                            if w != d and self.kind[w] != "accumulator")  # fmt: skip
+                need += self.size[d] + self.rebuild_bytes[d]
                 continue
             src = self._source(d, u)
             if src is None:
@@ -547,7 +554,11 @@ class RuntimeState:
         modes = []
         p = self.producer[d]
         if self.droppable[d] and not any(self.dropped[r] for r in self.reads[p]):
-            modes.append((self.nominal(p, u), "drop"))
+            # only if a reader can still run somewhere with the recomputation added
+            most = max((math.inf if c is None else c) for c in self.cap.values())
+            if all(self.footprint[r] + self.rebuild_bytes[d] <= most
+                   for r in self.readers[d] if not self.done[r]):  # fmt: skip
+                modes.append((self.nominal(p, u), "drop"))
         if self.host_link:
             modes.append((self.transfer_time(u, HOST, size) + self.transfer_time(HOST, u, size),
                           "offload"))  # fmt: skip
@@ -599,14 +610,7 @@ class RuntimeState:
         for d in plan.recompute:
             self.dropped[d] = False
             self._add_copy(d, u, "pending")
-            p = self.producer[d]
-            self._grow(
-                u,
-                self.graph.tasks[p].temp
-                + sum(
-                    self.size[w] for w in self.writes[p] if w != d and self.kind[w] != "accumulator"
-                ),
-            )
+            self._grow(u, self.rebuild_bytes[d])
         for d in self.writes[t]:
             if u not in self.copies[d]:
                 self._add_copy(d, u, "pending")

@@ -58,10 +58,11 @@ def make_policy(
     name: str, graph: TaskGraph, platform: Platform, *, plan=None, memory=None, **options
 ):
     """A fresh policy object: ``eager``, ``dmda``, ``dmdas``, ``heft``, or with a static
-    ``plan`` (device -> tasks, or a :class:`~schedir.pipeline.ops.PipelineSchedule`
-    of the graph's groups) ``static`` and ``guided`` (default plan: HEFT's lists);
-    ``options`` go to the guided policy (``tol``, ``min_samples``), and so does
-    ``memory`` (the capacities its plan is timed with)."""
+    ``plan`` (device -> tasks, a :class:`~schedir.pipeline.ops.PipelineSchedule` of the
+    graph's groups, ``"heft"`` or None: HEFT's lists) ``static`` and ``guided``, which
+    also takes a list of plans (it follows the one ending first at the profile's
+    times); ``options`` go to the guided policy (``tol``, ``z``, ``min_samples``), and so
+    does ``memory`` (the capacities its plans are timed with)."""
     if name == "eager":
         return Eager(graph, platform)
     if name == "dmda":
@@ -70,11 +71,12 @@ def make_policy(
         return Dmdas(graph, platform)
     if name == "heft":
         return Heft(graph, platform)
-    if name in ("static", "guided"):
-        lists = plan_lists(graph, platform, plan)
-        if name == "static":
-            return Static(lists)
-        return Guided(graph, platform, lists, memory=memory, **options)
+    if name == "static":
+        return Static(plan_lists(graph, platform, plan))
+    if name == "guided":
+        many = isinstance(plan, list | tuple)
+        plans = [plan_lists(graph, platform, p) for p in (plan if many else [plan])]
+        return Guided(graph, platform, plans, memory=memory, **options)
     raise ValueError(f"policy = {name!r}: expected one of {', '.join(POLICIES)}")
 
 

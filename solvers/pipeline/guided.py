@@ -6,18 +6,22 @@ turned into tasks by :func:`plan_from_schedule`, or HEFT's lists).
 
 - ``static``: every device runs its list in order, waiting for its head's inputs
   (what a static schedule does at run time).
-- ``guided`` (ours): the plan's placement and order, with two deviations.
+- ``guided`` (ours): given one plan or several (it keeps the one that ends first at
+  the profile's times), the plan's placement and order, with two deviations.
   *Backfilling*: when a device's next planned task is not ready, it starts a later
   planned task that is ready, fits in its free memory without evicting, and is
   predicted to end before the head could start (its producers' predicted ends), so
   that noise turns into work done early rather than idle time, never (by the
-  predictions) into a delay of the plan. *Re-planning*: the device's speed is
-  measured (measured / profiled seconds of its tasks since the last plan); when
-  it drifts from the plan's assumption by more than ``tol`` (after ``min_samples``
-  tasks), the tasks not started yet are placed again by earliest-finish list
-  scheduling with every device's measured speed, in the plan's order (its planned
-  start times, which keeps, e.g., 1F1B's interleaving of forwards and backwards and
-  so its memory), from the current state (where the data are, when devices free up).
+  predictions) into a delay of the plan. *Re-planning*: each device's speed is
+  measured (measured / profiled seconds of its tasks so far); when the estimate
+  differs from the plan's assumption by more than ``tol`` and by more than ``z``
+  standard errors of the per-task ratios (after ``min_samples`` tasks: per-task noise
+  alone does not trigger it, a device persistently slower or faster does), the tasks
+  not started yet are placed again by earliest-finish list scheduling with every
+  device's estimated speed, in the plan's order (its planned start times, which
+  keeps, e.g., 1F1B's interleaving of forwards and backwards and so its memory), from
+  the current state (where data are, when devices free up); a backward whose stash
+  already exists stays with it.
 """
 
 from __future__ import annotations
@@ -81,6 +85,8 @@ def _check_cover(graph: TaskGraph, lists: dict) -> None:
 
 def plan_lists(graph: TaskGraph, platform: Platform, plan) -> dict:
     """Device -> tasks from ``plan`` (lists, a PipelineSchedule, or None: HEFT's)."""
+    if isinstance(plan, str) and plan == "heft":
+        plan = None
     if plan is None:
         return Heft(graph, platform).static_lists
     if isinstance(plan, PipelineSchedule):
@@ -111,23 +117,34 @@ class Guided:
 
     name = "guided"
 
-    def __init__(self, graph: TaskGraph, platform: Platform, lists: dict, *, tol: float = 0.15,
-                 min_samples: int = 3, memory: dict | None = None):  # fmt: skip
+    def __init__(self, graph: TaskGraph, platform: Platform, plans, *, tol: float = 0.15,
+                 z: float = 4.0, min_samples: int = 16, memory: dict | None = None):  # fmt: skip
         if not 0 < tol:
             raise ValueError(f"tol = {tol!r}: expected a positive fraction")
-        self.graph, self.platform, self.tol, self.min_samples = graph, platform, tol, min_samples
+        self.graph, self.platform = graph, platform
+        self.tol, self.z, self.min_samples = tol, z, min_samples
+        plans = [plans] if isinstance(plans, dict) else list(plans)
+        if not plans:
+            raise ValueError("guided: no plan to follow")
+        best = None
+        for lists in plans:
+            # the plan's start times (its order across devices) at the profile's times
+            run = simulate_dynamic(graph, platform, Static(lists), memory=memory)
+            if best is None or run.makespan < best[0]:
+                best = (run.makespan, lists, run.start)
+        _, lists, self.planned = best
         self.static_lists = {u: list(lst) for u, lst in lists.items()}
-        for u in self.static_lists:
-            platform.device(u)
         names = [d.name for d in platform.devices]
         self.speed = {d.name: d.speed for d in platform.devices}
-        # the plan's start times (its order across devices), from a run at the profile's times
-        self.planned = simulate_dynamic(graph, platform, Static(lists), memory=memory).start
         self.ratio = dict.fromkeys(names, 1.0)  # measured / profiled seconds, the plan's view
-        self.measured = dict.fromkeys(names, 0.0)
-        self.profiled = dict.fromkeys(names, 0.0)
-        self.samples = dict.fromkeys(names, 0)
+        self.ratios: dict = {u: [] for u in names}
         self.replans = 0
+        self.samples, self.next_check = 0, 0
+        lay_stash = {d for d, datum in enumerate(graph.data) if datum.kind == "stash"}
+        self.stash_of = {t: [p for p, _ in task.deps
+                             if any(d in lay_stash for d in graph.tasks[p].writes
+                                    if d in task.reads)]
+                         for t, task in enumerate(graph.tasks)}  # fmt: skip
 
     def predict(self, task: int, dev: str) -> float:
         return self.graph.tasks[task].work / self.speed[dev] * self.ratio[dev]
@@ -143,9 +160,16 @@ class Guided:
         if state.ready[head]:
             return [head]
         horizon = self._earliest_start(head, state)
-        now = state.now
+        now, slack = state.now, 1.0 + getattr(self, "margin", 0.0) * self._spread(dev)
         return [t for t in tasks
-                if now + self.predict(t, dev) <= horizon and state.fits(t, dev)]  # fmt: skip
+                if now + slack * self.predict(t, dev) <= horizon and state.fits(t, dev)]  # fmt: skip
+
+    def _spread(self, dev: str) -> float:
+        rs = self.ratios[dev]
+        if len(rs) < 2:
+            return 0.0
+        mean = sum(rs) / len(rs)
+        return math.sqrt(sum((r - mean) ** 2 for r in rs) / (len(rs) - 1)) / mean
 
     def _earliest_start(self, t: int, state) -> float:
         """When ``t``'s producers are predicted to end (inf if one has not started)."""
@@ -163,21 +187,35 @@ class Guided:
         return when
 
     def complete(self, task, dev, seconds, state):
-        self.measured[dev] += seconds
-        self.profiled[dev] += self.graph.tasks[task].work / self.speed[dev]
-        self.samples[dev] += 1
-        if self.samples[dev] < self.min_samples or self.profiled[dev] <= 0:
+        profiled = self.graph.tasks[task].work / self.speed[dev]
+        if profiled <= 0:
             return
-        seen = self.measured[dev] / self.profiled[dev]
-        if abs(seen / self.ratio[dev] - 1) > self.tol:
+        self.ratios[dev].append(seconds / profiled)
+        self.samples += 1
+        if self.samples >= self.next_check and self._drifted(dev):
+            self.next_check = self.samples + self.min_samples  # one attempt per window
             self._replan(state)
 
+    def _estimate(self, dev: str) -> tuple[float, float]:
+        """(mean, standard error) of the device's measured / profiled ratios."""
+        rs = self.ratios[dev]
+        n = len(rs)
+        mean = sum(rs) / n
+        sd = math.sqrt(sum((r - mean) ** 2 for r in rs) / (n - 1)) if n > 1 else math.inf
+        return mean, sd / math.sqrt(n)
+
+    def _drifted(self, dev: str) -> bool:
+        if len(self.ratios[dev]) < self.min_samples:
+            return False
+        est, err = self._estimate(dev)
+        gap = abs(est - self.ratio[dev])
+        return gap > self.tol * self.ratio[dev] and gap > self.z * err
+
     def _replan(self, state) -> None:
+        before = dict(self.ratio)
         for u in self.ratio:
-            if self.samples[u] and self.profiled[u] > 0:
-                self.ratio[u] = self.measured[u] / self.profiled[u]
-            self.measured[u] = self.profiled[u] = 0.0
-            self.samples[u] = 0
+            if len(self.ratios[u]) >= 2:
+                self.ratio[u] = self._estimate(u)[0]
         started = {p.task for p in state.busy.values() if p is not None}
         left = [t for t in range(len(self.graph.tasks)) if not state.done[t] and t not in started]
         if not left:
@@ -193,9 +231,17 @@ class Guided:
                 begun = state.start[t] if state.running[u] == t else state.now
                 finish[t] = avail[u] = max(state.now, begun + self.predict(t, u))
                 where[t] = u
+        pin = {t: where[p] for t in left for p in self.stash_of[t] if p in where}
         order = sorted(left, key=lambda t: (self.planned[t], t))
+        args = {"avail": avail, "finish": finish, "where": where}
         lists, planned = list_schedule(self.graph, self.platform, order, self.predict,
-                                       avail=avail, finish=finish, where=where)  # fmt: skip
+                                       pin=pin, **args)  # fmt: skip
+        # the current plan at the new speeds: the same order, every task where it is
+        stay = {t: state.device[t] for t in left}
+        _, kept = list_schedule(self.graph, self.platform, order, self.predict, pin=stay, **args)
+        if max(planned[t] for t in left) > (1 - self.tol / 2) * max(kept[t] for t in left):
+            self.ratio = before  # not worth moving: the plan stands, drift is checked again
+            return
         for u, lst in lists.items():
             for t in lst:
                 self.planned[t] = planned[t] - self.predict(t, u)

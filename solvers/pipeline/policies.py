@@ -124,21 +124,24 @@ def list_schedule(
     avail: dict | None = None,
     finish: dict | None = None,
     where: dict | None = None,
+    pin: dict | None = None,
 ) -> tuple[dict, dict]:
     """Earliest-finish list scheduling (no insertion) of the tasks of ``order``, in
     that order: each to the device where ``predict(task, device)`` after its inputs
     (its producers' ``finish`` plus their link time) and the device's ``avail`` ends
-    first. ``finish`` / ``where`` give the end and device of tasks already placed.
-    Returns (device -> tasks in order, task -> planned finish)."""
+    first (``pin``: task -> the only device it may take). ``finish`` / ``where`` give
+    the end and device of tasks already placed. Returns (device -> tasks in order,
+    task -> planned finish)."""
     names = [d.name for d in platform.devices]
     avail = dict(avail or dict.fromkeys(names, 0.0))
     finish, where = dict(finish or {}), dict(where or {})
     lk = {(x.src, x.dst): x for x in platform.links}
     lists: dict = {u: [] for u in names}
     tasks = graph.tasks
+    pin = pin or {}
     for t in order:
         best = (math.inf, None)
-        for u in names:
+        for u in [pin[t]] if t in pin else names:
             ready = 0.0
             for p, nbytes in tasks[t].deps:
                 if where[p] == u:

@@ -25,6 +25,8 @@ by T: ``n[k, u]`` tasks of kind k per second on device u, with
   device while it runs. The time-average of a device's memory is then at least
   ``sum_j s_j K[j, u] + sum_k E_k n[k, u] D[k, u] (+ recomputations)`` and at most
   its capacity: in steady state, stash memory = rho x residence time x stash bytes.
+- **Footprint.** A task runs on a device only if all it reads and writes and its
+  temporaries fit there at once: ``n[k, u] = 0`` where they do not.
 - **Transfers.** An instance read on v but not produced (or recomputed) there arrives
   over a link into v or from the host: ``sum_u y[j, u, v] + h[j, v] >= n[q, v] -
   n[p, v] - r[j, v]`` for each reader kind q (producer kind p); each link carries at
@@ -124,7 +126,10 @@ def training_lp(
     types, residence = _types(graph, lay, task_seconds)
     # execution bytes per kind: what a task holds while it runs besides lifetimes
     exec_bytes: dict = {}
+    footprint: dict = {}
     for t, task in enumerate(tasks):
+        whole = task.temp + sum(lay.size[d] for d in {*lay.reads[t], *lay.writes[t]})
+        footprint[task.kind] = min(footprint.get(task.kind, whole), whole)
         held = task.temp + sum(lay.size[d] for d in (*lay.reads[t], *lay.writes[t])
                                if lay.kind[d] not in RESIDENT)  # fmt: skip
         exec_bytes[task.kind] = min(exec_bytes.get(task.kind, held), held)
@@ -206,7 +211,14 @@ def training_lp(
     c[var["rho",]] = -1.0
     A_ub, b_ub = _matrix(rows_ub, nv)
     A_eq, b_eq = _matrix(rows_eq, nv)
-    res = linprog(c, A_ub=A_ub, b_ub=b_ub, A_eq=A_eq, b_eq=b_eq, bounds=(0, None),
+    # a task whose inputs, outputs and temporaries exceed a device never runs there
+    bounds = [(0, None)] * nv
+    for (name, *key), k in var.items():
+        if name == "n":
+            kind, u = key
+            if caps[u] is not None and footprint[kind] > caps[u]:
+                bounds[k] = (0, 0)
+    res = linprog(c, A_ub=A_ub, b_ub=b_ub, A_eq=A_eq, b_eq=b_eq, bounds=bounds,
                   method="highs")  # fmt: skip
     meta = {"solve_time": time.perf_counter() - start, "variables": nv,
             "constraints": len(rows_ub) + len(rows_eq), "links": links and bool(lk),
