@@ -160,16 +160,9 @@ class Guided:
         if state.ready[head]:
             return [head]
         horizon = self._earliest_start(head, state)
-        now, slack = state.now, 1.0 + getattr(self, "margin", 0.0) * self._spread(dev)
+        now = state.now
         return [t for t in tasks
-                if now + slack * self.predict(t, dev) <= horizon and state.fits(t, dev)]  # fmt: skip
-
-    def _spread(self, dev: str) -> float:
-        rs = self.ratios[dev]
-        if len(rs) < 2:
-            return 0.0
-        mean = sum(rs) / len(rs)
-        return math.sqrt(sum((r - mean) ** 2 for r in rs) / (len(rs) - 1)) / mean
+                if now + self.predict(t, dev) <= horizon and state.fits(t, dev)]  # fmt: skip
 
     def _earliest_start(self, t: int, state) -> float:
         """When ``t``'s producers are predicted to end (inf if one has not started)."""
