@@ -26,7 +26,8 @@ The rules (docs/dynamic_training.md):
   or offloaded to the host (cost: both transfers), the cheaper; other data are
   offloaded when the platform has host links (``offload`` and ``prefetch`` engines)
   and never evicted otherwise. Parameters and inputs start on the host.
-- **Inputs** come from the copy of least transfer time; a dropped datum is rebuilt on
+- **Inputs** come from the copy of least transfer time; a dropped datum, or a
+  recomputable one whose recomputation takes less than that transfer, is rebuilt on
   the device by running its producer's computation before the task.
 - **Freeing.** A datum is freed everywhere when its last reader ends; an output is
   kept. An accumulator lives as one partial sum per device that wrote it.
@@ -412,7 +413,7 @@ class RuntimeState:
             if self.kind[d] == "accumulator" or u in self.copies[d] or self.dropped[d]:
                 continue
             src = self._source(d, u)
-            if src is None or self._room(u) < self.size[d]:
+            if src is None or self._room(u) < self.size[d] or self._rebuild_here(d, u, src):
                 continue
             self._add_copy(d, u, "arriving")
             if src != HOST:
@@ -502,6 +503,10 @@ class RuntimeState:
                 need += self.size[d] + self.rebuild_bytes[d]
                 continue
             src = self._source(d, u)
+            if self._rebuild_here(d, u, src):
+                rec.append(d)
+                need += self.size[d] + self.rebuild_bytes[d]
+                continue
             if src is None:
                 return None
             fetch.append((d, src))
@@ -566,6 +571,17 @@ class RuntimeState:
             return None, math.inf
         cost, mode = min(modes)
         return mode, cost
+
+    def _rebuild_here(self, d: int, u: str, src: str | None) -> bool:
+        """Whether recomputing ``d`` on ``u`` beats moving it from ``src`` (None: no
+        copy to move)."""
+        if not self.droppable[d] or self.left[d] == 0:
+            return False
+        p = self.producer[d]
+        if any(self.dropped[r] for r in self.reads[p]):
+            return False
+        move = math.inf if src is None else self.transfer_time(src, u, self.size[d])
+        return self.nominal(p, u) < move
 
     def _room(self, u: str) -> float:
         cap = self.cap[u]

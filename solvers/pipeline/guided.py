@@ -10,7 +10,8 @@ turned into tasks by :func:`plan_from_schedule`, or HEFT's lists).
   the profile's times), the plan's placement and order, with two deviations.
   *Backfilling*: when a device's next planned task is not ready, it starts a later
   planned task that is ready, fits in its free memory without evicting, and is
-  predicted to end before the head could start (its producers' predicted ends), so
+  predicted to end before the head could start (a lower bound of its producers' ends
+  by the predictions, through the producers not started yet), so
   that noise turns into work done early rather than idle time, never (by the
   predictions) into a delay of the plan. *Re-planning*: each device's speed is
   measured (measured / profiled seconds of its tasks so far); when the estimate
@@ -107,6 +108,86 @@ class Static:
 
     def push(self, task, state):  # pragma: no cover - static lists are used instead
         raise AssertionError
+
+    def complete(self, task, dev, seconds, state):
+        pass
+
+
+class Guided:
+    """Follow a static plan, backfill, re-plan on drift (see the module docstring)."""
+
+    name = "guided"
+
+    def __init__(self, graph: TaskGraph, platform: Platform, plans, *, tol: float = 0.15,
+                 z: float = 4.0, min_samples: int = 16, memory: dict | None = None):  # fmt: skip
+        if not 0 < tol:
+            raise ValueError(f"tol = {tol!r}: expected a positive fraction")
+        self.graph, self.platform = graph, platform
+        self.tol, self.z, self.min_samples = tol, z, min_samples
+        plans = [plans] if isinstance(plans, dict) else list(plans)
+        if not plans:
+            raise ValueError("guided: no plan to follow")
+        best = None
+        for lists in plans:
+            # the plan's start times (its order across devices) at the profile's times
+            run = simulate_dynamic(graph, platform, Static(lists), memory=memory)
+            if best is None or run.makespan < best[0]:
+                best = (run.makespan, lists, run.start)
+        _, lists, self.planned = best
+        self.static_lists = {u: list(lst) for u, lst in lists.items()}
+        names = [d.name for d in platform.devices]
+        self.speed = {d.name: d.speed for d in platform.devices}
+        self.ratio = dict.fromkeys(names, 1.0)  # measured / profiled seconds, the plan's view
+        self.ratios: dict = {u: [] for u in names}
+        self.replans = 0
+        self.samples, self.next_check = 0, 0
+        lay_stash = {d for d, datum in enumerate(graph.data) if datum.kind == "stash"}
+        self.stash_of = {t: [p for p, _ in task.deps
+                             if any(d in lay_stash for d in graph.tasks[p].writes
+                                    if d in task.reads)]
+                         for t, task in enumerate(graph.tasks)}  # fmt: skip
+
+    def predict(self, task: int, dev: str) -> float:
+        return self.graph.tasks[task].work / self.speed[dev] * self.ratio[dev]
+
+    def push(self, task, state):  # pragma: no cover - every task is placed upfront
+        raise AssertionError
+
+    def order(self, dev, tasks, state):
+        q = state.queue[dev]
+        if not q:
+            return []
+        head = q[0]
+        if state.ready[head]:
+            return [head]
+        horizon = self._earliest_start(head, state)
+        now = state.now
+        return [t for t in tasks
+                if now + self.predict(t, dev) <= horizon and state.fits(t, dev)]  # fmt: skip
+
+    def _earliest_start(self, t: int, state) -> float:
+        """A lower bound of when ``t``'s producers end, by the predictions: a producer
+        not started yet ends at least its own time after its producers' bound."""
+        memo: dict = {}
+
+        def end(p: int) -> float:
+            if p in memo:
+                return memo[p]
+            if state.done[p]:
+                got = state.end[p]
+            else:
+                u = state.device[p]
+                took = self.predict(p, u) if u is not None else min(
+                    self.predict(p, v) for v in state.names)  # fmt: skip
+                if u is not None and state.running.get(u) == p:
+                    got = state.start[p] + took
+                else:
+                    deps = [end(q) for q, _ in self.graph.tasks[p].deps]
+                    got = max([state.now, *deps]) + took
+            memo[p] = got
+            return got
+
+        return max([state.now] + [end(p) for p, _ in self.graph.tasks[t].deps])
 
     def complete(self, task, dev, seconds, state):
         pass
