@@ -17,7 +17,12 @@ The rules (docs/dynamic_training.md):
   an empty queue: the pool) in the policy's order and starts the first whose needs
   fit in its free memory: the inputs not yet there, its outputs, its temporary bytes
   and what recomputations need. If none fits, the first is admitted with evictions,
-  if evicting can make room; otherwise the device waits.
+  if evicting can make room. If it cannot, the device takes the other ready tasks
+  placed on it, in queue order (a fixed order could otherwise deadlock under a
+  memory cap: the head waiting for room that only later tasks of the list free);
+  otherwise it waits. Activations and gradients are evicted only to the host: without
+  host links, micro-batches in flight can fill the devices with them, and the run
+  stalls (reported, naming the task that cannot fit).
 - **Eviction** (Kirisame et al., "Dynamic Tensor Rematerialization", ICLR 2021): among
   the copies on the device that no started task uses, evict by increasing
   ``h = cost / (size * staleness)`` (staleness: seconds since last use) until the task
@@ -447,6 +452,14 @@ class RuntimeState:
                 break
         if plan is None and cands:
             plan = self._plan(cands[0], u, evict=True)
+        if plan is None and cands:
+            # stuck (what the policy chose cannot fit): the other ready tasks placed
+            # here, in queue order, so that a fixed order cannot deadlock on memory
+            others = [t for t in self.queue[u] if self.ready[t] and t not in cands]
+            for evict in (False, True):
+                plan = next((p for t in others if (p := self._plan(t, u, evict))), None)
+                if plan is not None:
+                    break
         if plan is None:
             return None
         t = plan.task
