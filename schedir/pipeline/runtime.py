@@ -79,6 +79,7 @@ class DynamicTrace:
         device_peak: the largest of those bytes per device.
         evictions: (time, datum name, device, mode) with mode ``"free"`` (another copy
             is kept), ``"offload"`` (moved to the host) or ``"drop"`` (recomputed later).
+        graph, platform: what ran, and where.
     """
 
     makespan: float
@@ -95,6 +96,8 @@ class DynamicTrace:
     memory: dict = field(default_factory=dict)
     device_peak: dict = field(default_factory=dict)
     evictions: list = field(default_factory=list)
+    graph: object = None
+    platform: object = None
 
     @property
     def throughput(self) -> float:
@@ -788,4 +791,6 @@ class RuntimeState:
             memory={u: (tuple(ts), tuple(ls)) for u, (ts, ls) in self.memory_log.items()},
             device_peak=dict(self.peak),
             evictions=list(self.evictions),
+            graph=self.graph,
+            platform=self.platform,
         )
