@@ -12,6 +12,8 @@
   stage list is: docs/jax_exec.md, "What the stage list accepts").
 - :func:`profile_graph` / :func:`run_graph`: DAG models (dict of named nodes) as
   ``schedir.Graph``.
+- :func:`run_dynamic` / :func:`run_dynamic_training`: several devices, tasks placed at
+  run time by a policy (docs/pipelines.md, docs/dynamic_training.md).
 """
 
 from jax_exec.chain.lowering import (

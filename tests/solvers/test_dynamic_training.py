@@ -66,7 +66,7 @@ def test_training_graph_structure():
     assert names["w1"].kind == "param" and names["w1"].size == sum(pb.weights[1:3])
     assert names["acc2"].kind == "accumulator" and names["u0"].kind == "output"
     # a backward reads what its forward read, so a dropped stash can be rebuilt
-    for t, task in enumerate(g.tasks):
+    for task in g.tasks:
         if task.kind[0] == "B":
             fwd = g.tasks[task.deps[0][0]]
             assert set(fwd.reads) <= set(task.reads)
@@ -264,10 +264,12 @@ def test_lp_is_the_little_law_bound_on_a_small_case():
         base = len(data)
         data += [Datum(f"s0[{n}]", s, "stash"), Datum(f"s1[{n}]", s, "stash")]
         f0 = len(tasks)
-        tasks += [Task(f"F0[{n}]", "F0", 1.0, (), n, False, (0,), (base,)),
-                  Task(f"F1[{n}]", "F1", 1.0, ((f0, 0),), n, False, (1,), (base + 1,)),
-                  Task(f"B1[{n}]", "B1", 1.0, ((f0 + 1, s),), n, False, (1, base + 1)),
-                  Task(f"B0[{n}]", "B0", 1.0, ((f0, s), (f0 + 2, 0)), n, True, (0, base))]  # fmt: skip
+        tasks += [
+            Task(f"F0[{n}]", "F0", 1.0, (), n, False, (0,), (base,)),
+            Task(f"F1[{n}]", "F1", 1.0, ((f0, 0),), n, False, (1,), (base + 1,)),
+            Task(f"B1[{n}]", "B1", 1.0, ((f0 + 1, s),), n, False, (1, base + 1)),
+            Task(f"B0[{n}]", "B0", 1.0, ((f0, s), (f0 + 2, 0)), n, True, (0, base)),
+        ]
     g = TaskGraph(tuple(tasks), tuple(data))
     plat = Platform.fully_connected([Device("a", 1.0, s), Device("b", 1.0, s)], 1e9)
     lp = training_lp(g, plat)
