@@ -20,8 +20,12 @@ POLICIES = ["eager", "dmda", "dmdas", "heft", "guided"]
 
 
 def test_every_policy_trains_exactly_within_the_memory_caps():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))  # fmt: skip
+    env = dict(
+        os.environ,
+        XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        JAX_PLATFORMS="cpu",
+        PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+    )
     proc = subprocess.run([sys.executable, __file__], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -31,51 +35,29 @@ def test_every_policy_trains_exactly_within_the_memory_caps():
     assert report["modes"]["drop"] and report["modes"]["offload"]
 
 
-def _close(a, b, what: str) -> None:
-    import jax
-    import numpy as np
-
-    la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
-    assert len(la) == len(lb), what
-    for u, v in zip(la, lb, strict=True):
-        u, v = np.asarray(u), np.asarray(v)
-        np.testing.assert_allclose(
-            u, v, rtol=1e-5, atol=1e-5 * float(np.abs(v).max()), err_msg=what
-        )
-
-
 def _child() -> None:  # pragma: no cover - runs in the subprocess
     from collections import Counter
 
     import jax
+    from jax_reference import assert_trees_close, plain_value_and_grad
 
     from jax_exec.models import mlp_stack, mse_loss
     from jax_exec.pipeline.dynamic_training import run_dynamic_training
-    from jax_exec.stages import as_stages
     from schedir.pipeline.dag import task_factors
     from schedir.pipeline.simulate import Noise
     from solvers.pipeline.training_lp import bound_of_trace
 
     assert len(jax.devices()) == 4
     layers = mlp_stack(2, 16, 64, 16, 8)  # 4 stages; stashes of 5 to 124 KB per micro-batch
-    stages = as_stages(layers)
     x = jax.random.normal(jax.random.key(0), (512, 16))
     y = jax.random.normal(jax.random.key(1), (512, 8))
-
-    def apply_all(params, a):
-        for s, p in zip(stages, params, strict=True):
-            a = s.apply(p, s.rest, a)
-        return a
-
-    ref_loss, ref_grads = jax.jit(jax.value_and_grad(lambda p: mse_loss(apply_all(p, x), y)))(
-        [s.params for s in stages]
-    )
+    ref_loss, ref_grads = plain_value_and_grad(layers, mse_loss)(x, y)
     cap = 300_000  # a third of what dmda holds unconstrained on its busiest device
     checked, modes = [], Counter()
 
     def check(name, r, cap):
-        _close(r.loss, ref_loss, name)
-        _close(r.grads, ref_grads, name)
+        assert_trees_close(r.loss, ref_loss, name)
+        assert_trees_close(r.grads, ref_grads, name)
         assert len(r.measured_bytes) == len(r.trace.graph.tasks), name
         worst = max(b for snapshot in r.measured_bytes for b in snapshot.values())
         assert worst <= cap and max(r.device_peaks.values()) <= cap, (name, worst)
