@@ -3,7 +3,16 @@ streams and 1F1B/GPipe training; steady state and dynamic task graphs
 (docs/pipelines.md). Drawn with one lane per device and per link."""
 
 from schedir import kind as _kind
-from schedir.pipeline.dag import Task, TaskGraph, pipeline_graph, simulate_dynamic
+from schedir.pipeline.dag import (
+    Datum,
+    GroupCosts,
+    Task,
+    TaskGraph,
+    pipeline_graph,
+    simulate_dynamic,
+    training_graph,
+    training_task_graph,
+)
 from schedir.pipeline.master_worker import MasterWorker, SteadyState
 from schedir.pipeline.model import (
     PeriodReport,
@@ -23,6 +32,7 @@ from schedir.pipeline.ops import (
     one_f_one_b_ops,
 )
 from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
+from schedir.pipeline.runtime import DynamicTrace, RuntimeState
 from schedir.pipeline.simulate import (
     Noise,
     PipelineTrace,
@@ -54,7 +64,10 @@ KIND = _kind.register(
 __all__ = [
     "KIND",
     "Bwd",
+    "Datum",
+    "DynamicTrace",
     "Fwd",
+    "GroupCosts",
     "Interval",
     "Mapping",
     "MasterWorker",
@@ -64,6 +77,7 @@ __all__ = [
     "PipelineSchedule",
     "PipelineTrace",
     "Recv",
+    "RuntimeState",
     "Send",
     "SteadyState",
     "Task",
@@ -76,6 +90,8 @@ __all__ = [
     "pipeline_graph",
     "simulate_dynamic",
     "simulate_pipeline",
+    "training_graph",
+    "training_task_graph",
     "training_period",
     "working_set",
 ]
