@@ -149,8 +149,11 @@ def _registered(policy: str):
             )
         cuts = tuple(cuts or range(problem.length + 1))
         graph = pipeline_graph(problem, items, cuts)
-        trace = run_policy(graph, problem.platform, policy,
-                           noise=Noise(noise_sigma, seed), window=window)  # fmt: skip
+        # placed by time only, memory unlimited: the replayed schedule is judged below
+        # by the pipeline simulator's own memory model
+        unlimited = {d.name: None for d in problem.platform.devices}
+        trace = run_policy(graph, problem.platform, policy, noise=Noise(noise_sigma, seed),
+                           window=window, memory=unlimited)  # fmt: skip
         meta = {
             "method": policy,
             "kind": "inference",
