@@ -42,7 +42,8 @@ from schedir.pipeline.dag import (
     simulate_dynamic,
     task_factors,
 )
-from schedir.pipeline.runtime import HOST, RuntimeState
+from schedir.pipeline.dataflow import HOST
+from schedir.pipeline.runtime import RuntimeState
 from schedir.pipeline.simulate import Noise
 from solvers.pipeline.dynamic import Dmda, make_policy
 

@@ -13,6 +13,7 @@ from schedir.pipeline.dag import (
     training_graph,
     training_task_graph,
 )
+from schedir.pipeline.dataflow import DynamicTrace
 from schedir.pipeline.master_worker import MasterWorker, SteadyState
 from schedir.pipeline.model import (
     PeriodReport,
@@ -32,7 +33,7 @@ from schedir.pipeline.ops import (
     one_f_one_b_ops,
 )
 from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
-from schedir.pipeline.runtime import DynamicTrace, RuntimeState
+from schedir.pipeline.runtime import RuntimeState
 from schedir.pipeline.simulate import (
     Noise,
     PipelineTrace,

@@ -37,9 +37,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from schedir.errors import InvalidProblem
+from schedir.pipeline.dataflow import HOST, SOURCES, DynamicTrace
 from schedir.pipeline.model import working_set
 from schedir.pipeline.problem import PipelineProblem
-from schedir.pipeline.runtime import HOST, SOURCES, DynamicTrace, RuntimeState
+from schedir.pipeline.runtime import RuntimeState
 from schedir.pipeline.simulate import Noise
 from schedir.platform import Platform, check_bytes, check_number
 

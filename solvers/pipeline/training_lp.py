@@ -52,7 +52,7 @@ from scipy.optimize import linprog
 from scipy.sparse import coo_matrix
 
 from schedir.pipeline.dag import SOURCES, DynamicTrace, TaskGraph
-from schedir.pipeline.runtime import data_layout
+from schedir.pipeline.dataflow import data_layout
 from schedir.platform import Platform
 
 RESIDENT = ("activation", "stash", "gradient")  # produced, read later: a lifetime
