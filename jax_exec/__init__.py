@@ -12,6 +12,8 @@
   stage list is: docs/jax_exec.md, "What the stage list accepts").
 - :func:`profile_graph` / :func:`run_graph`: DAG models (dict of named nodes) as
   ``schedir.Graph``.
+- :func:`run_dynamic` / :func:`run_dynamic_training`: several devices, tasks placed at
+  run time by a policy (docs/pipelines.md, docs/dynamic_training.md).
 """
 
 from jax_exec.chain.lowering import (
@@ -66,6 +68,7 @@ __all__ = [
 
 # Several devices (docs/pipelines.md).
 from jax_exec.pipeline.dynamic import DynamicRunResult, run_dynamic  # noqa: E402
+from jax_exec.pipeline.dynamic_training import run_dynamic_training  # noqa: E402
 from jax_exec.pipeline.mpmd import PipelineRunResult, run_pipeline  # noqa: E402
 from jax_exec.pipeline.spmd import (  # noqa: E402
     nnx_blocks,
@@ -83,6 +86,7 @@ __all__ += [
     "PipelineRunResult",
     "nnx_blocks",
     "run_dynamic",
+    "run_dynamic_training",
     "run_pipeline",
     "sequential",
     "shard_stacked",
