@@ -3,8 +3,9 @@ starts at run time (:func:`run_dynamic_training`; the runtime of
 :mod:`jax_exec.pipeline.dynamic`, docs/dynamic_training.md).
 
 The step is the graph of :func:`schedir.pipeline.dag.training_task_graph`: per group
-of stages and micro-batch a forward (``jax.vjp`` of the group's kernel: its closure
-is the stash) and a backward (the closure applied to the incoming gradient), per
+of stages and micro-batch a forward (``jax.vjp`` of the group's kernel: the residuals
+of its closure, parameters left out, are the stash) and a backward (the closure
+rebuilt from the parameters and the stash, applied to the incoming gradient), per
 group an update task. Sizes and times are calibrated on the devices first (every
 kernel compiled and timed once per device; the kernels are cached across calls).
 Parameters start on the host (the layers' arrays) and are copied to every device that
@@ -24,6 +25,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jax_exec.pipeline.chunks import ChunkKernels
 from jax_exec.pipeline.dynamic import (
     Workers,
     device_platform,
@@ -44,6 +46,33 @@ from schedir.pipeline.simulate import Noise
 from solvers.pipeline.dynamic import Dmda, make_policy
 
 _sgd = jax.jit(lambda p, g, lr: jax.tree_util.tree_map(lambda x, y: x - lr * y, p, g))
+
+
+@jax.tree_util.register_pytree_node_class
+class _Stash:
+    """A forward's residuals (arrays: moved, measured, evicted like any datum) and the
+    layout that rebuilds its ``jax.vjp`` closure (static: it never moves)."""
+
+    def __init__(self, res: list, layout: tuple):
+        self.res, self.layout = res, layout
+
+    def tree_flatten(self):
+        return (self.res,), self.layout
+
+    @classmethod
+    def tree_unflatten(cls, layout, children):
+        return cls(children[0], layout)
+
+
+def _record(k: ChunkKernels, p, r, a, *tail) -> tuple[Any, _Stash]:
+    """(output or scaled loss, stash) of one forward."""
+    out, res = k.vjp(p, r, a, *tail)
+    return out, _Stash(res, k.layout(p, r, a, tail))
+
+
+def _backward(k: ChunkKernels, p, stash: _Stash, d) -> tuple[Any, Any]:
+    """(parameter gradients, input gradient) from a stash."""
+    return k.full(p, stash.res, d, stash.layout)
 
 
 def run_dynamic_training(
@@ -148,8 +177,8 @@ def run_dynamic_training(
         work = graph.tasks[t].work
         if g == G - 1:
             yv = values[ids[f"y[{n}]"]]
-            return timed(t, u, work, kern[g].rec, p, r, a, yv, 1.0 / m)
-        return timed(t, u, work, kern[g].rec, p, r, a)
+            return timed(t, u, work, _record, kern[g], p, r, a, yv, 1.0 / m)
+        return timed(t, u, work, _record, kern[g], p, r, a)
 
     def compute(t, u, values, rebuilt):
         task = graph.tasks[t]
@@ -172,7 +201,8 @@ def run_dynamic_training(
             else:
                 seed = values[ids[f"d{g + 1}[{n}]"]]
             acc = ids[f"acc{g}"]
-            (gp, d), seconds = timed(t, u, task.work, kern[g].bwd, vjp, seed)
+            p = values[ids[f"w{g}"]][0]
+            (gp, d), seconds = timed(t, u, task.work, _backward, kern[g], p, vjp, seed)
             if acc in values:
                 gp = jax.block_until_ready(tree_add(values[acc][0], gp))
             outs = {acc: gp}
@@ -220,17 +250,18 @@ def _calibrate(kern, host_params, x0, y0, jdev, scale, lr):
     for g in range(G):
         acts.append(a)
         if g == G - 1:
-            value, vjp = kern[g].rec(*params0[g], a, jax.device_put(y0, jdev[names[0]]), scale)
+            value, vjp = _record(kern[g], *params0[g], a, jax.device_put(y0, jdev[names[0]]),
+                                 scale)  # fmt: skip
             loss_dtype = value.dtype
         else:
-            a, vjp = kern[g].rec(*params0[g], a)
+            a, vjp = _record(kern[g], *params0[g], a)
         vjps.append(vjp)
     seeds = [None] * G
     seed = jnp.ones((), loss_dtype)
     grads = [None] * G
     for g in reversed(range(G)):
         seeds[g] = seed
-        grads[g], seed = kern[g].bwd(vjps[g], seed)
+        grads[g], seed = _backward(kern[g], params0[g][0], vjps[g], seed)
         outs.append(seed)
     grad_bytes = [tree_bytes(gp) for gp in grads]
     sizes = {
@@ -254,12 +285,12 @@ def _calibrate(kern, host_params, x0, y0, jdev, scale, lr):
                 args = (*args, jax.device_put(y0, dev), scale)
             for _ in range(2):  # the first call compiles
                 began = time.perf_counter()
-                _, vjp = jax.block_until_ready(kern[g].rec(*args))
+                _, vjp = jax.block_until_ready(_record(kern[g], *args))
                 calib[f"F{g}", u] = time.perf_counter() - began
             seed = jax.device_put(seeds[g], dev)
             for _ in range(2):
                 began = time.perf_counter()
-                gp, _ = jax.block_until_ready(kern[g].bwd(vjp, seed))
+                gp, _ = jax.block_until_ready(_backward(kern[g], p[0], vjp, seed))
                 calib[f"B{g}", u] = time.perf_counter() - began
             for _ in range(2):
                 began = time.perf_counter()
