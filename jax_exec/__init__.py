@@ -114,8 +114,13 @@ __all__ += ["Executor", "executor_for", "register", "run", "run_chain", "unregis
 # Any Flax NNX model, automatically (docs/auto.md): ``plan`` and ``value_and_grad``;
 # ``plan(..., scope="device")`` budgets the whole device (docs/device_memory.md).
 from jax_exec import auto  # noqa: E402, F401
-from jax_exec.auto import value_and_grad  # noqa: E402
-from jax_exec.device_plan import DevicePlan, DeviceRun, plan, plan_device  # noqa: E402
+from jax_exec.device_plan import (  # noqa: E402
+    DevicePlan,
+    DeviceRun,
+    plan,
+    plan_device,
+    value_and_grad,
+)
 from jax_exec.zero import ZeroStep, zero_step  # noqa: E402
 
 __all__ += ["DevicePlan", "DeviceRun", "ZeroStep", "plan", "plan_device", "value_and_grad",

@@ -39,13 +39,13 @@ from typing import Any
 import jax
 import numpy as np
 from jax.sharding import Mesh
-from jax.sharding import PartitionSpec as P
 
 import solvers
 from jax_exec import auto
 from jax_exec.auto.analysis import CostModel
 from jax_exec.auto.api import Plan
 from jax_exec.zero import AXIS, HOST, ZeroStep, measured_bytes, state_bytes
+from jax_exec.zero_blocks import planned_value_and_grad
 from schedir import simulate
 from schedir.device_step import (
     DeviceStep,
@@ -174,31 +174,19 @@ class DevicePlan:
 
     def zero_step(self, mesh: Mesh) -> ZeroStep:
         """The chosen strategy as a :class:`jax_exec.zero.ZeroStep` on ``mesh`` (its
-        ``data`` axis of size N): each device computes its share's loss and gradients
-        following the activation schedule (``shard_map``; the compiled path of the
-        plan), the gradients are summed over ``data`` and divided by N (the mean of
-        equal shares' mean losses), then placed and applied as the strategy says. The
-        batch is ``args`` as a tuple."""
+        ``data`` axis of size N): each device runs the activation schedule on its share
+        of the batch (``shard_map``; the plan's compiled path), its blocks gathering
+        their sharded parameters just in time and reducing their gradients after their
+        backward (:mod:`jax_exec.zero_blocks`); the update is placed as the strategy
+        says. The batch is ``args`` as a tuple."""
         n = self.data_parallel
         if AXIS not in mesh.shape or mesh.shape[AXIS] != n:
             raise ValueError(f"mesh axes {dict(mesh.shape)}: expected a {AXIS!r} axis of {n}")
-        fn = self.activation_plan.lowered()
-        program = self.activation_plan.model.program
-        rest = jax.tree_util.tree_unflatten(program.treedefs[1], [])
-
-        def local(params: Any, batch: tuple) -> tuple:
-            grad_fn = jax.value_and_grad(fn, has_aux=True)
-            (loss, _), grads = grad_fn(params, rest, tuple(batch))
-            grads = jax.tree_util.tree_map(lambda g: jax.lax.psum(g, AXIS) / n, grads)
-            return jax.lax.pmean(loss, AXIS), grads
-
-        # check_vma=False: the planned blocks bind primitives directly (no automatic
-        # pvary), so the gradients are per device and summed explicitly above
-        value_and_grad = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(AXIS)),
-                                       out_specs=(P(), P()), check_vma=False)  # fmt: skip
+        placement = self.strategy.placement
+        value_and_grad = planned_value_and_grad(self.activation_plan, mesh, placement)
         loss_fn = self.loss_fn
         return ZeroStep(lambda m, batch: loss_fn(m, *batch), self.optimizer, mesh,
-                        self.strategy.stage, self.strategy.placement.opt_state == "host",
+                        self.strategy.stage, placement.opt_state == "host",
                         value_and_grad)  # fmt: skip
 
     def make_exact(self) -> None:
@@ -347,6 +335,21 @@ def _least(act: Plan, exact: bool) -> int:
     except solvers.Infeasible as err:
         return err.min_budget
     return 0
+
+
+def value_and_grad(loss_fn: Callable, *, budget: int | str, scope: str = "activations",
+                   **options: Any) -> Callable:  # fmt: skip
+    """``jax_exec.value_and_grad``: :func:`jax_exec.auto.value_and_grad` (the budget covers
+    activations). A value-and-grad function returns gradients; it owns neither the
+    optimizer state nor the data-parallel mesh that ``scope="device"`` places: that is a
+    training step, :meth:`DevicePlan.zero_step` of ``plan(..., scope="device")``."""
+    if scope != "activations":
+        raise ValueError(
+            f"scope = {scope!r}: value_and_grad budgets activations; for the whole device use "
+            "jax_exec.plan(loss_fn, model, *args, budget=B, scope='device', optimizer=...)"
+            ".zero_step(mesh), a training step"
+        )
+    return auto.value_and_grad(loss_fn, budget=budget, **options)
 
 
 def plan_device(

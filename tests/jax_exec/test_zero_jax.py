@@ -6,11 +6,12 @@ jax is imported): a small GPT-style NNX model trained 3 adamw steps
   1e-5), and the bytes each device holds for parameters, gradients and optimizer state
   (device memory; host memory for the offloaded state), measured from the arrays'
   addressable shards, equal schedir.training_state's prediction to the byte;
-- under the device planner (jax_exec.plan(scope="device")) with a budget below what
-  plain data parallelism needs even at its least activation budget: the planner picks
-  the fastest strategy that fits, the executed step (ZeRO placement + the activation
-  schedule per device) gives the plain loop's parameters, its measured state bytes equal
-  the prediction, the op-by-op activation peak equals the plan's, and their sum fits."""
+- under the device planner (jax_exec.plan(scope="device")) with a budget only ZeRO-3
+  fits (below what plain data parallelism needs even at its least activation budget):
+  the planner picks the fastest strategy that fits, the executed step (parameters
+  gathered per block, the activation schedule per device) gives the plain loop's
+  parameters, its measured state bytes equal the prediction, the op-by-op activation
+  peak equals the plan's, and their sum fits."""
 
 from __future__ import annotations
 
@@ -56,7 +57,10 @@ def test_offloaded_optimizer_state_lives_in_host_memory(report):
 def test_device_plan_fits_where_data_parallelism_does_not(report):
     dp = report["device_plan"]
     assert dp["budget"] < dp["zero0_least"]  # plain data parallelism never fits
+    assert len(dp["fitting_times"]) >= 2  # a choice: ZeRO-3 with and without offload
     assert dp["chosen"] != "ZeRO-0" and dp["chosen_time"] == min(dp["fitting_times"])
+    assert dp["stage"] == 3  # the budget only ZeRO-3 fits: parameters gathered per block,
+    assert dp["all_gathers"] > dp["split_tensors"]  # again in the backward, not once
     assert dp["measured_state"] == dp["predicted_state"]
     assert dp["measured_activation_peak"] == dp["predicted_activation_peak"]
     assert dp["measured_state"] + dp["measured_activation_peak"] <= dp["predicted_peak"]
@@ -94,7 +98,7 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
     import jax_exec
     from jax_exec.models import MLPBlock
     from jax_exec.zero import measured_bytes, state_bytes, zero_step
-    from schedir.training_state import Placement, device_bytes
+    from schedir.training_state import Placement, device_bytes, shard_axis
 
     class Block(nnx.Module):
         """Pre-norm causal self-attention and an MLP. No bias on q, k, v: the key bias
@@ -225,7 +229,13 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
     wide = jax_exec.plan(loss_xy, new_model(), *xy[0], budget=10**12, **kw)
     zero0 = wide.alternatives[0]
     assert zero0.strategy.name == "ZeRO-0"
-    budget = (wide.min_budget + zero0.min_budget) // 2
+    # a budget where ZeRO-3 fits on the device and no lower stage does, even offloaded:
+    # the executed step gathers per block
+    three = min(a.min_budget for a in wide.alternatives
+                if a.strategy.stage == 3 and a.strategy.placement.opt_state != "host")  # fmt: skip
+    others = min(a.min_budget for a in wide.alternatives if a.strategy.stage < 3)
+    assert three < others <= zero0.min_budget
+    budget = (three + others) // 2
     dp = jax_exec.plan(loss_xy, new_model(), *xy[0], budget=budget, **kw)
     fitting = [a.step.step_time for a in dp.alternatives if a.fits]
     chosen, chosen_time = dp.strategy.name, dp.step.step_time
@@ -235,6 +245,8 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
     for batch in xy[1:]:
         state, _, _ = run.zero_step.with_grads(state, batch)
     check(state.params)
+    hlo = run.zero_step._jitted(True, state).lower(state, run.zero_step._batch(xy[0])).as_text()
+    split = [t for t in param_t if shard_axis(t.shape, DEVICES) is not None]
     parts = ("params", "grads", "opt_state")
     measured_state = {d.id: sum(run.measured[p][d.id] for p in parts) for d in devices}
     assert len(set(measured_state.values())) == 1, measured_state
@@ -244,7 +256,9 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
         "measured_state": measured_state[0], "predicted_state": dp.step.state.resident,
         "measured_activation_peak": run.activation_peak,
         "predicted_activation_peak": dp.step.activation_peak,
-        "predicted_peak": dp.step.peak_bytes,
+        "predicted_peak": dp.step.peak_bytes, "stage": dp.strategy.stage,
+        "all_gathers": hlo.count("all_gather"), "split_tensors": len(split),
+        "overhead": dp.activation_plan.overhead,
     }  # fmt: skip
     print(f"device plan: {time.perf_counter() - t0:.1f}s", file=sys.stderr)
     print(json.dumps(report))
