@@ -169,8 +169,20 @@ class DevicePlan:
             f"step {s.step_time:.3e} s (compute {s.compute_time:.3e}, update "
             f"{s.update_time:.3e}, exposed communication {s.exposed_time:.3e}); planned in "
             f"{self.plan_time:.1f} s",
+            *self._lowbit_line(),
             self.table(),
         ])  # fmt: skip
+
+    def _lowbit_line(self) -> list[str]:
+        report = self.activation_plan.schedule.meta.get("lowbit")
+        if not report:
+            return []
+        used = sorted({s for s in report["storage"] if s})
+        return [f"low-bit activations: {', '.join(used) or 'none'} "
+                f"({sum(1 for s in report['storage'] if s)} of {len(report['storage'])} "
+                f"blocks), {report['saved_bytes']:,} residual bytes saved, gradient relative "
+                f"error {report['gradient_error']:.2e} on the example batch (tolerance "
+                f"{report['tolerance']:g})"]  # fmt: skip
 
     def zero_step(self, mesh: Mesh) -> ZeroStep:
         """The chosen strategy as a :class:`jax_exec.zero.ZeroStep` on ``mesh`` (its

@@ -77,3 +77,18 @@ def test_one_device_keeps_data_parallelism_when_it_fits():
     assert p.strategy.name == "ZeRO-0" and p.step.collective_bytes == 0
     # parameters, gradients, Adam's mu and nu, and its int32 step count
     assert p.step.state.resident == 4 * sum(t.nbytes for t in p.params) + 4
+
+
+def test_low_bit_storage_only_with_a_tolerance():
+    from jax_exec.auto.lowbit import LowBitModel
+
+    model = Net(nnx.Rngs(0))
+    plain = jax_exec.plan(loss_fn, model, X, Y, budget=10**9, data_parallel=2, **KW)
+    assert not isinstance(plain.activation_plan.model, LowBitModel)
+    least = plain.min_budget
+    low = jax_exec.plan(loss_fn, model, X, Y, budget=least, data_parallel=2,
+                        activation_tolerance=5e-2, activation_storages=("bfloat16",),
+                        **KW)  # fmt: skip
+    report = low.activation_plan.schedule.meta["lowbit"]
+    assert report["gradient_error"] <= 5e-2 and low.min_budget <= least
+    assert "low-bit activations" in low.summary()

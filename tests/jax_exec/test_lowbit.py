@@ -100,7 +100,7 @@ def test_low_bit_plan_runs_exactly_and_reports_its_error():
             assert residual < report["screen"][None][1] and error > 0
     result = lb.run(model, X, Y)  # op by op: measured peak = prediction, within budget
     assert result.peak_bytes == lb.schedule.meta["peak_memory"] <= lb.budget
-    ref = _flat(nnx.grad(loss_fn)(model, X, Y))
+    ref = _flat(nnx.jit(nnx.grad(loss_fn))(model, X, Y))
     err = np.linalg.norm(_flat(result.grads) - ref) / np.linalg.norm(ref)
     assert err == pytest.approx(report["gradient_error"], rel=1e-2, abs=1e-6)
     _, params, rest = nnx.split(model, nnx.Param, ...)
