@@ -19,7 +19,8 @@ its state plus its buffers plus the activation schedule's least budget:
   block's full gradients (two with ``overlap``). A block is a block of the activation
   chain (its ``block_params``: the parameters it reads; the loss stage is the last);
 - the activation need of each op (the trace), or during the optimizer update its
-  ``updates`` (the local parameter bytes) when the update runs on the device.
+  ``updates`` (the bytes of the parameters this device updates) when the update runs
+  on the device.
 
 Time (seconds) is a two-stream timeline: the compute stream runs the trace's ops in
 order with their durations; the ring runs collectives in the order they are issued, at
@@ -39,12 +40,14 @@ takes (N - 1) (latency + B / (N bandwidth))); host copies run on the platform's
   backward of the first block reading it: all-reduced (two ring passes) when the
   optimizer state is replicated, reduce-scattered (one pass) when it is sharded or on
   the host (each device updates its shard). Gradients nobody reads (zero) move nothing.
-- The update starts when the compute stream, the ring and the host copies are done:
-  on the device it reads the local gradients and parameters and reads and writes the
-  local optimizer state and parameters (bytes / ``update_bytes_per_second``); on the
-  host each reduced gradient shard is copied down as its reduction ends, the parameter
-  shard is copied down from the start, the update runs at ``host_bytes_per_second`` and
-  the updated parameter shard is copied back up.
+- The update starts when the compute stream, the ring and the host copies are done.
+  Each device updates what its optimizer state covers: everything when it is
+  replicated, its shard otherwise; it reads those gradients and reads and writes those
+  parameters and its optimizer state. On the device at ``update_bytes_per_second``
+  (its ``updates``, the parameters it updates, are device bytes); on the host each
+  reduced gradient shard is copied down as its reduction ends, the parameter shard is
+  copied down from the start, the update runs at ``host_bytes_per_second`` and the
+  updated parameter shard is copied back up.
 - With replicated parameters and an optimizer state that is not replicated (ZeRO 1-2,
   offload) the updated parameters are then all-gathered (one pass); this step waits for
   it (no overlap with the next step's forward is assumed).
@@ -249,7 +252,9 @@ class FixedBytes:
     Attributes:
         state: the training state (:class:`~schedir.training_state.DeviceBytes`).
         buffers: the reserved gather and reduce buffers.
-        update_bytes: the optimizer update's ``updates`` on the device (0 on the host).
+        update_bytes: the optimizer update's ``updates`` on the device, the bytes of the
+            parameters it updates (all, or its shard under a sharded optimizer state;
+            0 on the host).
     """
 
     state: DeviceBytes
@@ -282,7 +287,8 @@ def fixed_bytes(
     state = device_bytes(ps, os_, p, devices, grads=gs, blocks=groups)
     buffers = state.gather * (2 if strategy.prefetch else 1)
     buffers += state.reduce_scatter * (2 if strategy.overlap else 1)
-    update = 0 if p.opt_state == "host" else sum(local_bytes(x, p.params, devices) for x in ps)
+    part = "replicated" if p.opt_state == "replicated" else "sharded"  # what one device updates
+    update = 0 if p.opt_state == "host" else sum(local_bytes(x, part, devices) for x in ps)
     return FixedBytes(state, buffers, update)
 
 
@@ -389,17 +395,15 @@ def device_step(
         if p.opt_state == "host":
             copy_down(sum(local_bytes(gs[t], "sharded", n) for t in tensors), done)
     t = max(clock["compute"], clock["ring"], clock["down"])
-    local_p = sum(local_bytes(x, p.params, n) for x in ps)
-    local_g = sum(local_bytes(x, p.grads, n) for x in gs)
+    part = "replicated" if p.opt_state == "replicated" else "sharded"  # what one device updates
+    upd_p = sum(local_bytes(x, part, n) for x in ps)
+    upd_g = sum(local_bytes(x, part, n) for x in gs)
+    touched = upd_g + 2 * upd_p + 2 * (state.host if p.opt_state == "host" else state.opt_state)
     if p.opt_state == "host":
-        shard_p = sum(local_bytes(x, "sharded", n) for x in ps)
-        shard_g = sum(local_bytes(x, "sharded", n) for x in gs)
-        touched = shard_g + 2 * shard_p + 2 * state.host
         update_time = touched / costs.host_bytes_per_second
-        t += update_time + platform.prefetch.time(shard_p)
-        totals["host"] += shard_p
+        t += update_time + platform.prefetch.time(upd_p)
+        totals["host"] += upd_p
     else:
-        touched = local_g + 2 * local_p + 2 * state.opt_state
         update_time = touched / costs.update_bytes_per_second
         t += update_time
     if p.params == "replicated" and p.opt_state != "replicated" and n > 1:

@@ -57,6 +57,15 @@ def test_data_parallelism_all_reduces_each_tensor_once_complete():
     assert s.peak_bytes == 3 * 2000 + max(30, 2000)  # the update's bytes exceed activations
 
 
+def test_stage_1_reduce_scatters_updates_its_shard_and_gathers_the_parameters():
+    s = _step(Strategy(Placement.zero(1)))
+    # one pass per tensor once complete (5..5.8, 7..8.2); the shard's update reads
+    # 500 + 2 * 500 + 2 * 500 B; then the updated parameters are all-gathered (2 s)
+    assert math.isclose(s.step_time, 8.2 + 0.25 + 2.0)
+    assert s.update_bytes == 500 and s.buffers == 0
+    assert s.collective_bytes == 3 * (800 + 1200 + 2000) // 4
+
+
 def test_stage_3_gathers_before_every_op_and_reduces_every_backward():
     plain = _step(Strategy(Placement.zero(3)))
     # gathers 1200 (block 0), 800, 400 (loss); reductions wait for their buffer (depth 1)
