@@ -463,11 +463,20 @@ def plan_device(
         return (rows[i].step.step_time, rows[i].step.peak_bytes, i)
 
     while True:  # the best by its figures, exact ones where known
-        best = min((i for i, a in enumerate(rows) if a.fits), key=rank)
+        fitting = [i for i, a in enumerate(rows) if a.fits]
+        if not fitting:
+            raise solvers.Infeasible("device", nbytes, least, f"{n} data-parallel devices, "
+                                     "every ZeRO strategy (compiled kernels)")  # fmt: skip
+        best = min(fitting, key=rank)
         if rows[best].exact or not exact:
             break
         a = rows[best]
-        rows[best] = price(a.strategy, a.fixed, a.min_budget, True)
+        try:
+            rows[best] = price(a.strategy, a.fixed, a.min_budget, True)
+        except solvers.Infeasible as err:  # compiled kernels need more than estimated
+            need = a.fixed.fixed + max(err.min_budget or 0, a.fixed.update_bytes)
+            rows[best] = Alternative(a.strategy, a.fixed, max(need, a.min_budget), exact=True)
+            least = min(r.min_budget for r in rows)
     chosen = rows[best]
     return DevicePlan(
         strategy=chosen.strategy,

@@ -92,3 +92,16 @@ def test_low_bit_storage_only_with_a_tolerance():
     report = low.activation_plan.schedule.meta["lowbit"]
     assert report["gradient_error"] <= 5e-2 and low.min_budget <= least
     assert "low-bit activations" in low.summary()
+
+
+def test_exact_plans_price_the_choice_with_compiled_kernels():
+    model = Net(nnx.Rngs(0))
+    kw = dict(scope="device", optimizer=optax.adamw(1e-3), data_parallel=2)
+    p = jax_exec.plan(loss_fn, model, X, Y, budget=10**9, **kw)
+    chosen = next(a for a in p.alternatives if a.strategy == p.strategy)
+    assert p.exact and chosen.exact and p.activation_plan.exact
+    tight = jax_exec.plan(loss_fn, model, X, Y, budget=p.min_budget, **kw)
+    assert tight.step.peak_bytes <= p.min_budget
+    with pytest.raises(solvers.Infeasible) as err:
+        jax_exec.plan(loss_fn, model, X, Y, budget=p.min_budget - 1, **kw)
+    assert err.value.min_budget == p.min_budget
