@@ -1,7 +1,11 @@
 """jax_exec: everything that touches JAX and Flax (docs/jax_exec.md).
 
 - :func:`plan` / :func:`value_and_grad`: any Flax NNX model, from its code alone: the
-  automatic planner (:mod:`jax_exec.auto`, docs/auto.md).
+  automatic planner (:mod:`jax_exec.auto`, docs/auto.md); ``plan(..., scope="device",
+  optimizer=..., data_parallel=N)`` (:func:`plan_device`) budgets the whole device:
+  parameters, gradients and optimizer state placed as ZeRO stages or on the host
+  together with the activations (:mod:`jax_exec.device_plan`, :func:`zero_step`,
+  docs/device_memory.md).
 - :func:`run`: execute one step of any schedule (chain, offload, graph, pipeline) op by
   op, with measured memory; one :class:`RunResult` (:mod:`jax_exec.executor`).
 - For models split by hand into a stage list (one array in, one out):
@@ -107,8 +111,17 @@ from jax_exec.executor import (  # noqa: E402
 )
 
 __all__ += ["Executor", "executor_for", "register", "run", "run_chain", "unregister"]
-# Any Flax NNX model, automatically (docs/auto.md): ``plan`` and ``value_and_grad``.
+# Any Flax NNX model, automatically (docs/auto.md): ``plan`` and ``value_and_grad``;
+# ``plan(..., scope="device")`` budgets the whole device (docs/device_memory.md).
 from jax_exec import auto  # noqa: E402, F401
-from jax_exec.auto import plan, value_and_grad  # noqa: E402
+from jax_exec.device_plan import (  # noqa: E402
+    DevicePlan,
+    DeviceRun,
+    plan,
+    plan_device,
+    value_and_grad,
+)
+from jax_exec.zero import ZeroStep, zero_step  # noqa: E402
 
-__all__ += ["plan", "value_and_grad"]
+__all__ += ["DevicePlan", "DeviceRun", "ZeroStep", "plan", "plan_device", "value_and_grad",
+            "zero_step"]  # fmt: skip
