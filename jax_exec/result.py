@@ -62,6 +62,11 @@ class RunResult:
         counts, predicted_counts: dynamic runs: tasks per device, realized / simulated.
         perf_model: dynamic runs: the performance model's final mean seconds per
             ``"kind@device"``.
+        trace: dynamic runs: the runtime's own account of the run (a
+            ``schedir.pipeline.dag.DynamicTrace``: placement, durations, the bytes it
+            counted per device, evictions).
+        measured_bytes: dynamic runs: after every task, device name -> bytes of the
+            distinct arrays the runtime held there.
     """
 
     loss: Any = None
@@ -91,6 +96,8 @@ class RunResult:
     counts: dict[str, int] = field(default_factory=dict)
     predicted_counts: dict[str, int] = field(default_factory=dict)
     perf_model: dict[str, float] = field(default_factory=dict)
+    trace: Any = None
+    measured_bytes: tuple = ()
 
 
 def tree_bytes(tree: Any) -> int:

@@ -101,9 +101,7 @@ class Plan:
         exact = self.exact if exact is None else exact
         start = time.perf_counter()
         solver = _solver(method)
-        schedule, nbytes, reference, rounds = _solve_lazily(
-            self.model, budget, solver, options, exact
-        )
+        schedule, nbytes, reference, rounds = _solve(self.model, budget, solver, options, exact)
         schedule.meta["compile_rounds"] = rounds
         return Plan(self.model, self.model.problem, schedule, method, nbytes,
                     reference.peak_memory, reference.makespan,
@@ -182,6 +180,8 @@ def plan(
     has_aux: bool = False,
     cost_model: CostModel | None = None,
     exact: bool = True,
+    activation_tolerance: float = 0.0,
+    activation_storages: tuple[str, ...] | None = None,
     **options: Any,
 ) -> Plan:
     """Plan a training step of ``loss_fn(model, *args)`` under ``budget``.
@@ -192,7 +192,10 @@ def plan(
     ``"nothing_saveable"``, ``"everything_saveable"``), priced by the same simulator.
     ``exact``: compile the kernels the schedule runs so that its predicted peak is the
     op-by-op runtime's to the byte (else temporaries are estimated: faster, enough for
-    the compiled path, whose memory XLA decides).
+    the compiled path, whose memory XLA decides). ``activation_tolerance`` > 0 also
+    offers low-bit storage of saved residuals whose measured gradient error on ``args``
+    stays within it (:mod:`jax_exec.auto.lowbit`, ``schedule.meta["lowbit"]``; the
+    storages tried: ``activation_storages``, default all); with 0, never.
 
     Raises:
         solvers.Infeasible: the budget is below the least feasible one (``min_budget``).
@@ -202,7 +205,13 @@ def plan(
     solver = _solver(method)
     start = time.perf_counter()
     bm = block_model(loss_fn, model, args, has_aux=has_aux, cost_model=cost_model)
-    schedule, nbytes, reference, rounds = _solve_lazily(bm, budget, solver, options, exact)
+    if activation_storages is not None and not activation_tolerance:
+        raise ValueError("activation_storages: low-bit storage needs activation_tolerance > 0")
+    if activation_tolerance:  # low-bit residuals (jax_exec/auto/lowbit.py)
+        from jax_exec.auto.lowbit import with_lowbit
+
+        bm = with_lowbit(bm, args, activation_tolerance, activation_storages)
+    schedule, nbytes, reference, rounds = _solve(bm, budget, solver, options, exact)
     schedule.meta["compile_rounds"] = rounds
     return Plan(
         model=bm,
@@ -247,6 +256,16 @@ def _solver(method: str) -> str:
     if method not in BLOCK_METHODS:
         raise ValueError(f"method = {method!r}: expected one of {', '.join(BLOCK_METHODS)}")
     return "block_rotor" if method == "auto" else method
+
+
+def _solve(bm: BlockModel, budget: Any, solver: str, options: dict, exact: bool):
+    """:func:`_solve_lazily`; with low-bit storage, until the schedule's measured
+    gradient error is within the tolerance (:func:`jax_exec.auto.lowbit.within_tolerance`)."""
+    if getattr(bm, "tolerance", 0.0) > 0:
+        from jax_exec.auto.lowbit import within_tolerance
+
+        return within_tolerance(bm, lambda: _solve_lazily(bm, budget, solver, options, exact))
+    return _solve_lazily(bm, budget, solver, options, exact)
 
 
 def _solve_lazily(bm: BlockModel, budget: Any, solver: str, options: dict, exact: bool):

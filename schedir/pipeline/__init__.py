@@ -4,7 +4,17 @@ backwards); steady state and dynamic task graphs (docs/pipelines.md). Drawn with
 lane per device and per link."""
 
 from schedir import kind as _kind
-from schedir.pipeline.dag import Task, TaskGraph, pipeline_graph, simulate_dynamic
+from schedir.pipeline.dag import (
+    Datum,
+    GroupCosts,
+    Task,
+    TaskGraph,
+    pipeline_graph,
+    simulate_dynamic,
+    training_graph,
+    training_task_graph,
+)
+from schedir.pipeline.dataflow import DynamicTrace
 from schedir.pipeline.master_worker import MasterWorker, SteadyState
 from schedir.pipeline.model import (
     PeriodReport,
@@ -27,6 +37,7 @@ from schedir.pipeline.ops import (
     one_f_one_b_ops,
 )
 from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
+from schedir.pipeline.runtime import RuntimeState
 from schedir.pipeline.simulate import (
     Noise,
     PipelineTrace,
@@ -58,8 +69,11 @@ KIND = _kind.register(
 __all__ = [
     "KIND",
     "Bwd",
+    "Datum",
+    "DynamicTrace",
     "Effect",
     "Fwd",
+    "GroupCosts",
     "Interval",
     "Mapping",
     "MasterWorker",
@@ -69,6 +83,7 @@ __all__ = [
     "PipelineSchedule",
     "PipelineTrace",
     "Recv",
+    "RuntimeState",
     "Send",
     "SteadyState",
     "Task",
@@ -83,6 +98,8 @@ __all__ = [
     "pipeline_graph",
     "simulate_dynamic",
     "simulate_pipeline",
+    "training_graph",
+    "training_task_graph",
     "training_period",
     "working_set",
 ]
