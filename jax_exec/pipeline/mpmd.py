@@ -235,7 +235,7 @@ def run_pipeline(
         return [p for p, _ in held], [r for _, r in held]
 
     def kern(i: int, j: int) -> ChunkKernels:
-        return interval_kernels(stages, i, j)
+        return interval_kernels(stages, i, j)  # the forward only: inference
 
     def program(i: int, j: int) -> ChunkProgram:
         if (i, j) not in programs:
