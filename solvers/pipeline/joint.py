@@ -117,9 +117,10 @@ def footprint_margin(problem, rows, chunks_here, room: float, footprint: float) 
 
 
 class _Search:
-    def __init__(self, problem, budget, slots, steps, patterns, max_evals, progress):
+    def __init__(self, problem, budget, slots, steps, patterns, max_evals, progress, walk=4):
         self.problem, self.budget, self.steps = problem, budget, steps
         self.patterns, self.max_evals, self.progress = patterns, max_evals, progress
+        self.walk = walk
         self.plans = shared_plans(problem, slots)
         self.best: tuple | None = None  # (period, schedule, report, info)
         self.evals = 0
@@ -187,10 +188,11 @@ class _Search:
         fits is kept. Greedy list scheduling is not monotone in its caps (more room
         may admit a forward that delays a backward), so a schedule of a smaller memory
         can be faster: walking down makes every schedule that the walk finds at a
-        memory M' found at every M > M' too."""
+        memory M' found at every M > M' too. ``self.walk`` bounds the distinct
+        schedules simulated per walk (the first ones, nearest the memory)."""
         tol = 1e-9 * max([1.0] + [self.cap(u) for u in devs if not math.isinf(self.cap(u))])
         best, delta, visited = None, 0.0, set()
-        while self.evals < self.max_evals:
+        while self.evals < self.max_evals and len(visited) < self.walk:
             plans = self._choose(chunks, rows, "plan", dict.fromkeys(devs, delta))
             if plans is None:
                 break
@@ -412,11 +414,13 @@ def pipeline_joint(
     slots: int = 500,
     steps: int = 3,
     max_evals: int = 400,
+    walk: int = 4,
     progress=None,
 ) -> PipelineSchedule:
     """The fastest schedule found (module docstring); ``budget`` bytes bound every
     device besides its memory; ``patterns``: names or one comma-separated string;
-    ``max_evals`` bounds the simulated candidates."""
+    ``max_evals`` bounds the simulated candidates; ``walk`` the list schedules of lower
+    memories simulated per list candidate (``_Search._walk``)."""
     if not problem.training:
         raise ValueError("pipeline_joint needs a training problem (training=True)")
     if isinstance(patterns, str):  # "1f1b,zb_h1" from the command line
@@ -426,7 +430,9 @@ def pipeline_joint(
             raise ValueError(f"pipeline_joint: pattern {name!r} unknown; known: "
                              f"{', '.join(CHUNKS_PER_DEVICE)}")  # fmt: skip
     t0 = time.perf_counter()
-    search = _Search(problem, budget, slots, steps, list(patterns), max_evals, progress)
+    if isinstance(walk, bool) or not isinstance(walk, int) or walk < 1:
+        raise ValueError(f"pipeline_joint: walk = {walk!r}: expected an integer >= 1")
+    search = _Search(problem, budget, slots, steps, list(patterns), max_evals, progress, walk)
     L = problem.length
     orders = device_orders(problem)
     for n, devs in enumerate(orders):

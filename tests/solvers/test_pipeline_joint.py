@@ -153,6 +153,8 @@ def test_bad_requests_are_refused():
             solvers.get(method, inference).function(inference)
     with pytest.raises(ValueError, match="pattern 'zb_h3' unknown"):
         solvers.get("pipeline_joint", pb).function(pb, patterns=("zb_h3",))
+    with pytest.raises(ValueError, match="walk = 0"):
+        solvers.get("pipeline_joint", pb).function(pb, walk=0)
     tiny = instance(0, memfrac=0.01)
     for method in ("pipeline_joint", "pipeline_joint_milp"):
         with pytest.raises(solvers.Infeasible, match="found no schedule"):
@@ -210,7 +212,8 @@ def balanced_cuts_of(pb, n):
 
 
 def test_more_memory_never_makes_the_joint_planner_fail_or_slower():
-    """The reported instance at the memories where it failed, and between."""
+    """The reported instance at the memories where it failed, and between (periods
+    non-increasing)."""
     periods = []
     for memory in (8, 9, 12, 13, 16):
         got = solvers.solve(unit_hosts(memory), None, "pipeline_joint")
