@@ -155,12 +155,13 @@ class Plan:
             size = sum(p.value_sizes[v] for v in p.cuts[k])
             lines.append(
                 f"{k:>5}  {b.start:>5}..{b.stop - 1:<5}  {size:>12,}  {o.name:<22}"
-                f"{o.saved:>12,}  {recorded[k]:>8}  {o.bwd_tmp:>11,}"
+                f"{o.saved:>12,}  {recorded[k]:>8}  {o.bwd_tmp - o.bwd_release:>11,}"
             )
         lines.append(
             "forwards: how many times the block's forward runs (1: never recomputed); "
             "'saved B' is what its recording keeps beyond its outputs, the rest of its "
-            "residuals is recomputed in its backward."
+            "residuals is recomputed in its backward; 'bwd tmp B': its backward's "
+            "temporaries less what it frees of its own buffers before its peak."
         )
         return "\n".join(lines)
 

@@ -8,8 +8,9 @@ a later block keeps the same array in every buffer that holds it; a cotangent th
 block does not touch keeps its array from ``d[c+1]`` to ``d[c]``. A buffer's arrays
 are deleted when no buffer holds them any more. After every op the runtime measures
 the live bytes of the arrays it holds (distinct arrays, ``nbytes``), and each op's
-need = live bytes right after it made its output + its kernel's temporary bytes: for
-the block model these equal the simulator's ``resident`` and ``op_peak`` exactly.
+need = live bytes right after it made its output + its kernel's temporary bytes (for a
+backward, the largest over its phases): for the block model these equal the
+simulator's ``resident`` and ``op_peak`` exactly.
 
 Parameters, parameter gradients, the call's arguments and the program outputs (the
 model state after the call, ``aux``) are held outside and reported separately. The
@@ -97,6 +98,12 @@ class _Buffers:
             if id(arr) not in alive and id(arr) not in self.keep:
                 arr.delete()
 
+    def release(self, name: tuple[str, int], key: Any) -> None:
+        """Take ``key`` out of buffer ``name``; delete its array if no buffer holds it."""
+        arr = self.table[name].pop(key)
+        if id(arr) not in self.live() and id(arr) not in self.keep:
+            arr.delete()
+
     def source(self, c: int) -> tuple[str, int]:
         for name in (("a", c), ("abar", c)):
             if name in self.table:
@@ -106,6 +113,40 @@ class _Buffers:
 
 def _tree_bytes(tree: Any) -> int:
     return sum(int(leaf.nbytes) for leaf in jax.tree_util.tree_leaves(tree))
+
+
+def _backward(buf: _Buffers, pb: Any, kernels: tuple, args: tuple, holders: dict, k: int):
+    """Run block k's backward phases (:mod:`jax_exec.auto.phases`) on ``args`` (its eight
+    argument groups): before each phase, free the block's own inputs no later phase
+    reads (``holders``: group -> per argument, its buffer and key); after it, the
+    intermediates no later phase reads. Intermediates are held in buffer
+    ``("phase", k)`` (parameters' gradients outside). Returns ``(d_p, d_x, need,
+    temp)``: need is the largest over phases of the live bytes after its outputs plus
+    its kernel's temporary bytes, temp that kernel's."""
+    env = dict(zip(pb.flat.in_ids, jax.tree_util.tree_leaves(args), strict=True))
+    dp = set(pb.results[: pb.n_dp])
+    scratch = ("phase", k)
+    buf.table[scratch] = {}
+    need, temp = -1, 0
+    for j, (phase, kernel) in enumerate(zip(pb.phases, kernels, strict=True)):
+        for pos in pb.free_args[j]:
+            group, i = pb.groups[pos]
+            buf.release(*holders[group][i])
+            del env[pb.flat.in_ids[pos]]
+        outs = kernel.call(*(env[v] for v in phase.ins))
+        jax.block_until_ready(outs)
+        for v, arr in zip((*phase.outs, *(vid for vid, _ in phase.extras)), outs, strict=True):
+            env[v] = arr
+            if v not in dp:
+                buf.table[scratch][v] = arr
+        here = buf.nbytes() + kernel.temp_bytes
+        if here > need:
+            need, temp = here, kernel.temp_bytes
+        for v in pb.free_values[j]:
+            buf.release(scratch, v)
+            del env[v]
+    found = [env[v] for v in pb.results]
+    return tuple(found[: pb.n_dp]), tuple(found[pb.n_dp :]), need, temp
 
 
 def run_schedule(
@@ -167,21 +208,28 @@ def run_schedule(
             outs = tuple(saved[v] for v in lay.outs)
             res = tuple(results[v] for v in lay.results)
             new = tuple(saved[("new", j)] for j in range(len(fns.recipe.new)))
-            d_outs = tuple(d_next[v] for v, a in zip(lay.outs, lay.act_out, strict=True) if a)
+            act_outs = [v for v, a in zip(lay.outs, lay.act_out, strict=True) if a]
+            d_outs = tuple(d_next[v] for v in act_outs)
             flags = through_flags(model, k)
             active = [v for v, a in zip(lay.ins, lay.act_in, strict=True) if a]
             through = tuple(d_next[v] if f else None for v, f in zip(active, flags, strict=True))
-            kernel = model.kernel("backward", k, options[k])
-            d_p, d_x = kernel.call(p, g, x, outs, res, new, d_outs, through)
-            jax.block_until_ready(d_x)
+            holders = {  # where the block's own inputs live, to free them once consumed
+                "outs": [(("abar", k + 1), v) for v in lay.outs],
+                "new": [(("abar", k + 1), ("new", j)) for j in range(len(new))],
+                "d_outs": [(("d", k + 1), v) for v in act_outs],
+                "through": [(("d", k + 1), v) for v, f in zip(active, flags, strict=True) if f],
+            }
+            pb, kernels = model.backward_kernels(k, options[k])
+            d_p, d_x, need, temp = _backward(
+                buf, pb, kernels, (p, g, x, outs, res, new, d_outs, through), holders, k
+            )
             add_grads(k, d_p)
             d_here = dict(zip(active, d_x, strict=True))
             for v in cuts[k]:  # cotangents block k does not touch keep their array
                 if v not in d_here and v in d_next:
                     d_here[v] = d_next[v]
             buf.table["d", k] = d_here
-            temp = kernel.temp_bytes
-            need = buf.nbytes() + temp
+            buf.drop(("phase", k))
             if src[0] == "a":
                 buf.drop(src)
             buf.drop(("d", k + 1))

@@ -180,6 +180,7 @@ class _Builder:
         self.derived: dict[int, tuple[int, int]] = {}
         self.scans: list[ScanInfo] = []
         self.unroll = True
+        self.inlined = INLINED
 
     def slice_of(self, ref: Ref, i: int, where: str) -> Ref:
         """``ref[i]``: a global slice (no equation) for stacked globals, else traced."""
@@ -261,7 +262,7 @@ class _Builder:
 
         for eqn in jaxpr.eqns:
             ins = [read(v) for v in eqn.invars]
-            if eqn.primitive.name in INLINED and _closed(eqn) is not None:
+            if eqn.primitive.name in self.inlined and _closed(eqn) is not None:
                 inner = _closed(eqn)
                 outs = self.inline(inner.jaxpr, inner.consts, ins, source_of(eqn, where))
                 for var, ref in zip(eqn.outvars, outs, strict=True):
@@ -422,6 +423,38 @@ def trace(loss_fn: Callable, model: Any, args: tuple, *, has_aux: bool = False) 
         scans=tuple(builder.scans),
     )
     return Traced(program, graphdef, params, rest, pure, has_aux)
+
+
+@dataclass(frozen=True)
+class FlatJaxpr:
+    """A closed jaxpr as flat equations over value ids (:func:`flatten`).
+
+    Attributes:
+        avals: shape and dtype of every value id.
+        eqns: the equations in order.
+        in_ids: value ids of the jaxpr's inputs.
+        outs: its outputs (value ids or literals).
+        consts: value id -> constant array.
+    """
+
+    avals: tuple
+    eqns: tuple[Eqn, ...]
+    in_ids: tuple[int, ...]
+    outs: tuple[Ref, ...]
+    consts: dict
+
+
+def flatten(closed: ClosedJaxpr, inline: tuple[str, ...] = ()) -> FlatJaxpr:
+    """``closed`` with nested ``jit``s (and the primitives named in ``inline``, e.g.
+    ``checkpoint``) inlined and scans kept whole: a :class:`FlatJaxpr`."""
+    builder = _Builder()
+    builder.unroll = False
+    builder.inlined = INLINED + tuple(inline)
+    ins = [builder.new(v.aval) for v in closed.jaxpr.invars]
+    outs = builder.inline(closed.jaxpr, closed.consts, ins)
+    return FlatJaxpr(
+        tuple(builder.avals), tuple(builder.eqns), tuple(ins), tuple(outs), dict(builder.consts)
+    )
 
 
 def read(env: dict, ref: Ref) -> Any:
