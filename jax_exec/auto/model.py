@@ -244,11 +244,17 @@ class BlockModel:
         return list(dict.fromkeys(used))
 
     def compile_used(self, schedule: Any) -> int:
-        """Compile the kernels ``schedule`` runs for their temporary bytes (XLA compiles
-        them in parallel threads, :func:`planning_temp_bytes`); the number compiled now."""
+        """Compile the kernels ``schedule`` runs for their temporary bytes; the number
+        compiled now (:meth:`compile`)."""
+        return self.compile(self.used_kernels(schedule))
+
+    def compile(self, kernels: list[tuple[str, int, int]]) -> int:
+        """Compile these ``(kind, block, option)`` kernels for their temporary bytes (XLA
+        compiles them in parallel threads, :func:`planning_temp_bytes`; a backward is
+        one kernel per phase); the number compiled now."""
         start = time.perf_counter()
         todo: dict = {}
-        for kind, k, o in self.used_kernels(schedule):
+        for kind, k, o in kernels:
             key = self.kernel_key(kind, k, o)
             if key in self._kernels:
                 continue

@@ -24,7 +24,8 @@ the intermediates held while it runs (outputs of earlier phases that it or a lat
 reads, its own outputs, the input cotangents made so far; parameters' gradients are
 held outside, like the parameters), ``temp[j]`` its kernel's temporary bytes. In the
 block chain (``schedir.blocks``) that is ``bwd_tmp - bwd_release`` over the total
-after adding ``d[k]`` (:meth:`PhasedBackward.effective`).
+after adding ``d[k]`` (:meth:`PhasedBackward.effective`); ``bwd_tmp`` alone is the need
+when nothing is freed (in a graph, where the inputs are nodes freed by ``Free`` ops).
 """
 
 from __future__ import annotations
@@ -118,13 +119,13 @@ class PhasedBackward:
 
     def effective(self, temps: tuple[int, ...]) -> tuple[int, int]:
         """``(bwd_tmp, bwd_release)`` of the block chain for these phase temporaries:
-        the largest need over the total after adding the input cotangents."""
-        excess = max(
-            live + temp - rel
-            for live, temp, rel in zip(self.live, temps, self.released, strict=True)
-        )
-        excess -= self.d_x_bytes
-        return max(excess, 0), max(-excess, 0)
+        ``bwd_tmp`` is the largest need over the live bytes after adding the input
+        cotangents when nothing is freed (phases run as a graph node's, whose inputs
+        stay until a ``Free``), ``bwd_tmp - bwd_release`` the same with the frees."""
+        rows = list(zip(self.live, temps, self.released, strict=True))
+        held = max(live + temp for live, temp, _ in rows)
+        freed = max(live + temp - rel for live, temp, rel in rows)
+        return held - self.d_x_bytes, held - freed
 
 
 def _has_anchor(eqn: Eqn) -> bool:

@@ -75,7 +75,7 @@ class AutoRunResult:
     ops: tuple
 
 
-class _Buffers:
+class Buffers:
     """Named buffers of arrays; live bytes count each distinct array once."""
 
     def __init__(self, keep: set[int]) -> None:
@@ -115,11 +115,14 @@ def _tree_bytes(tree: Any) -> int:
     return sum(int(leaf.nbytes) for leaf in jax.tree_util.tree_leaves(tree))
 
 
-def _backward(buf: _Buffers, pb: Any, kernels: tuple, args: tuple, holders: dict, k: int):
+def run_backward(
+    buf: Buffers, pb: Any, kernels: tuple, args: tuple, holders: dict | None, k: int
+) -> tuple:
     """Run block k's backward phases (:mod:`jax_exec.auto.phases`) on ``args`` (its eight
     argument groups): before each phase, free the block's own inputs no later phase
-    reads (``holders``: group -> per argument, its buffer and key); after it, the
-    intermediates no later phase reads. Intermediates are held in buffer
+    reads (``holders``: group -> per argument, its buffer and key; None: free none, as
+    graph nodes are freed by their own ops); after it, the intermediates no later
+    phase reads. Intermediates are held in buffer
     ``("phase", k)`` (parameters' gradients outside). Returns ``(d_p, d_x, need,
     temp)``: need is the largest over phases of the live bytes after its outputs plus
     its kernel's temporary bytes, temp that kernel's."""
@@ -129,7 +132,7 @@ def _backward(buf: _Buffers, pb: Any, kernels: tuple, args: tuple, holders: dict
     buf.table[scratch] = {}
     need, temp = -1, 0
     for j, (phase, kernel) in enumerate(zip(pb.phases, kernels, strict=True)):
-        for pos in pb.free_args[j]:
+        for pos in pb.free_args[j] if holders is not None else ():
             group, i = pb.groups[pos]
             buf.release(*holders[group][i])
             del env[pb.flat.in_ids[pos]]
@@ -156,10 +159,10 @@ def run_schedule(
     op on these parameters, state and arguments (module docstring)."""
     simulate_blocks(model.problem, schedule)  # a valid schedule, or InvalidSchedule
     options = schedule_options(model.problem, schedule)
-    program, L = model.program, model.length
+    L = model.length
     gv = global_values(model, params, rest, args)
     keep = {id(a) for a in gv.values()}
-    buf = _Buffers(keep)
+    buf = Buffers(keep)
     buf.table["a", 0] = {}
     cuts = model.blocks.cuts
     results: dict[int, Any] = {}
@@ -220,7 +223,7 @@ def run_schedule(
                 "through": [(("d", k + 1), v) for v, f in zip(active, flags, strict=True) if f],
             }
             pb, kernels = model.backward_kernels(k, options[k])
-            d_p, d_x, need, temp = _backward(
+            d_p, d_x, need, temp = run_backward(
                 buf, pb, kernels, (p, g, x, outs, res, new, d_outs, through), holders, k
             )
             add_grads(k, d_p)
@@ -273,6 +276,20 @@ def run_schedule(
     total = time.perf_counter() - start_step
     for name in list(buf.table):
         buf.drop(name)
+    meter = (initial, resident, op_peak, op_temp, op_times, total)
+    return step_result(model, (params, rest, args), gv, grads, results, loss, meter, schedule.ops)
+
+
+def step_result(
+    model: BlockModel, call: tuple, gv: dict, grads: dict, results: dict, loss: Any,
+    meter: tuple, ops: tuple,
+) -> AutoRunResult:  # fmt: skip
+    """The :class:`AutoRunResult` of a step: gradients per parameter leaf (the slices of
+    a scanned stack's parameters summed into their stack), ``aux`` and the state after
+    the step from the blocks' results, and the measured figures ``meter`` =
+    ``(initial, resident, op_peak, op_temp, op_times, total)``."""
+    params, rest, args = call
+    program = model.program
     for vid, (src, i) in sorted(program.derived.items(), reverse=True):
         if vid in grads:  # a slice of a stacked parameter: into its stack
             base = grads.get(src, jnp.zeros(program.avals[src].shape, program.avals[src].dtype))
@@ -291,6 +308,7 @@ def run_schedule(
     aux = jax.tree_util.tree_unflatten(aux_def, [value(r) for r in program.aux])
     new_state = jax.tree_util.tree_unflatten(r_def, [value(r) for r in program.new_rest])
     grad_tree = jax.tree_util.tree_unflatten(p_def, grad_leaves)
+    initial, resident, op_peak, op_temp, op_times, total = meter
     return AutoRunResult(
         loss=loss,
         aux=aux if model.traced.has_aux else None,
@@ -307,5 +325,5 @@ def run_schedule(
         grad_bytes=_tree_bytes(grad_leaves),
         input_bytes=_tree_bytes(tuple(args)),
         output_bytes=_tree_bytes((aux, new_state)),
-        ops=tuple(schedule.ops),
+        ops=tuple(ops),
     )
