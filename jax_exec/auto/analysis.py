@@ -67,6 +67,7 @@ COLLECTIVE = frozenset(
     """psum pmax pmin ppermute all_gather all_to_all ragged_all_to_all axis_index
     psum_scatter reduce_scatter pbroadcast""".split()
 )
+MULTI_DEVICE = frozenset({"shard_map", "xla_pmap"})  # regions holding collectives
 MATERIALIZE_OPERANDS = frozenset({"dot_general", "conv_general_dilated"})
 
 
@@ -103,10 +104,11 @@ def category(eqn: Eqn) -> str:
         return "heavy"
     if name in OPAQUE:
         return "opaque"
-    if name in COLLECTIVE:
+    if name in COLLECTIVE or name in MULTI_DEVICE:
         raise UnsupportedModel(
-            f"collective operation {name} at {eqn.source}: the planner schedules one "
-            f"device's program (call it outside shard_map / pmap)"
+            f"collective or multi-device operation {name} at {eqn.source}: the planner "
+            f"schedules one device's program (plan the per-device function, outside "
+            f"shard_map / pmap)"
         )
     raise UnsupportedModel(
         f"operation {name} at {eqn.source} is not known to the planner: it cannot tell "
