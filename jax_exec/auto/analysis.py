@@ -49,7 +49,7 @@ EXPENSIVE = frozenset(
 LAYOUT = frozenset(
     """broadcast_in_dim reshape squeeze expand_dims transpose iota rev slice dynamic_slice
     pad concatenate split sharding_constraint random_wrap random_unwrap device_put
-    optimization_barrier""".split()
+    optimization_barrier iota_2x32_shape""".split()
 )
 HEAVY = frozenset(
     """dot_general conv_general_dilated reduce_sum reduce_max reduce_min reduce_prod

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import jax.extend.random as jax_random
 import numpy as np
 from flax import nnx
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
@@ -273,6 +274,12 @@ class _Builder:
                 for var, ref in zip(eqn.outvars, outs, strict=True):
                     env[var] = ref
                 continue
+            expanded = _expand(eqn, self.avals, ins)
+            if expanded is not None:  # random bits: as XLA computes them (see _expand)
+                outs = self.inline(expanded.jaxpr, expanded.consts, ins, source_of(eqn, where))
+                for var, ref in zip(eqn.outvars, outs, strict=True):
+                    env[var] = ref
+                continue
             if eqn.effects:
                 raise UnsupportedModel(
                     f"operation {eqn.primitive.name} at {source_of(eqn, where)} has side effects "
@@ -293,6 +300,28 @@ class _Builder:
                 )
             )
         return [read(v) for v in jaxpr.outvars]
+
+
+THREEFRY = jax.random.key(0, impl="threefry2x32").dtype
+
+
+def _expand(eqn: Any, avals: list, ins: list) -> ClosedJaxpr | None:
+    """``random_bits`` of a threefry key as JAX's own implementation of it
+    (``threefry_prng_impl.random_bits``: ``threefry2x32`` of a counter, then the
+    ``xor`` of its two outputs), so that the program holds what XLA holds: XLA keeps
+    the generator's two outputs and fuses the ``xor`` into its readers. Same bits (the
+    same function lowers the primitive). Other equations: None."""
+    if eqn.primitive.name != "random_bits" or isinstance(ins[0], Lit):
+        return None
+    key = avals[ins[0]]
+    if key.dtype != THREEFRY or key.shape != ():
+        return None
+    width, shape = eqn.params["bit_width"], tuple(eqn.params["shape"])
+
+    def bits(k: Any) -> Any:
+        return jax_random.threefry_prng_impl.random_bits(jax.random.key_data(k), width, shape)
+
+    return jax.make_jaxpr(bits)(jax.ShapeDtypeStruct((), key.dtype))
 
 
 def _closed(eqn: Any) -> ClosedJaxpr | None:
