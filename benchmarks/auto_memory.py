@@ -17,26 +17,11 @@ import sys
 import time
 from pathlib import Path
 
-import jax
-from flax import nnx
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
-from auto_models import MODELS  # noqa: E402
+from auto_models import MODELS, xla_temp_bytes  # noqa: E402
 
 from jax_exec import auto  # noqa: E402
-
-
-def xla_temp_bytes(factory, loss_fn, args) -> int:
-    """XLA's temporary bytes for the plain compiled training step."""
-    graphdef, params, rest = nnx.split(factory(), nnx.Param, ...)
-
-    def plain_step(params, rest, args):
-        model = nnx.merge(graphdef, params, rest)
-        return nnx.value_and_grad(loss_fn)(model, *args)
-
-    compiled = jax.jit(plain_step).lower(params, rest, args).compile()
-    return int(compiled.memory_analysis().temp_size_in_bytes)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,9 +1,11 @@
 """Step time of the multi-device executors on 4 CPU devices: first call and later calls.
 
-- ``run_pipeline``: a 1F1B training step of a 6-layer residual MLP (4 micro-batches,
-  4 stages on 4 devices), the whole call (dispatch included, results ready);
+- ``run_pipeline``: a 1F1B and a ZB-H1 (split backwards) training step of a 6-layer
+  residual MLP (4 micro-batches, 4 stages on 4 devices), the whole call (dispatch
+  included, results ready);
 - ``spmd_pipeline``: the SPMD GPipe forward of 8 stacked blocks on 4 stages, called
-  eagerly (outside ``jax.jit``), and ``jax.grad`` of it.
+  eagerly (outside ``jax.jit``), and ``jax.grad`` of it;
+- ``spmd_value_and_grad``: the same blocks in ZB-H1 order (B and W apart), eagerly.
 
 The first call compiles; later calls should reuse the cached kernels (a few ms to a few
 hundred ms on a loaded machine). Prints each call's seconds, their median after the
@@ -36,7 +38,15 @@ def _measure(steps: int) -> dict:  # runs in the child process
     import schedir
     from jax_exec.models import mlp_stack, mse_loss
     from jax_exec.pipeline.mpmd import run_pipeline
-    from jax_exec.pipeline.spmd import shard_stacked, spmd_pipeline, stack_blocks, stage_mesh
+    from jax_exec.pipeline.spmd import (
+        shard_stacked,
+        spmd_pipeline,
+        spmd_value_and_grad,
+        stack_blocks,
+        stage_mesh,
+        stage_orders,
+    )
+    from schedir.pipeline.baselines import zb_h1
     from schedir.pipeline.ops import one_f_one_b_ops
     from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
 
@@ -64,8 +74,10 @@ def _measure(steps: int) -> dict:  # runs in the child process
                        Interval(3, 5, ("d2",)), Interval(5, L, ("d3",))))  # fmt: skip
     schedule = one_f_one_b_ops(pb, mapping)
 
-    def step():
-        r = run_pipeline(layers, schedule, x, y, mse_loss)
+    zero_bubble = zb_h1(pb, cuts=[0, 2, 3, 5, L])
+
+    def step(sched=schedule):
+        r = run_pipeline(layers, sched, x, y, mse_loss)
         return r.loss, r.grads
 
     def block(p, a):
@@ -78,10 +90,19 @@ def _measure(steps: int) -> dict:  # runs in the child process
     sharded = shard_stacked(stacked, mesh)
     xb = jax.random.normal(jax.random.key(3), (24, 16))
     grad = jax.grad(lambda p: jnp.sum(spmd_pipeline(block, p, xb, mesh, 6)))
+    blocks_pb = PipelineProblem(schedir.Chain.from_rotor([1.0] * 8, [1.0] * 9, [1] * 9, [1] * 9,
+                                                         [0] * 8, [0] * 9),
+                                [0] * 8, pb.platform, 6, True)  # fmt: skip
+    orders = stage_orders(zb_h1(blocks_pb))
+    yb = jnp.zeros_like(xb)
     calls = {
         "run_pipeline_1f1b": step,
+        "run_pipeline_zb_h1": lambda: step(zero_bubble),
         "spmd_forward_eager": lambda: spmd_pipeline(block, sharded, xb, mesh, 6),
         "spmd_grad_eager": lambda: grad(sharded),
+        "spmd_zb_h1_eager": lambda: spmd_value_and_grad(
+            block, mse_loss, sharded, xb, yb, mesh, orders
+        ),  # fmt: skip
     }
     out = {"devices": len(jax.devices())}
     for name, call in calls.items():

@@ -246,6 +246,19 @@ def budget_sweep(p, points: int) -> list[int]:
     return sorted({least + (top - least) * q // max(points - 1, 1) for q in range(points)})
 
 
+def xla_temp_bytes(factory, loss_fn, args) -> int:
+    """XLA's temporary bytes (``memory_analysis().temp_size_in_bytes``) of the plain
+    compiled training step, ``jax.jit`` of ``nnx.value_and_grad(loss_fn)``."""
+    graphdef, params, rest = nnx.split(factory(), nnx.Param, ...)
+
+    def plain_step(params, rest, args):
+        model = nnx.merge(graphdef, params, rest)
+        return nnx.value_and_grad(loss_fn)(model, *args)
+
+    compiled = jax.jit(plain_step).lower(params, rest, args).compile()
+    return int(compiled.memory_analysis().temp_size_in_bytes)
+
+
 def policy_plans(p) -> dict:
     """JAX's policies applied to every block of plan ``p``'s model, priced by the same
     simulator: ``{policy: plan}`` (a policy is a fixed schedule, whatever the budget)."""

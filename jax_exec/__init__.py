@@ -1,7 +1,11 @@
 """jax_exec: everything that touches JAX and Flax (docs/jax_exec.md).
 
 - :func:`plan` / :func:`value_and_grad`: any Flax NNX model, from its code alone: the
-  automatic planner (:mod:`jax_exec.auto`, docs/auto.md).
+  automatic planner (:mod:`jax_exec.auto`, docs/auto.md); ``plan(..., scope="device",
+  optimizer=..., data_parallel=N)`` (:func:`plan_device`) budgets the whole device:
+  parameters, gradients and optimizer state placed as ZeRO stages or on the host
+  together with the activations (:mod:`jax_exec.device_plan`, :func:`zero_step`,
+  docs/device_memory.md).
 - :func:`run`: execute one step of any schedule (chain, offload, graph, pipeline) op by
   op, with measured memory; one :class:`RunResult` (:mod:`jax_exec.executor`).
 - For models split by hand into a stage list (one array in, one out):
@@ -12,6 +16,8 @@
   stage list is: docs/jax_exec.md, "What the stage list accepts").
 - :func:`profile_graph` / :func:`run_graph`: DAG models (dict of named nodes) as
   ``schedir.Graph``.
+- :func:`run_dynamic` / :func:`run_dynamic_training`: several devices, tasks placed at
+  run time by a policy (docs/pipelines.md, docs/dynamic_training.md).
 """
 
 from jax_exec.chain.lowering import (
@@ -66,14 +72,17 @@ __all__ = [
 
 # Several devices (docs/pipelines.md).
 from jax_exec.pipeline.dynamic import DynamicRunResult, run_dynamic  # noqa: E402
+from jax_exec.pipeline.dynamic_training import run_dynamic_training  # noqa: E402
 from jax_exec.pipeline.mpmd import PipelineRunResult, run_pipeline  # noqa: E402
 from jax_exec.pipeline.spmd import (  # noqa: E402
     nnx_blocks,
     sequential,
     shard_stacked,
     spmd_pipeline,
+    spmd_value_and_grad,
     stack_blocks,
     stage_mesh,
+    stage_orders,
 )
 
 __all__ += [
@@ -81,12 +90,15 @@ __all__ += [
     "PipelineRunResult",
     "nnx_blocks",
     "run_dynamic",
+    "run_dynamic_training",
     "run_pipeline",
     "sequential",
     "shard_stacked",
     "spmd_pipeline",
+    "spmd_value_and_grad",
     "stack_blocks",
     "stage_mesh",
+    "stage_orders",
 ]
 # The executor protocol: one ``run`` for every schedule class (docs/jax_exec.md).
 from jax_exec.executor import (  # noqa: E402
@@ -99,8 +111,17 @@ from jax_exec.executor import (  # noqa: E402
 )
 
 __all__ += ["Executor", "executor_for", "register", "run", "run_chain", "unregister"]
-# Any Flax NNX model, automatically (docs/auto.md): ``plan`` and ``value_and_grad``.
+# Any Flax NNX model, automatically (docs/auto.md): ``plan`` and ``value_and_grad``;
+# ``plan(..., scope="device")`` budgets the whole device (docs/device_memory.md).
 from jax_exec import auto  # noqa: E402, F401
-from jax_exec.auto import plan, value_and_grad  # noqa: E402
+from jax_exec.device_plan import (  # noqa: E402
+    DevicePlan,
+    DeviceRun,
+    plan,
+    plan_device,
+    value_and_grad,
+)
+from jax_exec.zero import ZeroStep, zero_step  # noqa: E402
 
-__all__ += ["plan", "value_and_grad"]
+__all__ += ["DevicePlan", "DeviceRun", "ZeroStep", "plan", "plan_device", "value_and_grad",
+            "zero_step"]  # fmt: skip

@@ -23,7 +23,8 @@ class RunResult:
         grads: parameter gradients: one pytree per layer (``nnx.State`` for NNX layers;
             a parameter several layers read is in the first of them, with the sum of
             the gradients of its uses), or a dict ``module name -> nnx.State`` for a
-            DAG model; None for inference.
+            DAG model; None for inference. A pipeline run over several processes
+            gives None for the layers another process ran.
         outputs: the model outputs (inference runs), else None.
         peak_bytes: max over the initial state and every op of ``op_peak_bytes``
             (device activation bytes).
@@ -47,6 +48,10 @@ class RunResult:
             residuals; parameters excluded).
         op_log: multi-device runs: ``(device, op or task, start, end)`` in seconds since
             the start of the step.
+        op_device_bytes: MPMD pipeline runs: per ``op_log`` entry, the activation bytes
+            measured on its device right after the op (what ``device_peaks`` maxes).
+        op_model_bytes: MPMD pipeline runs: per ``op_log`` entry, what the ops' effects
+            say the same live buffers of that device weigh (the problem's sizes).
         placement: multi-device runs: device name -> JAX device.
         makespan: dynamic runs: seconds from the first task's start to the last
             task's end.
@@ -57,6 +62,11 @@ class RunResult:
         counts, predicted_counts: dynamic runs: tasks per device, realized / simulated.
         perf_model: dynamic runs: the performance model's final mean seconds per
             ``"kind@device"``.
+        trace: dynamic runs: the runtime's own account of the run (a
+            ``schedir.pipeline.dag.DynamicTrace``: placement, durations, the bytes it
+            counted per device, evictions).
+        measured_bytes: dynamic runs: after every task, device name -> bytes of the
+            distinct arrays the runtime held there.
     """
 
     loss: Any = None
@@ -77,6 +87,8 @@ class RunResult:
     ops: tuple = ()
     device_peaks: dict[str, int] = field(default_factory=dict)
     op_log: tuple = ()
+    op_device_bytes: tuple[int, ...] = ()
+    op_model_bytes: tuple[int, ...] = ()
     placement: dict = field(default_factory=dict)
     makespan: float = 0.0
     predicted: Any = None
@@ -84,6 +96,8 @@ class RunResult:
     counts: dict[str, int] = field(default_factory=dict)
     predicted_counts: dict[str, int] = field(default_factory=dict)
     perf_model: dict[str, float] = field(default_factory=dict)
+    trace: Any = None
+    measured_bytes: tuple = ()
 
 
 def tree_bytes(tree: Any) -> int:

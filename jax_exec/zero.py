@@ -10,6 +10,18 @@ gradients say where each array lives, and XLA inserts the all-gathers and
 reduce-scatters. What the step holds is measured from each array's addressable shards
 (:func:`measured_bytes`) and predicted by :func:`schedir.training_state.device_bytes`.
 
+With ``offload=True`` the optimizer state lives in host memory (ZeRO-Offload, Ren et al.
+2021): sharded over ``data`` like stage 1's, with the ``pinned_host`` memory kind; each
+step copies the gradient and parameter shards to host memory, runs the optimizer update
+there (``compute_on("device_host")``) and copies the updated shard back to the device.
+On the CPU backend host and device memory are the same RAM: the arrays carry their
+memory kind (``sharding.memory_kind``, which :func:`measured_bytes` can select) and
+XLA's ``memory_analysis()`` counts host arrays with the device's (its ``host_*`` fields
+stay 0).
+
+``value_and_grad`` replaces the step's ``jax.value_and_grad`` of the loss: e.g. a
+rematerialization schedule run per device (:mod:`jax_exec.device_plan`).
+
     step = zero_step(loss_fn, optax.adamw(1e-3), mesh, stage=2)   # loss_fn(model, batch)
     state = step.init(model)
     for batch in batches:
@@ -23,15 +35,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.experimental.compute_on import compute_on
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from schedir.training_state import Placement, Tensor, shard_axis
 
 AXIS = "data"
+HOST = "pinned_host"  # the memory kind of host-resident optimizer state
 
 
 def _tensors(tree: object) -> tuple[Tensor, ...]:
@@ -66,17 +81,18 @@ def state_bytes(
     return _tensors(params), _tensors(jax.eval_shape(optimizer.init, params))
 
 
-def _sharding(mesh: Mesh, x: object, sharded: bool) -> NamedSharding:
+def _sharding(mesh: Mesh, x: object, sharded: bool, memory_kind: str | None) -> NamedSharding:
     axis = shard_axis(tuple(x.shape), mesh.shape[AXIS]) if sharded else None
     spec = [None] * len(x.shape)
     if axis is not None:
         spec[axis] = AXIS
-    return NamedSharding(mesh, P(*spec))
+    return NamedSharding(mesh, P(*spec), memory_kind=memory_kind)
 
 
-def shardings(mesh: Mesh, tree: object, sharded: bool) -> object:
-    """A tree of NamedShardings for ``tree``: split by the sharding rule, or replicated."""
-    return jax.tree_util.tree_map(lambda x: _sharding(mesh, x, sharded), tree)
+def shardings(mesh: Mesh, tree: object, sharded: bool, memory_kind: str | None = None) -> object:
+    """A tree of NamedShardings for ``tree``: split by the sharding rule, or replicated;
+    in ``memory_kind`` (e.g. ``"pinned_host"``; None: the device's default)."""
+    return jax.tree_util.tree_map(lambda x: _sharding(mesh, x, sharded, memory_kind), tree)
 
 
 @jax.tree_util.register_dataclass
@@ -100,34 +116,46 @@ class ZeroStep:
         optimizer: an optax transformation (e.g. ``optax.adamw(1e-3)``).
         mesh: a ``jax.sharding.Mesh`` with a ``data`` axis.
         stage: 0 (data parallelism), 1, 2 or 3.
+        offload: the optimizer state and its update on the host (module docstring).
+        value_and_grad: ``f(params, batch) -> (loss, grads)`` called inside the step
+            (default: ``jax.value_and_grad`` of ``loss_fn`` on the merged model).
     """
 
     loss_fn: Callable
     optimizer: optax.GradientTransformation
     mesh: Mesh
     stage: int
+    offload: bool = False
+    value_and_grad: Callable | None = None
 
     def __post_init__(self) -> None:
         if self.stage not in (0, 1, 2, 3) or isinstance(self.stage, bool):
             raise ValueError(f"stage = {self.stage!r}: expected 0, 1, 2 or 3")
+        if not isinstance(self.offload, bool):
+            raise ValueError(f"offload = {self.offload!r}: expected a bool")
         if AXIS not in self.mesh.shape:
             raise ValueError(f"mesh axes {tuple(self.mesh.shape)}: no {AXIS!r} axis")
 
     @property
     def placement(self) -> Placement:
-        return Placement.zero(self.stage)
+        return Placement.zero(self.stage, offload=self.offload)
 
     def _place(self, params: object, opt_state: object) -> tuple[object, object]:
         p = self.placement
-        return (shardings(self.mesh, params, p.params == "sharded"),
-                shardings(self.mesh, opt_state, p.opt_state == "sharded"))  # fmt: skip
+        if p.opt_state == "host":  # partitioned over the data axis, in host memory
+            o_sh = shardings(self.mesh, opt_state, True, HOST)
+        else:
+            o_sh = shardings(self.mesh, opt_state, p.opt_state == "sharded")
+        return shardings(self.mesh, params, p.params == "sharded"), o_sh
 
     def init(self, model: nnx.Module) -> ZeroState:
         """The model's parameters and a fresh optimizer state, placed on the mesh."""
         graphdef, params = split_params(model)
         opt_state = jax.eval_shape(self.optimizer.init, params)
         p_sh, o_sh = self._place(params, opt_state)
-        params = jax.device_put(params, p_sh)
+        # a copy: the step donates its state, the model keeps its own arrays (device_put
+        # to a replicated sharding reuses the source's buffer, even with may_alias=False)
+        params = jax.device_put(jax.tree_util.tree_map(jnp.copy, params), p_sh)
         opt_state = jax.jit(self.optimizer.init, out_shardings=o_sh)(params)
         return ZeroState(params, opt_state, graphdef)
 
@@ -144,21 +172,42 @@ class ZeroStep:
     def _step(self, state: ZeroState, keep_grads: bool):
         p_sh, o_sh = self._place(state.params, state.opt_state)
         g_sh = shardings(self.mesh, state.params, self.placement.grads == "sharded")
+        host = self.placement.opt_state == "host"
+
+        def update(grads: object, opt_state: object, params: object) -> tuple[object, object]:
+            if not host:
+                updates, opt_state = self.optimizer.update(grads, opt_state, params)
+                return optax.apply_updates(params, updates), opt_state
+            # each device's shard of the gradients and parameters to host memory, the
+            # update there, the new parameter shard back (ZeRO-Offload)
+            to_host = shardings(self.mesh, params, True, HOST)
+            grads, params = jax.device_put((grads, params), (to_host, to_host))
+            with compute_on("device_host"):
+                updates, opt_state = self.optimizer.update(grads, opt_state, params)
+                params = optax.apply_updates(params, updates)
+            return jax.device_put(params, p_sh), opt_state
 
         def step(state: ZeroState, batch: object):
-            def loss(params):
-                return self.loss_fn(nnx.merge(state.graphdef, params), batch)
+            if self.value_and_grad is None:
 
-            value, grads = jax.value_and_grad(loss)(state.params)
+                def loss(params):
+                    return self.loss_fn(nnx.merge(state.graphdef, params), batch)
+
+                value, grads = jax.value_and_grad(loss)(state.params)
+            else:
+                value, grads = self.value_and_grad(state.params, batch)
             grads = jax.lax.with_sharding_constraint(grads, g_sh)
-            updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
-            params = optax.apply_updates(state.params, updates)
+            params, opt_state = update(grads, state.opt_state, state.params)
             new = ZeroState(params, opt_state, state.graphdef)
             return (new, value, grads) if keep_grads else (new, value)
 
-        out = (ZeroState(p_sh, o_sh, state.graphdef), NamedSharding(self.mesh, P()))
+        placed = ZeroState(p_sh, o_sh, state.graphdef)
+        out = (placed, NamedSharding(self.mesh, P()))
         out_shardings = (*out, g_sh) if keep_grads else out
-        return jax.jit(step, out_shardings=out_shardings, donate_argnums=0)
+        # explicit input shardings: host-resident arguments must be declared as such
+        in_shardings = (placed, NamedSharding(self.mesh, P(AXIS)))
+        return jax.jit(step, in_shardings=in_shardings, out_shardings=out_shardings,
+                       donate_argnums=0)  # fmt: skip
 
     def __call__(self, state: ZeroState, batch: object) -> tuple[ZeroState, jax.Array]:
         """One step: (new state, loss). ``state`` is donated (do not reuse it)."""
@@ -178,18 +227,28 @@ class ZeroStep:
 
 
 def zero_step(
-    loss_fn: Callable, optimizer: optax.GradientTransformation, mesh: Mesh, stage: int
+    loss_fn: Callable,
+    optimizer: optax.GradientTransformation,
+    mesh: Mesh,
+    stage: int,
+    *,
+    offload: bool = False,
+    value_and_grad: Callable | None = None,
 ) -> ZeroStep:
-    """A training step of ZeRO ``stage`` (0-3) over ``mesh``'s ``data`` axis; see
-    :class:`ZeroStep` (``init(model)``, then ``state, loss = step(state, batch)``)."""
-    return ZeroStep(loss_fn, optimizer, mesh, stage)
+    """A training step of ZeRO ``stage`` (0-3) over ``mesh``'s ``data`` axis, the
+    optimizer state on the host with ``offload``; see :class:`ZeroStep` (``init(model)``,
+    then ``state, loss = step(state, batch)``)."""
+    return ZeroStep(loss_fn, optimizer, mesh, stage, offload, value_and_grad)
 
 
-def measured_bytes(tree: object) -> dict[int, int]:
+def measured_bytes(tree: object, memory_kind: str | None = None) -> dict[int, int]:
     """Bytes of ``tree``'s arrays on each device: ``shard.data.nbytes`` summed over every
-    array's ``addressable_shards``, keyed by device id (every device of every array)."""
+    array's ``addressable_shards``, keyed by device id (every device of every array).
+    ``memory_kind``: count only the arrays in that memory (``"device"``,
+    ``"pinned_host"``); devices holding none of them have 0."""
     out: dict[int, int] = {}
     for x in jax.tree_util.tree_leaves(tree):
+        keep = memory_kind is None or x.sharding.memory_kind == memory_kind
         for shard in x.addressable_shards:
-            out[shard.device.id] = out.get(shard.device.id, 0) + shard.data.nbytes
+            out[shard.device.id] = out.get(shard.device.id, 0) + (shard.data.nbytes if keep else 0)
     return out

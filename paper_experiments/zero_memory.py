@@ -15,11 +15,18 @@ k layers, d / 128 heads, vocabulary 50257, 2048 tokens, one sequence per device)
 training state plus activations fit a device of 40 or 80 GiB, for each ZeRO stage, with
 the optimizer state on the device or offloaded to the host (host memory unlimited), with
 activations stored (store-all) or at rotor's least budget (``solvers.solve(chain, 0,
-"rotor")``'s ``Infeasible.min_budget``). The activations are a MODEL, not a profile: per
-layer, Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
-Models", eq. 1, no tensor parallelism) s b d (34 + 5 a s / d) bytes kept for the
-backward, a 2 s b d layer input, 4 s b V bytes of fp32 logits and as much for their
-gradient at the loss; times proportional to the layer's FLOPs. The training state's
+"rotor")``'s ``Infeasible.min_budget``), and with the stored activations in 16 bits or
+in 8 bits (``_8bit``: float8 or int8 with a per-tensor scale, jax_exec/auto/lowbit.py).
+The activations are a MODEL, not a profile: per layer, Korthikanti et al. 2022
+("Reducing Activation Recomputation in Large Transformer Models", eq. 1, no tensor
+parallelism) s b d (34 + 5 a s / d) bytes kept for the backward, a 2 s b d layer input,
+4 s b V bytes of fp32 logits and as much for their gradient at the loss; times
+proportional to the layer's FLOPs. Of the 34 s b d + 5 a s^2 b bytes, the dropout masks
+(2 s b d + a s^2 b, one byte per element) stay as they are and the fp16 tensors (32 s b d
++ 4 a s^2 b) halve in 8 bits: s b d (18 + 3 a s / d) bytes; the layer inputs kept by
+rematerialization stay in 16 bits (recomputation starts from them), and so do the logits.
+What 8-bit storage does to the gradient is measured on real models by
+``benchmarks/lowbit_activations.py``, not here. The training state's
 peak adds stage 3's gathered layer and the reduce-scatter buffer of a layer's gradients
 (:class:`schedir.training_state.DeviceBytes`). Writes also ``zero_memory.png`` and
 ``zero_memory.md``.
@@ -117,11 +124,18 @@ def memory_rows(devices: list[int]) -> list[dict]:
     return rows
 
 
-def layer_chain(layers: int, hidden: int) -> schedir.Chain:
-    """The activation model of the module docstring as a rotor chain (embedding, layers)."""
+MODES = ("store_all", "rotor_min", "store_all_8bit", "rotor_min_8bit")
+
+
+def layer_chain(layers: int, hidden: int, low_bit: bool = False) -> schedir.Chain:
+    """The activation model of the module docstring as a rotor chain (embedding, layers);
+    ``low_bit``: the kept tensors in 8 bits."""
     s, b, d, a = TOKENS, BATCH, hidden, hidden // 128
     x = 2 * s * b * d
-    kept = s * b * d * 34 + 5 * a * s * s * b
+    if low_bit:
+        kept = s * b * d * 18 + 3 * a * s * s * b
+    else:
+        kept = s * b * d * 34 + 5 * a * s * s * b
     flops = 24 * s * b * d * d + 4 * s * s * b * d  # per layer, forward
     fwd = [1e-12 * x] + [1e-12 * flops] * layers + [0.0]
     bwd = [1e-12 * x] + [2e-12 * flops] * layers + [1e-12 * 2 * s * b * d * VOCAB]
@@ -135,8 +149,8 @@ def layer_chain(layers: int, hidden: int) -> schedir.Chain:
 
 @functools.cache
 def activation_bytes(k: int, mode: str) -> int:
-    chain = layer_chain(k, 128 * k)
-    if mode == "store_all":
+    chain = layer_chain(k, 128 * k, low_bit=mode.endswith("_8bit"))
+    if mode.startswith("store_all"):
         return schedir.simulate(chain, store_all_ops(chain)).peak_memory
     try:
         solvers.solve(chain, 0, "rotor")
@@ -197,8 +211,10 @@ def plot(rows: list[dict], fits: list[dict], path: Path) -> None:
     labels, values = [], []
     for f in fits:
         if f["device_gib"] == gib and f["devices"] == n:
+            mode = f["activations"]
+            bits = "\n8bit" if mode.endswith("_8bit") else ""
             labels.append(f"z{f['stage']}{'+off' if f['offload'] else ''}\n"
-                          f"{'rotor' if f['activations'] == 'rotor_min' else 'all'}")  # fmt: skip
+                          f"{'rotor' if mode.startswith('rotor') else 'all'}{bits}")  # fmt: skip
             values.append(f["parameters"] / 1e9)
     bx.bar(range(len(values)), values)
     bx.set_xticks(range(len(values)), labels, fontsize=6)
@@ -267,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
         for n in device_counts:
             for stage in range(4):
                 for offload in (False, True):
-                    for mode in ("store_all", "rotor_min"):
+                    for mode in MODES:
                         fits.append(fit(budget, n, stage, offload, mode, top))
                         print(f"  {budget // GIB} GiB, {n} devices, stage {stage}, offload "
                               f"{offload}, {mode}: {fits[-1]['parameters'] / 1e9:.2f}B"

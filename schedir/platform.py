@@ -267,6 +267,58 @@ class Platform:
             links += [Link(master.name, w.name, bw), Link(w.name, master.name, bw)]
         return cls(devices=(master, *workers), links=tuple(links))
 
+    @classmethod
+    def hosts(
+        cls,
+        n_hosts: int,
+        devices_per_host: int,
+        intra_bandwidth: float,
+        inter_bandwidth: float,
+        *,
+        intra_latency: float = 0.0,
+        inter_latency: float = 0.0,
+        speed: float = 1.0,
+        memory: int | None = None,
+    ) -> Platform:
+        """``n_hosts`` hosts of ``devices_per_host`` identical devices, every ordered pair
+        linked: devices ``"h{host}/d{k}"``; a link between two devices of one host has
+        ``intra_bandwidth`` bytes/s and ``intra_latency`` s (NVLink, or shared memory
+        on CPU), between hosts ``inter_bandwidth`` and ``inter_latency`` (the network).
+        Devices are listed host by host, in the order of ``jax.devices()`` under
+        ``jax.distributed`` (process p holds devices p * K .. p * K + K - 1).
+
+        >>> plat = Platform.hosts(2, 2, 100e9, 10e9, inter_latency=1e-5)
+        >>> [d.name for d in plat.devices]
+        ['h0/d0', 'h0/d1', 'h1/d0', 'h1/d1']
+        >>> plat.link("h0/d1", "h1/d0").bandwidth, plat.host_of("h1/d0")
+        (10000000000.0, 'h1')
+        """
+        for name, value in (("n_hosts", n_hosts), ("devices_per_host", devices_per_host)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise InvalidProblem(f"hosts: {name} = {value!r}: expected an integer >= 1")
+        devices = [
+            Device(f"h{h}/d{k}", speed, memory)
+            for h in range(n_hosts)
+            for k in range(devices_per_host)
+        ]
+        links = []
+        for a in devices:
+            for b in devices:
+                if a is b:
+                    continue
+                same = cls.host_of(a.name) == cls.host_of(b.name)
+                bw, lat = (
+                    (intra_bandwidth, intra_latency) if same else (inter_bandwidth, inter_latency)
+                )
+                links.append(Link(a.name, b.name, bw, lat))
+        return cls(devices=tuple(devices), links=tuple(links))
+
+    @staticmethod
+    def host_of(name: str) -> str:
+        """The host part of a device name ``"host/device"`` (the whole name without a
+        ``/``: a device on a host of its own)."""
+        return name.split("/", 1)[0]
+
     def device(self, name: str) -> Device:
         found = self._index.get(("device", name))
         if found is None:

@@ -35,6 +35,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "forward": ("F", "#3182bd"),
     "recompute": ("r", "#9ecae1"),
     "backward": ("B", "#fd8d3c"),
+    "weight_grad": ("W", "#fdd0a2"),
     "copy": ("o", "#31a354"),
     "other": ("?", "#969696"),
 }

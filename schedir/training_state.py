@@ -159,10 +159,11 @@ class DeviceBytes:
     Attributes:
         params, grads, opt_state: bytes held for the whole step on the device.
         gather: transient bytes of stage 3's all-gather, the largest block's full
-            parameters (freed after the block's forward or backward); 0 otherwise.
+            parameters among those the rule splits (the others are whole already;
+            freed after the block's forward or backward); 0 otherwise.
         reduce_scatter: transient bytes of the largest block's full gradients before
-            their reduce-scatter (sharded gradients only; the all-reduce of replicated
-            gradients is in place); 0 otherwise.
+            their reduce-scatter (sharded gradients only, tensors the rule splits; the
+            all-reduce of replicated gradients is in place); 0 otherwise.
         host: bytes of optimizer state this device's process keeps in host memory.
     """
 
@@ -195,6 +196,20 @@ def _blocks(blocks: object, count: int) -> tuple[tuple[int, ...], ...]:
                 raise InvalidProblem(f"blocks[{b}] = {ids!r}: indices must lie in [0, {count})")
         out.append(ids)
     return tuple(out)
+
+
+def split_bytes(tensors: tuple[Tensor, ...], indices: object, devices: int) -> int:
+    """Full bytes of the tensors among ``indices`` that the sharding rule splits over
+    ``devices`` (those a gather or a reduce-scatter moves; the others are whole on every
+    device already), each index once."""
+    return sum(
+        tensors[i].nbytes for i in set(indices) if shard_axis(tensors[i].shape, devices) is not None
+    )
+
+
+def block_bytes(tensors: tuple[Tensor, ...], groups: object, devices: int) -> int:
+    """The largest group's :func:`split_bytes` (0 for no group or N = 1)."""
+    return max((split_bytes(tensors, g, devices) for g in groups), default=0)
 
 
 def device_bytes(
@@ -230,11 +245,8 @@ def device_bytes(
     if len(gs) != len(ps):
         raise InvalidProblem(f"grads: {len(gs)} tensors for {len(ps)} params")
     groups = _blocks(blocks, len(ps))
-    sharded_grads = placement.grads == "sharded" and n > 1
-    gather = 0
-    if placement.params == "sharded" and n > 1:
-        gather = max((sum(ps[i].nbytes for i in g) for g in groups), default=0)
-    scatter = max((sum(gs[i].nbytes for i in g) for g in groups), default=0) if sharded_grads else 0
+    gather = block_bytes(ps, groups, n) if placement.params == "sharded" else 0
+    scatter = block_bytes(gs, groups, n) if placement.grads == "sharded" else 0
     host = sum(local_bytes(t, "sharded", n) for t in os_) if placement.opt_state == "host" else 0
     return DeviceBytes(
         params=sum(local_bytes(t, placement.params, n) for t in ps),
@@ -311,7 +323,7 @@ def ring_bandwidth(platform: Platform, devices: int) -> tuple[float, float]:
             max((h.latency for h in hops), default=0.0))  # fmt: skip
 
 
-def _ring(nbytes: int, n: int, bandwidth: float, latency: float) -> tuple[int, float]:
+def ring_pass(nbytes: int, n: int, bandwidth: float, latency: float) -> tuple[int, float]:
     """One ring all-gather or reduce-scatter of a buffer of ``nbytes`` (the full size):
     N - 1 steps, each sending nbytes / N per device."""
     if n == 1:
@@ -348,7 +360,7 @@ def step_comm(
     gathers = 2 if placement.params == "sharded" else 1
     sent, seconds = 0, 0.0
     for nbytes, times in ((g_bytes, 1), (p_bytes, gathers)):
-        s, t = _ring(nbytes, n, bandwidth, latency)
+        s, t = ring_pass(nbytes, n, bandwidth, latency)
         sent, seconds = sent + times * s, seconds + times * t
     host_bytes, host_time = 0, 0.0
     if placement.opt_state == "host":

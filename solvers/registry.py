@@ -24,7 +24,11 @@ from schedir.simulate import judge
 
 
 class Infeasible(ValueError):
-    """No schedule of this method fits the budget.
+    """The method returns no schedule for this budget.
+
+    With ``min_budget``, none of its schedules fits this budget; without, the message
+    says only that it found none (a time limit reached without a schedule, a heuristic
+    that gave up: no least budget is claimed) and ``detail`` says what is known.
 
     Attributes:
         budget: the budget asked for, bytes.
@@ -35,13 +39,12 @@ class Infeasible(ValueError):
     def __init__(self, method: str, budget: int, min_budget: int | None, detail: str = ""):
         self.method, self.budget, self.min_budget = method, budget, min_budget
         self.detail = detail
-        text = (
-            f"{method}: no schedule fits"
-            if budget is None
-            else f"{method}: no schedule fits budget {budget}"
-        )
         if min_budget is not None:
-            text += f"; the minimum feasible budget is {min_budget}"
+            at = "" if budget is None else f" budget {budget}"
+            text = f"{method}: no schedule fits{at}; the minimum feasible budget is {min_budget}"
+        else:
+            at = "" if budget is None else f" under budget {budget}"
+            text = f"{method}: found no schedule{at}"
         if detail:
             text += f" ({detail})"
         super().__init__(text)
@@ -198,6 +201,7 @@ class _StderrProgress:
         self.start = time.perf_counter()
         self.last: float | None = None
         self.lock = threading.Lock()
+        self.doing = "running"  # what the heartbeat says while the solver is silent
 
     def __call__(self, fraction: float, message: str) -> None:
         now = time.perf_counter()
@@ -211,6 +215,18 @@ class _StderrProgress:
         elapsed = now - self.start
         print(f"{self.method}: {share}{message} ({elapsed:.0f} s)", file=sys.stderr, flush=True)
 
+    def idle(self, gap: float) -> None:
+        """A line saying what runs, unless one was printed in the last ``gap`` seconds
+        (a solver that reports progress may still be silent for long stretches)."""
+        now = time.perf_counter()
+        with self.lock:
+            if now - self.start < self.delay or (self.last is not None and now - self.last < gap):
+                return
+            self.last = now
+        print(
+            f"{self.method}: {self.doing} ({now - self.start:.0f} s)", file=sys.stderr, flush=True
+        )
+
     def done(self) -> None:
         if self.last is not None:
             elapsed = time.perf_counter() - self.start
@@ -223,9 +239,12 @@ def stderr_progress(name: str) -> _StderrProgress:
 
 
 def _heartbeat(report: _StderrProgress, stop: threading.Event) -> None:
-    """For solvers that report nothing themselves: a line every few seconds."""
-    while not stop.wait(report.delay):
-        report(math.nan, "running")
+    """A line every few seconds in which nothing else was printed: for solvers that
+    report nothing themselves, silent stretches of those that do, and the check of
+    the answer by the simulator."""
+    gap = max(report.delay, 0.5)
+    while not stop.wait(gap):
+        report.idle(gap)
 
 
 def solve(
@@ -267,23 +286,27 @@ def solve(
     kwargs = dict(options)
     if report is not None and entry.reports_progress:
         kwargs["progress"] = report
-    elif progress is True:
+    if progress is True:
         threading.Thread(target=_heartbeat, args=(report, stop), daemon=True).start()
     start = time.perf_counter()
     try:
         schedule = entry.function(problem, budget, **kwargs)
+        solve_time = time.perf_counter() - start
+        if not hasattr(schedule, "ops"):  # e.g. a steady-state LP's rates: nothing to simulate
+            return schedule
+        if progress is True:
+            report.doing = "checking the answer with the simulator"
+        trace = simulate(problem, schedule)
+        try:
+            verdict = judge(problem, trace, budget)
+        except InvalidSchedule as err:  # a solver bug: never hand out a rejected schedule
+            raise RuntimeError(
+                f"{method} returned a schedule the simulator rejects: {err}"
+            ) from None
     finally:
         stop.set()
         if progress is True:
             report.done()
-    solve_time = time.perf_counter() - start
-    if not hasattr(schedule, "ops"):  # e.g. a steady-state LP's rates: nothing to simulate
-        return schedule
-    trace = simulate(problem, schedule)
-    try:
-        verdict = judge(problem, trace, budget)
-    except InvalidSchedule as err:  # a solver bug: never hand out a rejected schedule
-        raise RuntimeError(f"{method} returned a schedule the simulator rejects: {err}") from None
     meta = {
         "method": method,
         "budget": budget,

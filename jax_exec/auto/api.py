@@ -108,9 +108,7 @@ class Plan:
         exact = self.exact if exact is None else exact
         start = time.perf_counter()
         solver = _solver(method)
-        schedule, nbytes, reference, rounds = _solve_lazily(
-            self.model, budget, solver, options, exact
-        )
+        schedule, nbytes, reference, rounds = _solve(self.model, budget, solver, options, exact)
         schedule.meta["compile_rounds"] = rounds
         return Plan(self.model, _solved(self.model, schedule), schedule, method, nbytes,
                     reference.peak_memory, reference.makespan,
@@ -208,6 +206,8 @@ def plan(
     cost_model: CostModel | None = None,
     exact: bool = True,
     max_anchors: int = 4,
+    activation_tolerance: float = 0.0,
+    activation_storages: tuple[str, ...] | None = None,
     **options: Any,
 ) -> Plan:
     """Plan a training step of ``loss_fn(model, *args)`` under ``budget``.
@@ -225,11 +225,14 @@ def plan(
     op-by-op runtime's to the byte (else temporaries are estimated: faster, enough for
     the compiled path, whose memory XLA decides). ``max_anchors``: at most this many
     matmuls or convolutions pass without a cut (1: a block per matmul/convolution, the
-    finest blocks). Other ``options`` go to the solver (e.g. ``time_limit`` of
-    ``checkmate_milp``); graph methods also read ``graph_option``, the option every
-    block's graph nodes use (default ``"store_all"``: what XLA keeps; or a JAX policy's
-    name such as ``"nothing_saveable"``: no residual nodes, each backward recomputes
-    its block).
+    finest blocks). ``activation_tolerance`` > 0 also offers low-bit storage of saved
+    residuals whose measured gradient error on ``args`` stays within it
+    (:mod:`jax_exec.auto.lowbit`, ``schedule.meta["lowbit"]``; the storages tried:
+    ``activation_storages``, default all); with 0, never. Other ``options`` go to the
+    solver (e.g. ``time_limit`` of ``checkmate_milp``); graph methods also read
+    ``graph_option``, the option every block's graph nodes use (default
+    ``"store_all"``: what XLA keeps; or a JAX policy's name such as
+    ``"nothing_saveable"``: no residual nodes, each backward recomputes its block).
 
     Raises:
         solvers.Infeasible: the budget is below the least feasible one (``min_budget``).
@@ -243,7 +246,18 @@ def plan(
     bm = block_model(
         loss_fn, model, args, has_aux=has_aux, cost_model=cost_model, max_anchors=max_anchors
     )
-    schedule, nbytes, reference, rounds = _solve_lazily(bm, budget, solver, options, exact)
+    if activation_storages is not None and not activation_tolerance:
+        raise ValueError("activation_storages: low-bit storage needs activation_tolerance > 0")
+    if activation_tolerance and solver[0] == "graph":
+        raise ValueError(
+            f"method = {method!r}: low-bit storage measures the compiled step's gradient, "
+            f"and a graph schedule has no compiled path"
+        )
+    if activation_tolerance:  # low-bit residuals (jax_exec/auto/lowbit.py)
+        from jax_exec.auto.lowbit import with_lowbit
+
+        bm = with_lowbit(bm, args, activation_tolerance, activation_storages)
+    schedule, nbytes, reference, rounds = _solve(bm, budget, solver, options, exact)
     schedule.meta["compile_rounds"] = rounds
     return Plan(
         model=bm,
@@ -346,6 +360,16 @@ def _solve_fixed(bm: BlockModel, nbytes: int, family: str, name: str, options: d
     trace = simulate(bm.problem, schedule)
     schedule.meta.update(peak_memory=trace.peak_memory, makespan=trace.makespan)
     return schedule
+
+
+def _solve(bm: BlockModel, budget: Any, solver: tuple, options: dict, exact: bool):
+    """:func:`_solve_lazily`; with low-bit storage, until the schedule's measured
+    gradient error is within the tolerance (:func:`jax_exec.auto.lowbit.within_tolerance`)."""
+    if getattr(bm, "tolerance", 0.0) > 0:
+        from jax_exec.auto.lowbit import within_tolerance
+
+        return within_tolerance(bm, lambda: _solve_lazily(bm, budget, solver, options, exact))
+    return _solve_lazily(bm, budget, solver, options, exact)
 
 
 def _solve_lazily(bm: BlockModel, budget: Any, solver: tuple, options: dict, exact: bool):

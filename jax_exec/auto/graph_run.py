@@ -24,6 +24,7 @@ import jax
 
 from jax_exec.auto.model import BlockModel, global_values, through_flags
 from jax_exec.auto.runtime import AutoRunResult, Buffers, run_backward, step_result
+from jax_exec.result import OpMeter
 from schedir import Free, simulate_graph
 from schedir.blocks.graph import block_graph
 
@@ -44,8 +45,7 @@ def run_graph_schedule(
     grads: dict[int, Any] = {}
     forwarded, differentiated = set(), set()
     loss = None
-    initial = buf.nbytes()
-    resident, op_peak, op_temp, op_times = [], [], [], []
+    meter = OpMeter(buf.nbytes())
 
     def node(i: int) -> dict:
         return buf.table["node", i]
@@ -79,7 +79,6 @@ def run_graph_schedule(
                  model.length)  # fmt: skip
         return node(where.grad[model.value_index[v], r])[v]
 
-    start_step = time.perf_counter()
     for op in schedule.ops:
         start = time.perf_counter()
         i = op.node
@@ -144,12 +143,6 @@ def run_graph_schedule(
                 differentiated.add(i)
                 buf.table["node", i] = dict(zip(active, d_x, strict=True))
                 buf.drop(("phase", k))
-        op_times.append(time.perf_counter() - start)
-        op_temp.append(temp)
-        op_peak.append(need)
-        resident.append(buf.nbytes())
-    total = time.perf_counter() - start_step
-    for name in list(buf.table):
-        buf.drop(name)
-    meter = (initial, resident, op_peak, op_temp, op_times, total)
-    return step_result(model, (params, rest, args), gv, grads, results, loss, meter, schedule.ops)
+        meter.record(time.perf_counter() - start, temp, need, buf.nbytes())
+    call = (params, rest, args)
+    return step_result(model, call, gv, grads, results, loss, meter, buf, schedule.ops)

@@ -99,9 +99,12 @@ def block_options(model: Any, k: int, max_pareto: int = MAX_PARETO) -> list[Save
 
 
 def recompute_cost(model: Any, k: int, option: SaveOption) -> float:
-    """Roofline seconds the block's backward spends recomputing under ``option``."""
+    """Roofline seconds the block's backward spends recomputing under ``option`` (and
+    encoding and decoding low-bit residuals, :mod:`jax_exec.auto.lowbit`)."""
     key = ("recompute", model.blocks.blocks[k].key, option)
-    return model.cached(key, lambda: _recompute_cost(model, k, option))
+    codec = getattr(model, "codec_seconds", None)
+    extra = (lambda: codec(k, option)) if codec else (lambda: 0.0)
+    return model.cached(key, lambda: _recompute_cost(model, k, option) + extra())
 
 
 def _recompute_cost(model: Any, k: int, option: SaveOption) -> float:

@@ -37,11 +37,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from jax_exec.auto.blocks import has_anchor
+from jax_exec.auto.blocks import eqn_has_anchor
 from jax_exec.auto.trace import Eqn, FlatJaxpr, Lit, aval_bytes, evaluate, flatten
 
 MAX_PHASES = 4
-ANCHORS = frozenset({"dot_general", "conv_general_dilated"})
 GROUPS = ("p", "g", "x", "outs", "results", "new", "d_outs", "through")
 RELEASABLE = frozenset({"outs", "new", "d_outs", "through"})  # owned by the block's buffers
 
@@ -128,16 +127,6 @@ class PhasedBackward:
         return held - self.d_x_bytes, held - freed
 
 
-def _has_anchor(eqn: Eqn) -> bool:
-    if eqn.name in ANCHORS:
-        return True
-    for value in eqn.params.values():
-        inner = getattr(value, "jaxpr", value)
-        if hasattr(inner, "eqns") and has_anchor(inner):
-            return True
-    return False
-
-
 def phased_backward(
     backward: Callable, args: tuple, max_phases: int = MAX_PHASES
 ) -> PhasedBackward:
@@ -193,7 +182,7 @@ def phased_backward(
             grow[i + 1] += aval_bytes(avals[v])
             grow[last[v] + 1] -= aval_bytes(avals[v])
     crossing = np.cumsum(grow)
-    anchor = [_has_anchor(e) for e in eqns]
+    anchor = [eqn_has_anchor(e.name, e.params) for e in eqns]
     gain = {}
     prev = 0
     for b in range(1, n):

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 
 from jax_exec.auto.model import BlockModel, global_values, through_flags
 from jax_exec.auto.trace import Lit
+from jax_exec.result import OpMeter
 from schedir import B, F_all, F_ck, F_n, Loss, Schedule
 from schedir.blocks.problem import schedule_options, simulate_blocks
 
@@ -169,8 +170,7 @@ def run_schedule(
     grads: dict[int, Any] = {}
     forwarded = [False] * (L + 1)
     loss = None
-    initial = buf.nbytes()
-    resident, op_peak, op_temp, op_times = [], [], [], []
+    meter = OpMeter(buf.nbytes())
 
     def inputs(k: int, src: dict) -> tuple:
         lay = model.layouts[k]
@@ -182,7 +182,6 @@ def run_schedule(
         for vid, d in zip(model.layouts[k].params, d_p, strict=True):
             grads[vid] = d if vid not in grads else grads[vid] + d
 
-    start_step = time.perf_counter()
     for op in schedule.ops:
         start = time.perf_counter()
         if isinstance(op, Loss):
@@ -269,25 +268,22 @@ def run_schedule(
                 buf.drop(src)
         else:  # pragma: no cover - simulate_blocks rejects foreign ops
             raise TypeError(f"not a chain op: {op!r}")
-        op_times.append(time.perf_counter() - start)
-        op_temp.append(temp)
-        op_peak.append(need)
-        resident.append(buf.nbytes())
-    total = time.perf_counter() - start_step
-    for name in list(buf.table):
-        buf.drop(name)
-    meter = (initial, resident, op_peak, op_temp, op_times, total)
-    return step_result(model, (params, rest, args), gv, grads, results, loss, meter, schedule.ops)
+        meter.record(time.perf_counter() - start, temp, need, buf.nbytes())
+    call = (params, rest, args)
+    return step_result(model, call, gv, grads, results, loss, meter, buf, schedule.ops)
 
 
 def step_result(
     model: BlockModel, call: tuple, gv: dict, grads: dict, results: dict, loss: Any,
-    meter: tuple, ops: tuple,
+    meter: OpMeter, buf: Buffers, ops: tuple,
 ) -> AutoRunResult:  # fmt: skip
-    """The :class:`AutoRunResult` of a step: gradients per parameter leaf (the slices of
-    a scanned stack's parameters summed into their stack), ``aux`` and the state after
-    the step from the blocks' results, and the measured figures ``meter`` =
-    ``(initial, resident, op_peak, op_temp, op_times, total)``."""
+    """The :class:`AutoRunResult` of a step once its ops ran (``buf``'s arrays are then
+    deleted): gradients per parameter leaf (the slices of a scanned stack's parameters
+    summed into their stack), ``aux`` and the state after the step from the blocks'
+    results, and what ``meter`` recorded."""
+    meter.stop()
+    for name in list(buf.table):
+        buf.drop(name)
     params, rest, args = call
     program = model.program
     for vid, (src, i) in sorted(program.derived.items(), reverse=True):
@@ -308,19 +304,18 @@ def step_result(
     aux = jax.tree_util.tree_unflatten(aux_def, [value(r) for r in program.aux])
     new_state = jax.tree_util.tree_unflatten(r_def, [value(r) for r in program.new_rest])
     grad_tree = jax.tree_util.tree_unflatten(p_def, grad_leaves)
-    initial, resident, op_peak, op_temp, op_times, total = meter
     return AutoRunResult(
         loss=loss,
         aux=aux if model.traced.has_aux else None,
         grads=grad_tree,
         new_state=new_state,
-        peak_bytes=max([initial, *op_peak]),
-        initial_bytes=initial,
-        resident_bytes=tuple(resident),
-        op_peak_bytes=tuple(op_peak),
-        op_temp_bytes=tuple(op_temp),
-        op_times=tuple(op_times),
-        total_time=total,
+        peak_bytes=max([meter.initial_bytes, *meter.peak]),
+        initial_bytes=meter.initial_bytes,
+        resident_bytes=tuple(meter.resident),
+        op_peak_bytes=tuple(meter.peak),
+        op_temp_bytes=tuple(meter.temp),
+        op_times=tuple(meter.times),
+        total_time=meter.total,
         param_bytes=_tree_bytes(params),
         grad_bytes=_tree_bytes(grad_leaves),
         input_bytes=_tree_bytes(tuple(args)),

@@ -1,26 +1,32 @@
-"""Dynamic mode: the tasks of a pipeline placed at run time by ``dmda`` or ``eager``.
+"""Dynamic mode: the tasks of a pipeline placed and started at run time, in JAX.
 
-The tasks are (micro-batch n, group g): the forward of stages [cuts[g], cuts[g+1]) on
-micro-batch n, which needs (n, g - 1). One worker thread per device runs its queue
-(``dmda``) or takes the oldest ready task from a shared pool when idle (``eager``);
-inputs are moved with ``jax.device_put``; every task's duration is measured
-(``block_until_ready``) and fed to a history-based performance model, the mean per
-(task kind, device), as StarPU does (Augonnet et al., CCPE 2011). The model is
-calibrated first: every group is run once (compiled on the first call only: the
-kernels are cached across calls) and then timed once on every device.
+One worker thread per device carries out what :class:`schedir.pipeline.runtime.RuntimeState`
+decides under the policy (``solvers.pipeline.dynamic``: the same objects, the same
+rules as in the simulator): which task a device starts, what it evicts first (to the
+host with ``jax.device_get``, or dropped and recomputed), what it moves in
+(``jax.device_put`` from the copy the state names), and what is freed when its last
+reader ran. Every task's duration is measured (``block_until_ready``) and fed to the
+policy; the memory the runtime holds on each device (the bytes of the distinct arrays
+it keeps there: data, stashes, i.e. the leaves of ``jax.vjp`` closures, parameter
+copies, gradient accumulators, updates) is measured after every task.
 
-The same policy is then run in the simulator (:func:`schedir.simulate_dynamic`) on the
-same task graph with the calibrated times: the result compares the realized
-placement and makespan with that prediction. Inference only (forward tasks).
+- :func:`run_dynamic`: inference, the forwards of groups of stages;
+- :func:`jax_exec.pipeline.dynamic_training.run_dynamic_training`: a training step.
+
+Experiment knobs (docs/dynamic_training.md): ``speeds`` (a speed factor per device) and
+``noise`` (:class:`schedir.pipeline.simulate.Noise`: seeded per-task factors and
+per-device factors, the simulator's law and draws) make task ``t`` on device ``u``
+last ``work_t / speed_u * factor_t * factor_u`` seconds, ``work_t`` its calibrated
+time times ``time_scale``: the worker sleeps for what the kernel did not take (a task
+whose kernel is slower than that lasts as long as the kernel).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import Counter, deque
-from collections.abc import Sequence
-from functools import partial
+from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -29,50 +35,223 @@ import jax.numpy as jnp
 from jax_exec.pipeline.mpmd import interval_kernels, split_microbatches
 from jax_exec.result import RunResult
 from jax_exec.stages import as_stages
-from schedir import Device, Platform
-from schedir.pipeline.dag import Task, TaskGraph, simulate_dynamic
-from solvers.pipeline.dynamic import Dmda, Eager, HistoryModel
+from schedir import CopyEngine, Device, Link, Platform
+from schedir.pipeline.dag import (
+    Task,
+    TaskGraph,
+    simulate_dynamic,
+    task_factors,
+)
+from schedir.pipeline.dataflow import HOST
+from schedir.pipeline.runtime import RuntimeState
+from schedir.pipeline.simulate import Noise
+from solvers.pipeline.dynamic import Dmda, make_policy
 
-# The one result type (kept importable under its old name): ``outputs``, ``makespan``,
-# ``op_log`` (device, task, start, end per task, in task order n * G + g),
-# ``predicted``, ``same_device``, ``counts``, ``predicted_counts``, ``perf_model``.
+# The one result type (kept importable under its old name).
 DynamicRunResult = RunResult
 
 
-class _RealState:
-    """What the policies read (the interface of ``schedir.pipeline.dag.DynamicSim``)."""
+def tree_bytes(tree: Any) -> int:
+    return sum(int(a.nbytes) for a in unique_leaves(tree))
 
-    def __init__(self, graph: TaskGraph, platform: Platform, t0: float):
-        self.graph, self.platform, self.t0 = graph, platform, t0
-        self.names = [d.name for d in platform.devices]
-        self.links = {(lk.src, lk.dst): lk for lk in platform.links}
-        n = len(graph.tasks)
-        self.device: list = [None] * n
-        self.start, self.end = [float("nan")] * n, [float("nan")] * n
-        self.predicted_end: list = [None] * n
-        self.queue = {u: deque() for u in self.names}
-        self.running: dict = {u: None for u in self.names}
 
-    @property
-    def now(self) -> float:
-        return time.perf_counter() - self.t0
+def unique_leaves(tree: Any) -> list:
+    return list({id(a): a for a in jax.tree_util.tree_leaves(tree)}.values())
 
-    def data_ready_estimate(self, task: int, dev: str) -> float:
-        ready = self.now
-        for p, nbytes in self.graph.tasks[task].deps:
-            src = self.device[p]
-            if src != dev:
-                ready = max(ready, self.now + self.links[src, dev].time(nbytes))
-        return ready
 
-    def queue_end(self, dev: str, predict) -> float:
-        t = self.now
-        run = self.running[dev]
-        if run is not None:
-            t = max(t, self.start[run] + predict(run, dev))
-        for q in self.queue[dev]:
-            t += predict(q, dev)
-        return t
+def move(tree: Any, to: Any) -> Any:
+    """``tree`` on device ``to`` (None: to the host, as numpy), each distinct leaf once."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    uniq = {id(a): a for a in leaves}
+    keys = list(uniq)
+    moved = jax.device_get([uniq[k] for k in keys]) if to is None else jax.device_put(
+        [uniq[k] for k in keys], to)  # fmt: skip
+    new = dict(zip(keys, moved, strict=True))
+    return jax.tree_util.tree_unflatten(treedef, [new[id(a)] for a in leaves])
+
+
+tree_add = jax.jit(lambda a, b: jax.tree_util.tree_map(jnp.add, a, b))
+
+
+class Workers:
+    """Worker threads carrying out a RuntimeState's plans on real arrays.
+
+    ``compute(t, u, values, rebuilt)``: runs task ``t`` on device ``u`` with
+    ``values`` (datum -> array on u, accumulators: the list of partial sums) and the
+    rebuilt stashes; returns (datum -> new value, compute seconds, recompute seconds).
+    ``sources``: the host values of the graph's sources (datum -> value).
+    """
+
+    def __init__(self, state: RuntimeState, jdev: dict, sources: dict, compute: Callable):
+        self.state, self.jdev, self.compute = state, jdev, compute
+        self.dev_name = {d: u for u, d in jdev.items()}
+        self.store: dict = {}  # (datum, device) -> value on that device
+        self.host: dict = dict(sources)  # datum -> value on the host
+        self.lock = threading.Condition()
+        self.todo: dict = dict.fromkeys(jdev)  # device -> the plan its worker carries out
+        self.error: BaseException | None = None
+        self.stalled = False
+        self.measured: list = []  # per finished task: device -> bytes held there
+        self.peaks = dict.fromkeys(jdev, 0)
+
+    def run(self) -> None:
+        with self.lock:
+            self.state.start_run()
+            self._dispatch()
+        threads = [threading.Thread(target=self._worker, args=(u,), daemon=True)
+                   for u in self.jdev]  # fmt: skip
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        if self.error is not None:
+            raise self.error
+        self.state.check_done()
+
+    def _dispatch(self) -> None:
+        """Admit a task on every idle device, as the simulator does (called locked)."""
+        state = self.state
+        for u in state.names:
+            if state.busy[u] is None:
+                plan = state.next_plan(u)
+                if plan is not None:
+                    self.todo[u] = plan
+        self._drop_freed()
+        if all(p is None for p in state.busy.values()) and not all(state.done):
+            self.stalled = True  # nothing can start anywhere: check_done says why
+        self.lock.notify_all()
+
+    def _drop_freed(self) -> None:
+        for d, where in self.state.take_freed():
+            if where == HOST:
+                self.host.pop(d, None)
+            else:
+                self.store.pop((d, where), None)
+
+    def _worker(self, u: str) -> None:
+        try:
+            while self._step(u):
+                pass
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+            with self.lock:
+                self.error = self.error or err
+                self.lock.notify_all()
+
+    def _step(self, u: str) -> bool:
+        """Carry out the next plan of device ``u``; False when the run is over."""
+        state = self.state
+        with self.lock:
+            while self.todo[u] is None:
+                if self.error is not None or self.stalled or all(state.done):
+                    return False
+                self.lock.wait()
+            plan, self.todo[u] = self.todo[u], None
+            offload = [(d, self.store[d, u]) for d, mode in plan.evict if mode == "offload"]
+        for d, value in offload:
+            host = move(value, None)
+            with self.lock:
+                self.host[d] = host
+                state.offloaded(d, u)
+                self._drop_freed()
+        with self.lock:
+            state.begin(plan)
+            moves = [(d, src, self.host[d] if src == HOST else self.store[d, src])
+                     for d, src in plan.fetch]  # fmt: skip
+        partials = []
+        for d, src, value in moves:
+            moved = move(value, self.jdev[u])
+            with self.lock:
+                if state.kind[d] == "accumulator":
+                    partials.append(moved)
+                else:
+                    self.store[d, u] = moved
+                state.arrived(d, u, src)
+        t = plan.task
+        with self.lock:
+            state.started(t)
+            values = {}
+            for d in state.reads[t]:
+                if state.kind[d] == "accumulator":
+                    values[d] = ([self.store[d, u]] if (d, u) in self.store else []) + partials
+                elif d not in plan.recompute:
+                    values[d] = self.store[d, u]
+            for d in state.writes[t]:
+                if state.kind[d] == "accumulator" and (d, u) in self.store:
+                    values[d] = [self.store[d, u]]
+        outs, seconds, rebuild = self.compute(t, u, values, plan.recompute)
+        with self.lock:
+            for d, value in outs.items():
+                self.store[d, u] = value
+            del partials, values
+            state.finished(t, seconds, rebuild)
+            self._drop_freed()
+            self._measure()
+            self._dispatch()
+        return True
+
+    def _measure(self) -> None:
+        """Bytes of the distinct arrays the runtime holds per device (called locked)."""
+        seen: dict = {}
+        for value in self.store.values():
+            for leaf in jax.tree_util.tree_leaves(value):
+                if isinstance(leaf, jax.Array):
+                    seen[id(leaf)] = leaf
+        held = dict.fromkeys(self.jdev, 0)
+        for leaf in seen.values():
+            for dev in leaf.devices():
+                held[self.dev_name[dev]] += int(leaf.nbytes)
+        self.measured.append(held)
+        for u, b in held.items():
+            self.peaks[u] = max(self.peaks[u], b)
+
+
+def device_platform(names, speeds, caps, bandwidth, host_bandwidth) -> Platform:
+    devices = [Device(u, float(speeds.get(u, 1.0)), caps.get(u)) for u in names]
+    links = tuple(Link(a, b, bandwidth) for a in names for b in names if a != b)
+    if host_bandwidth:
+        engine = CopyEngine(host_bandwidth)
+        return Platform(offload=engine, prefetch=engine, devices=tuple(devices), links=links)
+    return Platform(devices=tuple(devices), links=links)
+
+
+def per_device(value, names: list[str], what: str) -> dict:
+    """A per-device knob: one value for all, a list in device order, or a dict."""
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        unknown = set(value) - set(names)
+        if unknown:
+            raise ValueError(f"{what}: unknown devices {sorted(unknown)}; known: {names}")
+        return dict(value)
+    if isinstance(value, list | tuple):
+        if len(value) != len(names):
+            raise ValueError(f"{what}: {len(value)} values for {len(names)} devices")
+        return dict(zip(names, value, strict=True))
+    return dict.fromkeys(names, value)
+
+
+def emulation(graph: TaskGraph, state: RuntimeState, noise: Noise | None, on: bool):
+    """``(task, device, seconds, recomputed) -> seconds``: the knob's duration of a task
+    whose kernels took ``seconds`` (sleeps for the rest), or None when off."""
+    if not on:
+        return None
+    noise = noise or Noise()
+    factors = task_factors(noise, len(graph.tasks))
+    dev_factor = noise.device_factors(state.names)
+
+    def emulate(t: int, u: str, work: float, began: float) -> float:
+        target = work / state.speed[u] * factors[t] * dev_factor[u]
+        left = target - (time.perf_counter() - began)
+        if left > 0:
+            time.sleep(left)
+        return time.perf_counter() - began
+
+    return emulate
+
+
+def _timed(fn, *args):
+    out = jax.block_until_ready(fn(*args))
+    return out, time.perf_counter()
 
 
 def run_dynamic(
@@ -85,13 +264,16 @@ def run_dynamic(
     devices: Sequence | None = None,
     bandwidth: float = 10e9,
 ) -> RunResult:
-    """Run the forward pipeline of ``layers`` on ``x`` with tasks placed by ``policy``.
+    """Run the forward pipeline of ``layers`` on ``x`` with tasks placed by ``policy``
+    (any of ``solvers.pipeline.dynamic.POLICIES``; ``static`` and ``guided`` follow
+    HEFT's lists). The tasks are (micro-batch n, group g): the forward of stages
+    [cuts[g], cuts[g+1]) on micro-batch n, which needs (n, g - 1). The model is
+    calibrated first (every group timed once on every device); the same policy is
+    then run in the simulator on the same graph (``predicted``).
 
     ``devices``: JAX devices (default ``jax.devices()``); ``bandwidth``: bytes/s the
-    policy assumes for every link (the platform handed to the policy and simulator).
+    policy assumes for every link.
     """
-    if policy not in ("dmda", "eager"):
-        raise ValueError(f"policy = {policy!r}: expected 'dmda' or 'eager'")
     stages = as_stages(layers)
     L = len(stages)
     cuts = tuple(cuts or range(L + 1))
@@ -99,141 +281,88 @@ def run_dynamic(
     devs = list(devices if devices is not None else jax.devices())
     names = [f"dev{k}" for k in range(len(devs))]
     jdev = dict(zip(names, devs, strict=True))
-    platform = Platform.fully_connected([Device(n) for n in names], bandwidth)
+    platform = device_platform(names, {}, {}, bandwidth, None)
     xs = split_microbatches(jnp.asarray(x), microbatches)
-    # compiled once across calls (jax_exec.pipeline's kernel cache); the parameters and
-    # state are arguments, read now
     kernels = [interval_kernels(stages, cuts[g], cuts[g + 1]).fwd for g in range(G)]
-    fns = [partial(_call, kernels[g]) for g in range(G)]
-    params = {
-        (u, g): jax.device_put(
-            ([s.params for s in stages[cuts[g] : cuts[g + 1]]],
-             [s.rest for s in stages[cuts[g] : cuts[g + 1]]]),
-            jdev[u],
-        )
-        for u in names
-        for g in range(G)
-    }  # fmt: skip
-    # calibration: compile, then time each group once on each device
+    host_params = [group_state(stages, cuts[g], cuts[g + 1]) for g in range(G)]
+    params = {(u, g): move(host_params[g], jdev[u]) for u in names for g in range(G)}
     calib: dict = {}
-    a = xs[0]
+    a, sizes = xs[0], []
     for g in range(G):
+        sizes.append(int(a.nbytes))
         outs = {}
         for u in names:
             inp = jax.device_put(a, jdev[u])
-            jax.block_until_ready(fns[g](params[u, g], inp))
+            jax.block_until_ready(kernels[g](*params[u, g], inp))
             t = time.perf_counter()
-            outs[u] = jax.block_until_ready(fns[g](params[u, g], inp))
-            calib[f"F{g}", u] = time.perf_counter() - t
+            outs[u], end = _timed(kernels[g], *params[u, g], inp)
+            calib[f"F{g}", u] = end - t
         a = outs[names[0]]
-    sizes = [int(a.nbytes) for a in _activations(fns, params, names[0], xs[0], G)]
     tasks = []
     for n in range(microbatches):
         for g in range(G):
             deps = ((len(tasks) - 1, sizes[g]),) if g else ()
             mean = sum(calib[f"F{g}", u] for u in names) / len(names)
             tasks.append(Task(f"F{g}[{n}]", f"F{g}", mean, deps, n, g == G - 1))
-    graph = TaskGraph(tuple(tasks))
+    graph = TaskGraph(tuple(tasks), groups=tuple(zip(cuts, cuts[1:], strict=False)))
 
-    def make_policy():
-        if policy == "eager":
-            return Eager(graph, platform)
-        model = HistoryModel(graph, {u: 1.0 for u in names})
-        for (kind, u), sec in calib.items():
-            model.record(next(t for t, tk in enumerate(graph.tasks) if tk.kind == kind), u, sec)
-        return Dmda(graph, platform, model)
+    def fresh():
+        pol = make_policy(policy, graph, platform)
+        if isinstance(pol, Dmda):
+            for (kind, u), sec in calib.items():
+                pol.model.record(next(t for t, tk in enumerate(tasks) if tk.kind == kind), u, sec)
+        return pol
 
-    predicted = simulate_dynamic(graph, platform, make_policy())
-    pol = make_policy()
-    state = _RealState(graph, platform, time.perf_counter())
-    lock = threading.Condition()
-    pool: deque = deque()
-    values: dict = {}
-    missing = [len(t.deps) for t in graph.tasks]
-    succ = graph.successors()
-    left = [len(graph.tasks)]
+    predicted = simulate_dynamic(graph, platform, fresh(), prefetch=False)
+    pol = fresh()
+    t0 = time.perf_counter()
+    state = RuntimeState(graph, platform, pol, clock=lambda: time.perf_counter() - t0,
+                         prefetch=False)  # fmt: skip
+    results: dict = {}
 
-    def push(t: int) -> None:  # called with the lock held
-        dev = pol.push(t, state)
-        if dev is None:
-            pool.append(t)
-        else:
-            state.device[t] = dev
-            state.queue[dev].append(t)
-        lock.notify_all()
+    def compute(t, u, values, rebuilt):
+        n, g = divmod(t, G)
+        inp = jax.device_put(xs[n], jdev[u]) if g == 0 else next(iter(values.values()))
+        began = time.perf_counter()
+        out, end = _timed(kernels[g], *params[u, g], inp)
+        if g == G - 1:
+            results[n] = out
+            return {}, end - began, 0.0
+        return {state.writes[t][0]: out}, end - began, 0.0
 
-    def worker(u: str) -> None:
-        while True:
-            with lock:
-                while not state.queue[u] and not (policy == "eager" and pool) and left[0]:
-                    lock.wait()
-                if not left[0]:
-                    return
-                if state.queue[u]:
-                    t = state.queue[u].popleft()
-                else:
-                    t = pol.pull(u, pool, state)
-                    pool.remove(t)
-                    state.device[t] = u
-                state.running[u] = t
-                state.start[t] = state.now
-                n, g = divmod(t, G)
-                inp = xs[n] if g == 0 else values[t - 1]
-            out = jax.block_until_ready(fns[g](params[u, g], jax.device_put(inp, jdev[u])))
-            with lock:
-                state.end[t] = state.now
-                state.running[u] = None
-                values[t] = out
-                pol.complete(t, u, state.end[t] - state.start[t], state)
-                left[0] -= 1
-                for s in succ[t]:
-                    missing[s] -= 1
-                    if missing[s] == 0:
-                        push(s)
-                lock.notify_all()
-
-    with lock:
-        for t in range(len(graph.tasks)):
-            if missing[t] == 0:
-                push(t)
-    threads = [threading.Thread(target=worker, args=(u,), daemon=True) for u in names]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    workers = Workers(state, jdev, {}, compute)
+    workers.run()
     first = jdev[names[0]]
-    outputs = jnp.concatenate(
-        [jax.device_put(values[n * G + G - 1], first) for n in range(microbatches)]
-    )
-    same = sum(a == b for a, b in zip(state.device, predicted.device, strict=True))
+    outputs = jnp.concatenate([jax.device_put(results[n], first) for n in range(microbatches)])
+    return dynamic_result(state, graph, pol, predicted, jdev, workers, outputs=outputs)
+
+
+def group_state(stages, i: int, j: int) -> tuple[list, list]:
+    """(params, rests) of stages i..j-1, as the kernels take them."""
+    return [s.params for s in stages[i:j]], [s.rest for s in stages[i:j]]
+
+
+def dynamic_result(state, graph, pol, predicted, jdev, workers, **fields) -> RunResult:
+    trace = state.trace()
+    start = min(trace.start)
+    same = sum(a == b for a, b in zip(trace.device, predicted.device, strict=True))
     model = {}
     if isinstance(pol, Dmda):
         m = pol.model
         model = {f"{k}@{u}": m.total[k, u] / m.count[k, u] for (k, u) in m.count if m.count[k, u]}
-    tasks = zip(state.device, graph.tasks, state.start, state.end, strict=True)
+    rows = zip(trace.device, graph.tasks, trace.start, trace.end, strict=True)
     return RunResult(
-        outputs=outputs,
-        makespan=max(state.end) - min(state.start),
-        total_time=max(state.end) - min(state.start),
-        op_log=tuple((dev, task.name, start, end) for dev, task, start, end in tasks),
+        makespan=trace.makespan - start,
+        total_time=trace.makespan - start,
+        op_log=tuple((dev, task.name, s - start, e - start) for dev, task, s, e in rows),
         placement=jdev,
         predicted=predicted,
         same_device=same / len(graph.tasks),
-        counts=dict(Counter(state.device)),
+        counts=dict(Counter(trace.device)),
         predicted_counts=dict(Counter(predicted.device)),
         perf_model=model,
+        device_peaks=dict(workers.peaks),
+        trace=trace,
+        measured_bytes=tuple(workers.measured),
+        **fields,
     )
-
-
-def _call(kernel, held, a):
-    """``kernel(params, rests, a)`` with ``held`` = (params, rests) of its stages."""
-    return kernel(held[0], held[1], a)
-
-
-def _activations(fns, params, u, x, G) -> list:
-    """a_{cuts[g]} of one micro-batch for g = 0..G-1 (their sizes weigh the edges)."""
-    acts, a = [], x
-    for g in range(G):
-        acts.append(a)
-        a = fns[g](params[u, g], a)
-    return acts

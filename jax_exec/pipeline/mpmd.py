@@ -1,132 +1,139 @@
 """MPMD pipelines: run per-device op lists (:class:`schedir.PipelineSchedule`) in JAX.
 
-Every interval [i, j) of stages gets jitted functions that run on the device holding
-its parameters (placed once with ``jax.device_put``):
+Every chunk [i, j) of stages (a device may run several: the virtual stages of
+interleaved and V-shaped schedules) gets jitted functions that run on the device
+holding its parameters (placed once with ``jax.device_put``):
 
 - inference ``Fwd``: ``a_j = f_ij(params, a_i)``;
 - training ``Fwd``: ``(a_j, vjp) = jax.vjp(f_ij, params, a_i)``, the closure (its
-  residuals) kept on the device until the ``Bwd``; on the last interval the loss is
-  part of the function, ``loss(f(params, a), y_mb) / m``, so the mean over micro-batches
-  of the micro-batch losses is the step's loss (the full-batch loss when ``loss_fn`` is
-  a mean over equal micro-batches);
-- ``Bwd``: applies the closure to d_j (or to 1 for the loss), returns the parameter
-  gradients (summed over micro-batches) and d_i;
-- ``Send``: ``jax.device_put`` of the array to the peer's device into a mailbox that
-  the matching ``Recv`` reads.
+  residuals) kept on the device as the chunk's stash until the backward; on the last
+  chunk the loss is part of the function, ``loss(f(params, a), y_mb) / m``, so the
+  mean over micro-batches of the micro-batch losses is the step's loss (the
+  full-batch loss when ``loss_fn`` is a mean over equal micro-batches). When the
+  chunk's backward is split (``Bwd(part="input")`` then ``Wgt``) the forward records
+  two closures instead: ``jax.vjp`` with respect to the input and, separately, with
+  respect to the parameters;
+- ``Bwd(part="full")``: applies the closure to d_j (or to 1 for the loss), adds the
+  parameter gradients (summed over micro-batches), makes d_i;
+- ``Bwd(part="input")``: applies the input closure only (d_i); the parameter closure
+  and d_j become the chunk's weight-gradient data, and the input closure's residuals
+  are dropped (what only the input gradient needed);
+- ``Wgt``: applies the parameter closure to d_j and adds the gradients;
+- a backward with ``recompute > 0`` marks a chunk that recomputes: its forward runs
+  under ``jax.checkpoint`` (the stash holds its input only) and the backward
+  recomputes it;
+- ``Send``: ``jax.device_put`` of the array to the peer's device (another process's
+  device: :func:`jax_exec.distributed.transfer`).
 
-Ops are dispatched from one Python thread in a dependency-respecting round robin over
-the devices (each device's list order is kept); JAX's asynchronous dispatch lets the
-devices overlap. Gradients equal ``jax.grad`` of the single-device model (the tests
-check rtol 1e-5 on 4 CPU devices).
+What every op waits for, makes, allocates and releases is read from
+:func:`schedir.pipeline.ops.effect` (the rules, written once; the simulator reads the
+same): the runtime keeps each array under the effect's data key (``a``, ``d``, ``s``
+for a stash, ``w`` for weight-gradient data) and drops it when the last op that
+releases it has run. Ops are dispatched from one Python thread in a round robin over
+the devices that keeps each device's list order and runs an op once the data its
+effect reads was made; JAX's asynchronous dispatch lets the devices overlap. The loop
+depends on the schedule only, so under ``jax.distributed`` every process runs the
+same loop, executes the ops of its own devices and meets its peers at the cross-host
+sends in the same order.
 
-The jitted kernels are cached across calls (:func:`interval_kernels`): a training
+After every op the bytes held on its device are measured (the distinct arrays under
+the device's keys, parameters excluded) and, next to them, what the effect's sizes
+say the same live buffers weigh (the *model* bytes; with ``problem=`` a profiled
+problem, else unit sizes). Gradients equal ``jax.grad`` of the single-device model
+(tests: rtol 1e-5 on 4 CPU devices and on 2 processes of 4).
+
+The jitted kernels are cached across calls (:mod:`jax_exec.pipeline.chunks`): a training
 loop compiles once, and every call reads the layers' current parameters and state
 (they are arguments of the kernels, never constants baked into them).
 """
 
 from __future__ import annotations
 
+import re
 import time
-from collections import OrderedDict
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from jax_exec.distributed import is_local, transfer
+from jax_exec.pipeline.chunks import (  # the dynamic runtime imports these two from here too
+    ChunkKernels,
+    interval_kernels,
+    split_microbatches,
+)
 from jax_exec.result import RunResult
 from jax_exec.stages import Stage, as_stages
-from schedir.pipeline.ops import Bwd, Fwd, PipelineSchedule, Recv, Send
+from schedir import Chain
+from schedir.errors import InvalidSchedule
+from schedir.pipeline.ops import Bwd, Fwd, PipelineSchedule, Send, Wgt, effect
+from schedir.pipeline.problem import PipelineProblem
+from schedir.platform import Device, Platform
 
 # The one result type (kept importable under its old name): ``loss``/``grads``
-# (training) or ``outputs`` (inference), ``op_log``, ``total_time``, ``placement`` and
-# ``device_peaks``.
+# (training) or ``outputs`` (inference), ``op_log``, ``total_time``, ``placement``,
+# ``device_peaks`` and the per-op bytes.
 PipelineRunResult = RunResult
 
 
-def split_microbatches(tree: Any, m: int) -> list:
-    """``m`` equal slices along axis 0 of every leaf (the batch must divide)."""
-    leaves = jax.tree_util.tree_leaves(tree)
-    n = leaves[0].shape[0]
-    if n % m:
-        raise ValueError(f"batch of {n} is not divisible into {m} micro-batches")
-    size = n // m
-    return [jax.tree_util.tree_map(lambda a, k=k: a[k * size : (k + 1) * size], tree)
-            for k in range(m)]  # fmt: skip
-
-
-def interval_fn(stages: Sequence[Stage], i: int, j: int) -> Callable:
-    """``f(params_list, rests_list, a)`` applying stages i..j-1 to ``a``: their
-    parameters and other state are arguments, so a compiled ``f`` reads the values
-    current at each call."""
-    applies = [s.apply for s in stages[i:j]]
-
-    def f(params: list, rests: list, a: jax.Array) -> jax.Array:
-        for apply, p, r in zip(applies, params, rests, strict=True):
-            a = apply(p, r, a)
-        return a
-
-    return f
-
-
-class _Kernels:
-    """Jitted functions of one interval (``last``: it ends with the loss)."""
-
-    def __init__(self, stages: Sequence[Stage], i: int, j: int, last: bool, loss_fn):
-        f = interval_fn(stages, i, j)
-        self.fwd = jax.jit(f)
-        if last:
-
-            def with_loss(params, rests, a, y, scale):
-                return loss_fn(f(params, rests, a), y) * scale
-
-            self.rec = jax.jit(
-                lambda p, r, a, y, scale: jax.vjp(lambda p, a: with_loss(p, r, a, y, scale), p, a)
-            )
-        else:
-            self.rec = jax.jit(lambda p, r, a: jax.vjp(lambda p, a: f(p, r, a), p, a))
-        self.bwd = jax.jit(lambda vjp, d: vjp(d))
-
-
-# Compiled kernels live across calls (an LRU of this many intervals): keyed by the
-# stages' computations (``Stage.key``: the NNX graph definition, or the Linen module)
-# and the loss function; jax.jit's own cache then separates shapes, dtypes and devices.
-KERNEL_CACHE_SIZE = 256
-_KERNELS: OrderedDict = OrderedDict()
-
-
-def interval_kernels(
-    stages: Sequence[Stage], i: int, j: int, loss_fn: Callable | None = None
-) -> _Kernels:
-    """The (cached) jitted kernels of stages i..j-1; with the loss when j == L.
-
-    A key that cannot be hashed (or a new ``loss_fn`` object at every call) builds
-    fresh kernels, which compile again: pass the same loss function each step.
-    """
-    last = j == len(stages)
-    key = (tuple(s.key for s in stages[i:j]), last, loss_fn if last else None)
-    try:
-        hash(key)
-    except TypeError:
-        return _Kernels(stages, i, j, last, loss_fn)
-    if key in _KERNELS:
-        _KERNELS.move_to_end(key)
-        return _KERNELS[key]
-    kern = _KERNELS[key] = _Kernels(stages, i, j, last, loss_fn)
-    while len(_KERNELS) > KERNEL_CACHE_SIZE:
-        _KERNELS.popitem(last=False)
-    return kern
+_HOST_NAME = re.compile(r"^h(\d+)/d(\d+)$")
 
 
 def _devices_for(schedule: PipelineSchedule, devices) -> dict:
+    """Schedule device name -> JAX device: ``devices`` as a dict, or a list in the
+    order of ``schedule.ops``; by default names ``h{p}/d{k}`` (``Platform.hosts``)
+    go to process p's k-th device and other names to ``jax.devices()`` in order."""
     names = [dev for dev, _ in schedule.ops]
     if devices is None:
+        matches = [_HOST_NAME.match(n) for n in names]
+        if all(matches):
+            by_host: dict[int, list] = {}
+            for d in jax.devices():
+                by_host.setdefault(d.process_index, []).append(d)
+            place = {}
+            for name, mt in zip(names, matches, strict=True):
+                p, k = int(mt.group(1)), int(mt.group(2))
+                if k >= len(by_host.get(p, [])):
+                    raise ValueError(f"device {name}: process {p} has no device {k}")
+                place[name] = by_host[p][k]
+            return place
         devices = jax.devices()
     if isinstance(devices, dict):
+        missing = [n for n in names if n not in devices]
+        if missing:
+            raise ValueError(f"devices: no JAX device given for {missing}")
         return {n: devices[n] for n in names}
     if len(devices) < len(names):
         raise ValueError(f"schedule uses {len(names)} devices, only {len(devices)} given")
     return dict(zip(names, devices, strict=False))
+
+
+def unit_problem(schedule: PipelineSchedule, L: int, m: int, training: bool) -> PipelineProblem:
+    """A problem with L stages of unit sizes and times on the schedule's devices: what
+    :func:`run_pipeline` gives :func:`~schedir.pipeline.ops.effect` when no
+    ``problem`` is given (the lifetimes do not depend on the sizes; the model bytes
+    of the result then count buffers, not bytes)."""
+    chain = Chain.from_rotor([1.0] * L, [1.0] * (L + 1), [1] * (L + 1), [1] * (L + 1),
+                             [0] * L, [0] * (L + 1))  # fmt: skip
+    devs = [Device(name) for name, _ in schedule.ops]
+    return PipelineProblem(chain, [0] * L, Platform.fully_connected(devs, 1.0), m, training)
+
+
+def _op_effects(problem: PipelineProblem, schedule: PipelineSchedule, training: bool) -> dict:
+    """(device, position) -> Effect, with the plan's per-chunk footprints
+    (``meta["stash"]``), as the simulator reads them."""
+    whole = schedule.meta.get("stash", {}) if training else {}
+    out = {}
+    for dev, ops in schedule.ops:
+        for k, op in enumerate(ops):
+            fp = whole.get(f"{op.first}:{op.last}") if isinstance(op, Fwd | Bwd) else None
+            try:
+                out[dev, k] = effect(problem, dev, op, training=training, footprint=fp)
+            except InvalidSchedule as err:
+                raise InvalidSchedule(f"device {dev}: {op}: {err}") from None
+    return out
 
 
 def run_pipeline(
@@ -138,16 +145,28 @@ def run_pipeline(
     *,
     devices: Sequence | dict | None = None,
     block: bool = False,
+    problem: PipelineProblem | None = None,
 ) -> RunResult:
-    """Execute ``schedule`` (GPipe, 1F1B, a periodic inference pattern expanded, or any
-    valid per-device lists) on ``layers``. Training iff the schedule has ``Bwd`` ops
-    (then ``y`` and ``loss_fn`` are required). The micro-batch count is the number of
-    distinct micro-batches in the schedule; ``x`` (and ``y``) are split along axis 0.
-    ``devices``: JAX devices in the order of ``schedule.ops`` (default ``jax.devices()``)
-    or a dict name -> device. ``block``: wait for every op (exact per-op times, no overlap).
-    ``device_peaks`` of the result: per device, the most activation bytes held there
-    after an op (arrays in its mailbox and the residuals of its ``jax.vjp`` closures,
-    parameters excluded), counted from the arrays' shapes.
+    """Execute ``schedule`` (GPipe, 1F1B, interleaved, zero-bubble, V-shape, a
+    periodic inference pattern expanded, or any valid per-device lists) on ``layers``.
+    Training iff the schedule has ``Bwd`` ops (then ``y`` and ``loss_fn`` are
+    required). The micro-batch count is the number of distinct micro-batches in the
+    schedule; ``x`` (and ``y``) are split along axis 0.
+
+    ``devices``: JAX devices in the order of ``schedule.ops``, or a dict name ->
+    device (default: see :func:`_devices_for`). ``block``: wait for every op (the
+    op-by-op mode: exact per-op times, no overlap). ``problem``: the problem whose
+    sizes give the model bytes (a profiled one compares with the simulator); it must
+    have the layers' stage count.
+
+    The result has ``loss`` and ``grads`` (training) or ``outputs``; ``op_log``
+    ``(device, op, start, end)``; ``op_device_bytes`` (measured on the op's device
+    after it) and ``op_model_bytes`` (the effect's sizes of the same live buffers),
+    one per ``op_log`` entry; ``device_peaks``: per device the most measured bytes
+    after an op. Under ``jax.distributed`` each process returns the gradients of the
+    stages it ran (None for the others), the loss where the last stage ran (else
+    None), the outputs (inference) where every item's last stage ran, and log
+    entries and peaks for its own devices only.
     """
     stages = as_stages(layers)
     L = len(stages)
@@ -158,103 +177,177 @@ def run_pipeline(
     m = len(mbs)
     if training and (loss_fn is None or y is None):
         raise ValueError("a training schedule needs y and loss_fn")
+    if problem is None:
+        problem = unit_problem(schedule, L, m, training)
+    elif problem.length != L:
+        raise ValueError(f"problem has {problem.length} stages, the layers {L}")
+    effects = _op_effects(problem, schedule, training)
+    # how many ops release each buffer: it is dropped when the last of them has run
+    releasers = Counter(key for e in effects.values() for key in (*e.releases,
+                                                                  *e.releases_start))  # fmt: skip
+    allocated = {id(e): {key for key, _ in (*e.allocs, *e.allocs_end)} for e in effects.values()}
+    backward_of = {(dev, o.first, o.last, o.mb): o
+                   for dev, lst in ops.items() for o in lst if isinstance(o, Bwd)}  # fmt: skip
+    local = {dev for dev in ops if is_local(place[dev])}
     xs = split_microbatches(jnp.asarray(x), m)
     ys = split_microbatches(y, m) if training else [None] * m
+    avals = _activation_avals(stages, xs[0])
     slot = {mb: k for k, mb in enumerate(mbs)}
     params_on: dict = {}  # (device name, stage) -> (params, rest) on that device
-    box: dict = {}  # (device, kind, index, mb) -> array on that device
-    saved: dict = {}  # (device, i, j, mb) -> vjp closure
+    store: dict = {}  # effect data key -> what the runtime holds for it
+    sizes: dict = {}  # effect data key -> its model bytes
+    left = dict(releasers)
     grads: list = [None] * L
+    ran = [False] * L
     loss = None
     outputs: dict = {}
-    log = []
-    peaks = dict.fromkeys(ops, 0)
+    log, measured, modelled = [], [], []
+    peaks = dict.fromkeys(sorted(local, key=list(ops).index), 0)
     t0 = time.perf_counter()
 
     def params(dev: str, i: int, j: int) -> tuple[list, list]:
-        """The current parameters and other state of stages i..j-1, on ``dev``."""
         for k in range(i, j):
             if (dev, k) not in params_on:
                 params_on[dev, k] = jax.device_put((stages[k].params, stages[k].rest), place[dev])
         held = [params_on[dev, k] for k in range(i, j)]
         return [p for p, _ in held], [r for _, r in held]
 
-    def kern(i: int, j: int) -> _Kernels:
+    def kern(i: int, j: int) -> ChunkKernels:
         return interval_kernels(stages, i, j, loss_fn if training else None)
 
-    def ready(dev: str, op) -> bool:
-        if isinstance(op, Fwd):
-            return op.first == 0 or (dev, "a", op.first, op.mb) in box
-        if isinstance(op, Bwd):
-            return op.last == L or (dev, "d", op.last, op.mb) in box
-        if isinstance(op, Send):
-            return (dev, op.kind, op.index, op.mb) in box
-        return True  # Recv: the data arrives with the Send
+    def tail(dev: str, j: int, mb: int) -> tuple:
+        if j < L:
+            return ()
+        return (jax.device_put(ys[slot[mb]], place[dev]), 1.0 / m)
 
-    def execute(dev: str, op) -> None:
+    def seed(dev: str, j: int, mb: int):
+        if j < L:
+            return store[dev, "d", j, mb]
+        dtype = jnp.result_type(loss) if loss is not None else jnp.float32
+        return jax.device_put(jnp.ones((), dtype), place[dev])
+
+    def add_grads(i: int, gp) -> None:
+        for k, g in zip(range(i, i + len(gp)), gp, strict=True):
+            grads[k] = g if grads[k] is None else _add(grads[k], g)
+            ran[k] = True
+
+    def compute(dev: str, op) -> dict:
+        """Run a compute op on ``dev``; returns what it made, by the effect's data keys."""
         nonlocal loss
-        if isinstance(op, Recv):
-            return
-        if isinstance(op, Send):
-            arr = box[dev, op.kind, op.index, op.mb]
-            box[op.peer, op.kind, op.index, op.mb] = jax.device_put(arr, place[op.peer])
-            return
         i, j, mb = op.first, op.last, op.mb
+        k = kern(i, j)
+        a_in, a_out = (dev, "a", i, mb), (dev, "a", j, mb)
+        d_out, stash_key, w_key = (dev, "d", i, mb), (dev, "s", (i, j), mb), (dev, "w", (i, j), mb)
+        if isinstance(op, Wgt):
+            layout, kept, d = store[w_key]
+            add_grads(i, k.weight_part(params(dev, i, j)[0], kept, d, layout))
+            return {}
+        p, r = params(dev, i, j)
         if isinstance(op, Fwd):
-            a = (jax.device_put(xs[slot[mb]], place[dev]) if i == 0
-                 else box.pop((dev, "a", i, mb)))  # fmt: skip
-            p, r = params(dev, i, j)
+            a = jax.device_put(xs[slot[mb]], place[dev]) if i == 0 else store[a_in]
+            made = {a_in: a} if i == 0 else {}
             if not training:
-                out = kern(i, j).fwd(p, r, a)
+                out = k.fwd(p, r, a)
                 if j == L:
                     outputs[mb] = out
-                else:
-                    box[dev, "a", j, mb] = out
-            elif j == L:
-                yy = jax.device_put(ys[slot[mb]], place[dev])
-                value, vjp = kern(i, j).rec(p, r, a, yy, 1.0 / m)
-                loss = value if loss is None else loss + jax.device_put(value, loss.device)
-                saved[dev, i, j, mb] = vjp
+                return {**made, a_out: out}
+            back = backward_of.get((dev, i, j, mb))
+            if back is None:
+                raise InvalidSchedule(f"device {dev}: {op} has no backward on this device")
+            t = tail(dev, j, mb)
+            if back.recompute > 0:  # keep the input only; the backward recomputes
+                value = k.value(p, r, a, *t)
+                made[stash_key] = ("input", a, t)
             else:
-                out, vjp = kern(i, j).rec(p, r, a)
-                box[dev, "a", j, mb] = out
-                saved[dev, i, j, mb] = vjp
-            if block:
-                jax.block_until_ready((outputs, box.get((dev, "a", j, mb))))
-            return
-        vjp = saved.pop((dev, i, j, mb))
-        seed = jnp.ones((), jnp.float32) if j == L else box.pop((dev, "d", j, mb))
-        if j == L:
-            seed = jax.device_put(seed.astype(_loss_dtype(loss)), place[dev])
-        gp, d = kern(i, j).bwd(vjp, seed)
-        for k, g in zip(range(i, j), gp, strict=True):
-            grads[k] = g if grads[k] is None else jax.tree_util.tree_map(jnp.add, grads[k], g)
-        if i > 0:
-            box[dev, "d", i, mb] = d
-        if block:
-            jax.block_until_ready((gp, d))
+                value, res = k.vjp(p, r, a, *t)
+                made[stash_key] = ("residuals", k.layout(p, r, a, t), res)
+            if j == L:
+                loss = value if loss is None else _add(loss, jax.device_put(value, loss.device))
+                return made
+            return {**made, a_out: value}
+        stash = store[stash_key]
+        d = seed(dev, j, mb)
+        if stash[0] == "input":
+            _, a, t = stash
+            if op.part == "input":
+                da, kept = k.recompute_input(p, r, a, t, d)
+                return {d_out: da, w_key: (k.layout(p, r, a, t), kept, d)}
+            gp, da = k.recompute_full(p, r, a, t, d)
+        else:
+            _, layout, res = stash
+            if op.part == "input":
+                da = None if i == 0 else k.input_part(p, res, d, layout)
+                keep = k.weight_residuals(p, res, d, layout)
+                kept = [v if use else None for v, use in zip(res, keep, strict=True)]
+                return {d_out: da, w_key: (layout, kept, d)}
+            gp, da = k.full(p, res, d, layout)
+        add_grads(i, gp)
+        return {d_out: da}
 
-    heads = {dev: 0 for dev in ops}
+    def execute(dev: str, op, eff) -> None:
+        if isinstance(op, Send):
+            (held,), (sent,) = eff.reads, eff.adds
+            src, dst = place[dev], place[op.peer]
+            if dev in local or op.peer in local:
+                moved = transfer(store.get(held), src, dst, avals[op.index])
+                if op.peer in local:
+                    store[sent] = moved
+            return
+        if dev not in local or not eff.resource:
+            return
+        made = compute(dev, op)
+        # held under the effect's keys: what it adds and what it allocates
+        for key, value in made.items():
+            if value is not None and (key in eff.adds or key in allocated[id(eff)]):
+                store[key] = value
+        if block:
+            jax.block_until_ready([made, loss])
+
+    def account(eff) -> None:
+        """The effect's memory rule on the runtime's store and on the model sizes."""
+        for key, size in (*eff.allocs, *eff.allocs_end):
+            sizes[key] = size
+        for key in (*eff.releases_start, *eff.releases):
+            left[key] -= 1
+            if left[key] == 0:
+                store.pop(key, None)
+                sizes.pop(key, None)
+        for key in (*allocated[id(eff)], *eff.adds):
+            if releasers[key] == 0:  # released by no op: freed when the op ends
+                store.pop(key, None)
+                sizes.pop(key, None)
+
+    have: set = set()  # data made so far (the same in every process)
+    heads = dict.fromkeys(ops, 0)
     remaining = sum(len(v) for v in ops.values())
     while remaining:
         progressed = False
         for dev, lst in ops.items():
-            while heads[dev] < len(lst) and ready(dev, lst[heads[dev]]):
-                op = lst[heads[dev]]
+            while heads[dev] < len(lst):
+                op, eff = lst[heads[dev]], effects[dev, heads[dev]]
+                if not all(key in have for key in eff.reads):
+                    break
                 start = time.perf_counter() - t0
-                execute(dev, op)
-                log.append((dev, str(op), start, time.perf_counter() - t0))
-                peaks[dev] = max(peaks[dev], _held_bytes(dev, box, saved, params_on))
+                execute(dev, op, eff)
+                account(eff)
+                have.update(eff.adds)
                 heads[dev] += 1
                 remaining -= 1
                 progressed = True
+                if dev in local:
+                    log.append((dev, str(op), start, time.perf_counter() - t0))
+                    measured.append(_held_bytes(dev, store, params_on))
+                    modelled.append(sum(v for key, v in sizes.items() if key[0] == dev))
+                    peaks[dev] = max(peaks[dev], measured[-1])
         if not progressed:
             stuck = {d: str(ops[d][heads[d]]) for d in ops if heads[d] < len(ops[d])}
             raise RuntimeError(f"pipeline schedule deadlocks at {stuck}")
-    result_grads = grads if training else None
+    result_grads = None
+    if training:
+        result_grads = [g if ran[k] else None for k, g in enumerate(grads)]
     out = None
-    if outputs:
-        first = place[schedule.ops[0][0]]
+    if outputs and len(outputs) == m:
+        first = place[next(d for d in ops if d in local)]
         out = jnp.concatenate([jax.device_put(outputs[mb], first) for mb in mbs])
     jax.block_until_ready((loss, result_grads, out))
     return RunResult(
@@ -262,24 +355,35 @@ def run_pipeline(
         grads=result_grads,
         outputs=out,
         op_log=tuple(log),
+        op_device_bytes=tuple(measured),
+        op_model_bytes=tuple(modelled),
         total_time=time.perf_counter() - t0,
         placement=place,
         device_peaks=peaks,
     )
 
 
-def _held_bytes(dev: str, box: dict, saved: dict, params_on: dict) -> int:
-    """Bytes of the distinct arrays on ``dev``: its mailbox and its vjp closures'
-    leaves, minus its parameters and state."""
+# one compiled sum per (gradient structure, device), not one per leaf shape
+_add = jax.jit(lambda a, b: jax.tree_util.tree_map(jnp.add, a, b))
+
+
+def _activation_avals(stages: Sequence[Stage], x0: jax.Array) -> list:
+    """Shape and dtype of a_0 .. a_L for one micro-batch (what a receiver allocates)."""
+    avals = [jax.ShapeDtypeStruct(x0.shape, x0.dtype)]
+    for s in stages:
+        avals.append(jax.eval_shape(s.apply, s.params, s.rest, avals[-1]))
+    return avals
+
+
+def _held_bytes(dev: str, store: dict, params_on: dict) -> int:
+    """Bytes of the distinct arrays held under ``dev``'s keys (activations, gradients,
+    vjp closures' residuals, weight-gradient data), minus its parameters and state."""
     params = {id(leaf) for (d, _), held in params_on.items() if d == dev
               for leaf in jax.tree_util.tree_leaves(held)}  # fmt: skip
-    arrays = [a for key, a in box.items() if key[0] == dev]
-    for key, vjp in saved.items():
+    seen = {}
+    for key, value in store.items():
         if key[0] == dev:
-            arrays += jax.tree_util.tree_leaves(vjp)
-    seen = {id(a): a for a in arrays if hasattr(a, "nbytes") and id(a) not in params}
+            for a in jax.tree_util.tree_leaves(value):
+                if hasattr(a, "nbytes") and id(a) not in params:
+                    seen[id(a)] = a
     return sum(int(a.nbytes) for a in seen.values())
-
-
-def _loss_dtype(loss) -> Any:
-    return loss.dtype if loss is not None else jnp.float32

@@ -146,3 +146,27 @@ def nnx_blocks(blocks: Sequence[Any]) -> tuple[Callable, Any]:
         return nnx.merge(graphdef, params, rest)(a)
 
     return block_apply, stack_blocks([p for _, p, _ in splits])
+
+
+# Explicit schedules with split backwards (kept importable from here).
+from jax_exec.pipeline.spmd_train import (  # noqa: E402
+    KINDS,
+    Timetable,
+    spmd_value_and_grad,
+    stage_orders,
+    timetable,
+)
+
+__all__ = [
+    "KINDS",
+    "Timetable",
+    "nnx_blocks",
+    "sequential",
+    "shard_stacked",
+    "spmd_pipeline",
+    "spmd_value_and_grad",
+    "stack_blocks",
+    "stage_mesh",
+    "stage_orders",
+    "timetable",
+]

@@ -9,6 +9,7 @@
     schedir methods [PROBLEM.json]
     schedir profile --model demo --out problem.json
     schedir experiments [--quick] [NAME ...]
+    schedir launch --processes N [--devices-per-process K] -- python script.py ARGS
 
 Budgets take units (B, KiB, MiB, GiB, TiB; kB, MB, GB, TB are powers of 1000) or a
 percentage of the store-all peak (``50%``), computed exactly. Errors are one line on
@@ -42,6 +43,7 @@ from schedir.cli.common import (
     CLIError,
     bytes_text,
     describe,
+    file_reference,
     load_problem,
     load_schedule,
     method_entries,
@@ -50,8 +52,8 @@ from schedir.cli.common import (
     parse_options,
     positive_int,
     print_json,
+    reference_makespan,
     solve_quietly,
-    store_all_reference,
     writable_path,
 )
 from schedir.cli.more import add_more_commands
@@ -85,8 +87,8 @@ def cmd_solve(args: argparse.Namespace) -> int:
         writable_path(args.plot, "--plot", IMAGE)
     entries = method_entries(problem, [args.method])
     per_method = options_per_method(entries, options)
-    ref = store_all_reference(problem)
-    base = ref.meta["makespan"] if ref is not None else None
+    ref = file_reference(args.problem, problem, args.as_graph)
+    base = reference_makespan(problem, ref)
     budget = parse_budget(args.budget, (lambda: ref.meta["peak_memory"]) if ref else None)
     head = {
         "problem": str(args.problem),
@@ -95,7 +97,11 @@ def cmd_solve(args: argparse.Namespace) -> int:
         "budget": budget,
         "store_all": None
         if ref is None
-        else {"makespan": base, "peak_memory": ref.meta["peak_memory"]},
+        else {
+            "makespan": base,
+            "peak_memory": ref.meta["peak_memory"],
+            **({"of": "the chain"} if args.as_graph else {}),
+        },
     }
     results, schedule = [], None
     for entry in entries:
@@ -175,7 +181,8 @@ def _write_outputs(args, problem, schedule) -> None:
 
 
 def _print_one(args, problem, budget: int, base, r: dict, schedule) -> None:
-    over = f" ({r['overhead']:+.1%} vs store-all {format_time(base)})" if base else ""
+    of = " of the chain" if args.as_graph else ""
+    over = f" ({r['overhead']:+.1%} vs store-all{of} {format_time(base)})" if base else ""
     view = " as a graph" if args.as_graph else ""
     print(
         f"{r['method']} on {args.problem}{view} ({describe(problem)}), budget {bytes_text(budget)}"
@@ -193,13 +200,16 @@ def _print_one(args, problem, budget: int, base, r: dict, schedule) -> None:
 
 def _print_table(path, problem, budget: int, ref: dict | None, results: list[dict]) -> None:
     print(f"{path} ({describe(problem)}), budget {bytes_text(budget)}")
-    if ref:
+    if ref and ref["makespan"] is None:  # a pipeline: the chain on one device, one item
+        print(f"store-all peak of the chain on one device: {format_bytes(ref['peak_memory'])}")
+    elif ref:
         print(
-            f"store-all: makespan {format_time(ref['makespan'])}, "
-            f"peak {format_bytes(ref['peak_memory'])}"
+            f"store-all{' of the chain' if ref.get('of') else ''}: makespan "
+            f"{format_time(ref['makespan'])}, peak {format_bytes(ref['peak_memory'])}"
         )
+    w = max([16] + [len(r["method"]) + 1 for r in results])
     header = (
-        f"{'method':<16}{'exact':>6}{'makespan':>12}{'overhead':>10}{'gap':>9}"
+        f"{'method':<{w}}{'exact':>6}{'makespan':>12}{'overhead':>10}{'gap':>9}"
         f"{'peak':>12}{'solve':>11}"
     )
     print(header)
@@ -212,7 +222,7 @@ def _print_table(path, problem, budget: int, ref: dict | None, results: list[dic
             over = f"{r['overhead']:+.1%}" if r["overhead"] is not None else "-"
             star = " *" if r["makespan"] <= best * (1 + 1e-12) else ""
             print(
-                f"{r['method']:<16}{exact:>6}{format_time(r['makespan']):>12}{over:>10}"
+                f"{r['method']:<{w}}{exact:>6}{format_time(r['makespan']):>12}{over:>10}"
                 f"{gap_text(r):>9}{format_bytes(r['peak_memory']):>12}"
                 f"{format_time(r['solve_time']):>11}{star}"
             )
@@ -220,12 +230,12 @@ def _print_table(path, problem, budget: int, ref: dict | None, results: list[dic
             least = r["min_budget"] is not None
             need = f" (needs {format_bytes(r['min_budget'])})" if least else ""
             if least:
-                print(f"{r['method']:<16}{'':>6}  infeasible{need}")
+                print(f"{r['method']:<{w}}{'':>6}  infeasible{need}")
             else:  # nothing proven: say what the solver says
-                print(f"{r['method']:<16}{'':>6}  no schedule: {r['detail'] or 'no reason given'}")
+                print(f"{r['method']:<{w}}{'':>6}  no schedule: {r['detail'] or 'no reason given'}")
         else:  # a bad option for this method, or (status internal) a solver bug
             prefix = "" if r["status"] == "internal" else "error: "
-            print(f"{r['method']:<16}{'':>6}  {prefix}{r['message']}")
+            print(f"{r['method']:<{w}}{'':>6}  {prefix}{r['message']}")
     print(
         "* fastest; overhead: makespan / store-all makespan - 1; exact: an optimum of the "
         "method's model;\ngap: makespan above a proven lower bound on that optimum "
@@ -400,6 +410,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_show)
 
     add_more_commands(sub, solver_flags)
+    from schedir.cli.launch import add_launch_command  # stdlib only; kept out of import time
+
+    add_launch_command(sub)
     return parser
 
 
@@ -411,8 +424,10 @@ def one_line(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (``python -m schedir`` exits with it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv
-    argv = [a for a in argv if a != "--debug"]
+    # ``--debug`` is schedir's anywhere before a ``--`` (after it, the launched command's)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    debug = "--debug" in argv[:cut]
+    argv = [a for a in argv[:cut] if a != "--debug"] + argv[cut:]
     try:
         parser = build_parser()
         args = parser.parse_args(argv)

@@ -338,8 +338,10 @@ def _progress_supported() -> bool:
 
 
 def without_prefix(method: str, message: str) -> str:
-    """``message`` prefixed with ``method: `` once (solvers often name themselves)."""
-    return message if message.startswith(f"{method}:") else f"{method}: {message}"
+    """``message`` prefixed with ``method: `` once: solvers often name themselves
+    (``rotor: ...``, ``pipeline_dp needs ...``), and the name is then not repeated."""
+    named = message.startswith((f"{method}:", f"{method} "))
+    return message if named else f"{method}: {message}"
 
 
 def solve_quietly(
@@ -383,6 +385,25 @@ def store_all_reference(problem) -> schedir.Schedule | None:
                     raise
                 return solve_quietly(candidate, err.min_budget, STORE_ALL, {})
     return None
+
+
+def file_reference(path, problem, as_graph: bool) -> schedir.Schedule | None:
+    """:func:`store_all_reference` of what the file at ``path`` describes: with
+    ``--as-graph`` the chain's store-all (the same model without recomputation; the
+    graph's own store_all runs the forward of a stage with residuals twice), so that
+    the graph methods' overheads compare with the chain methods'."""
+    return store_all_reference(load_problem(path) if as_graph else problem)
+
+
+def reference_makespan(problem, ref: schedir.Schedule | None) -> float | None:
+    """The store-all makespan an answer's makespan is compared with (overhead =
+    makespan / it - 1): the problem's own, or an offloading problem's chain's (the same
+    step on the same device, without copies). None for a pipeline: its makespan covers
+    its micro-batches (or items) on several devices, the chain's store-all one item on
+    one device (that peak stays the reference of ``50%`` budgets)."""
+    if ref is None or isinstance(problem, schedir.PipelineProblem):
+        return None
+    return ref.meta["makespan"]
 
 
 def method_entries(problem, requested: list[str]) -> list:

@@ -21,6 +21,7 @@ from schedir.cli.common import (
     IMAGE,
     CLIError,
     describe,
+    file_reference,
     load_problem,
     method_entries,
     method_options,
@@ -28,9 +29,9 @@ from schedir.cli.common import (
     positive_float,
     positive_int,
     print_json,
+    reference_makespan,
     solve_quietly,
     solver_output,
-    store_all_reference,
     without_prefix,
     writable_dir,
     writable_path,
@@ -50,7 +51,7 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
         if text:
             parse_budget(text, lambda: 0)  # bad budgets fail before any solve
     entries = method_entries(problem, args.method)
-    ref = store_all_reference(problem)
+    ref = file_reference(args.problem, problem, args.as_graph)
     if ref is None and (args.high is None or args.low is None):
         raise CLIError("this problem has no store_all method: give --from and --to")
     peak_fn = (lambda: ref.meta["peak_memory"]) if ref else None
@@ -60,7 +61,7 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
         raise CLIError(f"empty budget range {low}..{high} B")
     n = args.points - 1
     budgets = sorted({low + (high - low) * i // n for i in range(args.points)})
-    base = ref.meta["makespan"] if ref else None
+    base = reference_makespan(problem, ref)
     curves = {entry.name: _curve(problem, budgets, entry, args) for entry in entries}
     claimed = {entry.name: entry.exact for entry in entries}
     rows = [
@@ -82,7 +83,7 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"problem": str(args.problem), "store_all_makespan": base, "rows": rows})
         return 0
-    _print_tradeoff(args.problem, problem, budgets, curves, base, claimed)
+    _print_tradeoff(args.problem, problem, budgets, curves, base, claimed, args.as_graph)
     for path in (args.csv, args.plot):
         if path:
             print(f"wrote {path}")
@@ -171,10 +172,11 @@ def _not_exact_note(name: str, cells: list[dict]) -> str | None:
     return f"{name}: not exact at {len(loose)} of {len(solved)} budgets; {bound}"
 
 
-def _print_tradeoff(path, problem, budgets, curves: dict, base, claimed: dict) -> None:
+def _print_tradeoff(path, problem, budgets, curves: dict, base, claimed: dict, as_graph) -> None:
+    of = "of the chain " if as_graph else ""
     print(
         f"{path} ({describe(problem)}): makespan "
-        f"{'overhead vs store-all ' + format_time(base) + ' ' if base else ''}by budget"
+        f"{'overhead vs store-all ' + of + format_time(base) + ' ' if base else ''}by budget"
     )
     width = max(11, *(len(m) + 2 for m in curves))
     print(f"{'budget':>12}" + "".join(f"{m:>{width}}" for m in curves))
@@ -256,14 +258,15 @@ def cmd_methods(args: argparse.Namespace) -> int:
         print_json(listing)
         return 0
     print(title)
+    width = max([18] + [len(item["method"]) + 2 for item in listing])
     for kind in dict.fromkeys(item["problem"] for item in listing):
         print(f"\n{kind}:")
         for item in (i for i in listing if i["problem"] == kind):
             claim = "exact" if item["exact"] else "not exact"
-            print(f"  {item['method']:<18}{claim:<11}{item['description']}")
+            print(f"  {item['method']:<{width}}{claim:<11}{item['description']}")
             opts = ", ".join(f"{k}={v!r}" for k, v in item["options"].items())
             opts += ", any KEY=VALUE" if item["any_option"] else ""
-            print(f"  {'':<18}{'':<11}options: {opts or 'none'}")
+            print(f"  {'':<{width}}{'':<11}options: {opts or 'none'}")
     print(
         "\nexact: the method returns an optimum of its model; each answer says whether it "
         "is one\n(a discretized or time-limited answer is not: see solve's exact and gap). "

@@ -1,9 +1,20 @@
 """The pipeline kind: a chain cut into intervals over several devices, inference
-streams and 1F1B/GPipe training; steady state and dynamic task graphs
-(docs/pipelines.md). Drawn with one lane per device and per link."""
+streams and training schedules (GPipe, 1F1B, interleaved, zero-bubble, V-shape; split
+backwards); steady state and dynamic task graphs (docs/pipelines.md). Drawn with one
+lane per device and per link."""
 
 from schedir import kind as _kind
-from schedir.pipeline.dag import Task, TaskGraph, pipeline_graph, simulate_dynamic
+from schedir.pipeline.dag import (
+    Datum,
+    GroupCosts,
+    Task,
+    TaskGraph,
+    pipeline_graph,
+    simulate_dynamic,
+    training_graph,
+    training_task_graph,
+)
+from schedir.pipeline.dataflow import DynamicTrace
 from schedir.pipeline.master_worker import MasterWorker, SteadyState
 from schedir.pipeline.model import (
     PeriodReport,
@@ -14,15 +25,19 @@ from schedir.pipeline.model import (
 )
 from schedir.pipeline.ops import (
     Bwd,
+    Effect,
     Fwd,
     PipelineSchedule,
     Recv,
     Send,
+    Wgt,
+    effect,
     gpipe_ops,
     inference_pattern,
     one_f_one_b_ops,
 )
 from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
+from schedir.pipeline.runtime import RuntimeState
 from schedir.pipeline.simulate import (
     Noise,
     PipelineTrace,
@@ -54,7 +69,11 @@ KIND = _kind.register(
 __all__ = [
     "KIND",
     "Bwd",
+    "Datum",
+    "DynamicTrace",
+    "Effect",
     "Fwd",
+    "GroupCosts",
     "Interval",
     "Mapping",
     "MasterWorker",
@@ -64,11 +83,14 @@ __all__ = [
     "PipelineSchedule",
     "PipelineTrace",
     "Recv",
+    "RuntimeState",
     "Send",
     "SteadyState",
     "Task",
     "TaskGraph",
+    "Wgt",
     "buffer_counts",
+    "effect",
     "evaluate",
     "gpipe_ops",
     "inference_pattern",
@@ -76,6 +98,8 @@ __all__ = [
     "pipeline_graph",
     "simulate_dynamic",
     "simulate_pipeline",
+    "training_graph",
+    "training_task_graph",
     "training_period",
     "working_set",
 ]

@@ -30,6 +30,10 @@ from schedir.errors import InvalidProblem
 from schedir.pipeline.master_worker import MasterWorker, SteadyState  # noqa: F401 (re-exported)
 from schedir.platform import Platform, check_bytes, check_number
 
+# A schedule holds ops per micro-batch and stage, and the simulator runs every one of
+# them: beyond this a training step, or the default simulated stream, never finishes.
+MAX_MICROBATCHES = 100_000
+
 
 @dataclass(frozen=True)
 class PipelineProblem:
@@ -43,7 +47,19 @@ class PipelineProblem:
         platform: devices (speed, memory) and links.
         microbatches: micro-batches per training step (training), or items simulated
             by default (inference).
-        training: False: a stream of inference inputs; True: 1F1B / GPipe training.
+        training: False: a stream of inference inputs; True: training (GPipe, 1F1B,
+            zero-bubble, interleaved schedules).
+        wgrad_fraction: optional, one number in [0, 1] per stage (length L): the share
+            of ``chain.bwd_time[k]`` that is stage k's weight gradient (the ``W`` op of a
+            split backward); the input gradient (``Bwd(part="input")``) takes the rest
+            and the loss's backward. None: 0 for every stage (a split backward's input
+            part takes the whole time and ``W`` none, as a full backward would).
+        wgrad_bytes: optional, bytes per stage (length L) that stage k's weight gradient
+            still needs after its input gradient is done (for a matmul: the layer's input
+            and its output cotangent), held from the end of ``Bwd(part="input")`` to the
+            end of ``W``. None: ``W`` holds everything the input part would have freed
+            (the stash, the input and the incoming gradient: a split backward frees
+            nothing earlier than a full one).
     """
 
     chain: Chain
@@ -51,6 +67,8 @@ class PipelineProblem:
     platform: Platform
     microbatches: int = 8
     training: bool = False
+    wgrad_fraction: tuple[float, ...] | None = None
+    wgrad_bytes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.chain, Chain):
@@ -82,9 +100,46 @@ class PipelineProblem:
         m = self.microbatches
         if isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < 1:
             raise InvalidProblem(f"microbatches = {m!r}: expected an integer >= 1")
+        if m > MAX_MICROBATCHES:
+            raise InvalidProblem(
+                f"microbatches = {m!r}: at most {MAX_MICROBATCHES:,} (schedules and the "
+                "simulator hold ops per micro-batch and stage)"
+            )
         object.__setattr__(self, "microbatches", int(m))
         if not isinstance(self.training, bool):
             raise InvalidProblem(f"training = {self.training!r}: expected true or false")
+        self._check_split()
+
+    def _check_split(self) -> None:
+        """``wgrad_fraction`` and ``wgrad_bytes``: None or one valid entry per stage."""
+        L = self.chain.length
+        for name in ("wgrad_fraction", "wgrad_bytes"):
+            values = getattr(self, name)
+            if values is None:
+                continue
+            if isinstance(values, str | bytes) or not hasattr(values, "__len__"):
+                raise InvalidProblem(f"{name} = {values!r}: expected a list (one per stage)")
+            if len(values) != L:
+                raise InvalidProblem(f"{name}: expected {L} entries (one per stage), got "
+                                     f"{len(values)}")  # fmt: skip
+            if name == "wgrad_bytes":
+                checked = tuple(check_bytes(f"{name}[{k}]", v) for k, v in enumerate(values))
+                object.__setattr__(self, name, tuple(int(v) for v in checked))
+                continue
+            out = []
+            for k, v in enumerate(values):
+                f = check_number(f"{name}[{k}]", v, what="fraction in [0, 1]")
+                if f > 1:
+                    raise InvalidProblem(f"{name}[{k}] = {v!r}: expected a fraction in [0, 1]")
+                out.append(f)
+            object.__setattr__(self, name, tuple(out))
+
+    def wgrad_time(self, i: int, j: int) -> float:
+        """Seconds (at speed 1) of the weight-gradient part of stages i..j-1."""
+        f = self.wgrad_fraction
+        if f is None:
+            return 0.0
+        return sum(f[k] * self.chain.bwd_time[k] for k in range(i, j))
 
     @property
     def length(self) -> int:
@@ -110,7 +165,9 @@ class PipelineProblem:
             "platform": self.platform.to_dict(),
             "microbatches": self.microbatches,
             "training": self.training,
-        }
+            **{name: list(getattr(self, name)) for name in ("wgrad_fraction", "wgrad_bytes")
+               if getattr(self, name) is not None},
+        }  # fmt: skip
 
     @classmethod
     def from_dict(cls, d: dict) -> PipelineProblem:
@@ -129,6 +186,8 @@ class PipelineProblem:
             Platform.from_dict(d["platform"]),
             d.get("microbatches", 8),
             d.get("training", False),
+            d.get("wgrad_fraction"),
+            d.get("wgrad_bytes"),
         )
 
 

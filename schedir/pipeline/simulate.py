@@ -6,27 +6,24 @@ resource: compute ops run in their device's list order, a ``Send`` runs on link
 (device, peer) in list order among that link's sends. An op starts when its resource
 is free and its data is there: ``Fwd(i, j, n)`` needs a_i of item n (released at
 ``n * release_interval`` when i == 0, else delivered by a Send or produced locally),
-``Bwd(i, j, n)`` needs its own Fwd and d_j (none when j == L: the loss is in it), a
-Send needs the local op that produced what it sends. Since every resource's order is
-fixed, start times are a longest path over (data + resource order) edges; a cycle
-there is a deadlock and is reported.
+``Bwd(i, j, n)`` needs its own Fwd and d_j (none when j == L: the loss is in it),
+``Wgt(i, j, n)`` its own ``Bwd(i, j, n, part="input")``, a Send needs the local op that
+produced what it sends (all read from :func:`schedir.pipeline.ops.effect`). Since
+every resource's order is fixed, start times are a longest path over (data +
+resource order) edges; a cycle there is a deadlock and is reported.
 
 Durations: compute = work / speed x noise; a send of x bytes = latency + x / bandwidth.
 Noise (:class:`Noise`): each compute op's time is multiplied by an independent
 log-normal factor exp(sigma Z - sigma^2 / 2) (mean 1) and by a per-device factor drawn
 once (same law, ``device_sigma``), seeded, so runs are reproducible.
 
-Memory per device (bytes): the weights of every stage it runs, plus live buffers:
-an input a_i from the start of its transfer (or of the Fwd when i == 0) to the end
-of the Fwd (inference) or of the Bwd (training); an output from the start of the op
-that makes it to the end of its last Send (or of the op when nothing sends it); in
-training the stash (sum of saved_size over the interval) from the Fwd's start to the
-Bwd's end, d_j from its transfer start to the Bwd's end; and the working set of the
-op (``schedir.pipeline.working_set``) while it runs. ``meta["stash"]["i:j"]`` makes
-that interval's per-micro-batch footprint explicit instead: held from the Fwd's start
-to the Bwd's end in place of all of the above but the input's arrival before the Fwd
-and the outgoing gradient's send after the Bwd. At equal times (to 1e-9 relative)
-frees come before allocations.
+Memory per device (bytes): the weights of every stage it runs, plus the buffers of
+:func:`schedir.pipeline.ops.effect` (inputs, outputs, stashes, receive buffers from
+the start of their transfer, the weight-gradient data of split backwards, working
+sets), each from its allocation until the last op that releases it has done so.
+``meta["stash"]["i:j"]`` gives chunk [i, j) a per-micro-batch footprint in place of
+its own accounting (see ``effect``). At equal times (to 1e-9 relative) frees come
+before allocations.
 """
 
 from __future__ import annotations
@@ -39,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from schedir.errors import InvalidProblem, InvalidSchedule
-from schedir.pipeline.model import link_time, working_set
+from schedir.pipeline.model import link_time
 from schedir.pipeline.ops import Bwd, Fwd, PipelineSchedule, Send, effect, expand
 from schedir.pipeline.problem import PipelineProblem
 from schedir.trace import Span
@@ -180,20 +177,22 @@ def simulate_pipeline(
         isinstance(v, int) and not isinstance(v, bool) and 0 <= v for v in stash_override.values()
     ):
         raise InvalidSchedule(f"meta stash = {stash_override!r}: expected {{'i:j': bytes}}")
-    # Tasks: resource, duration, data deps, release, memory effects.
-    res, dur, deps, rel, label, owner = [], [], [], [], [], []
-    produced: dict[tuple, int] = {}  # (device, kind, k, mb) -> task
-    fwd_task: dict[tuple, int] = {}
+    training = problem.training or any(isinstance(o, Bwd) for _, ops in schedule.ops for o in ops)
+    # Tasks: resource, duration, data deps, release time, effect.
+    res, dur, deps, rel, label, owner, effects = [], [], [], [], [], [], []
+    produced: dict[tuple, int] = {}  # data made by a compute op -> task
     delivered: dict[tuple, int] = {}  # (dst, kind, k, mb) -> send task
     recvs: list[tuple] = []
     weights_on: dict[str, set] = defaultdict(set)
     pending: list[tuple[int, tuple]] = []  # (task, key to resolve)
-    items_seen: set[int] = set()
     for dev, ops in schedule.ops:
         speed = plat.device(dev).speed
         for op in ops:
+            whole = None
+            if training and isinstance(op, Fwd | Bwd):
+                whole = stash_override.get(f"{op.first}:{op.last}")
             try:
-                eff = effect(problem, dev, op)
+                eff = effect(problem, dev, op, training=training, footprint=whole)
             except InvalidSchedule as err:
                 raise InvalidSchedule(f"device {dev}: {op}: {err}") from None
             t = len(res)
@@ -202,29 +201,31 @@ def simulate_pipeline(
                 continue
             label.append(op)
             owner.append(dev)
+            effects.append(eff)
             deps.append([])
             rel.append(0.0)
             res.append(eff.resource)
-            pending += [(t, key) for key in eff.reads]
             if eff.resource[0] == "link":
+                pending += [(t, key) for key in eff.reads]
                 lt = link_time(problem, dev, op.peer, eff.nbytes)
                 if math.isinf(lt):
                     raise InvalidSchedule(f"device {dev}: {op}: no link {dev}->{op.peer}")
                 dur.append(lt)
                 delivered[eff.adds[0]] = t
                 continue
+            for key in eff.reads:
+                if key[1] in ("s", "w"):  # made by an earlier op of this device's list
+                    if key not in produced:
+                        raise InvalidSchedule(f"device {dev}: {op} before {_needs(key)}")
+                    deps[t].append(produced[key])
+                else:
+                    pending.append((t, key))
             weights_on[dev].update(range(op.first, op.last))
-            items_seen.add(op.mb)
             dur.append(eff.work / speed * noise.factor(rng) * dev_factor[dev])
-            produced[eff.adds[0]] = t
-            if isinstance(op, Fwd):
-                fwd_task[dev, op.first, op.last, op.mb] = t
-                if op.first == 0:
-                    rel[t] = op.mb * release_interval
-            elif eff.stash not in fwd_task:
-                raise InvalidSchedule(f"device {dev}: {op} before its forward")
-            else:
-                deps[t].append(fwd_task[eff.stash])
+            for key in eff.adds:
+                produced[key] = t
+            if isinstance(op, Fwd) and op.first == 0:
+                rel[t] = op.mb * release_interval
     for t, key in pending:
         src = produced.get(key)
         if src is None or (isinstance(label[t], Fwd | Bwd) and key in delivered):
@@ -236,8 +237,15 @@ def simulate_pipeline(
         if (dev, op.kind, op.index, op.mb) not in delivered:
             raise InvalidSchedule(f"device {dev}: {op}: no matching Send from {op.peer}")
     start, end = _longest_path(res, dur, deps, rel, label, owner)
-    return _trace(problem, schedule, hyper, res, start, end, deps, label, owner, weights_on,
-                  stash_override, release_interval)  # fmt: skip
+    return _trace(problem, hyper, res, start, end, label, owner, effects, weights_on,
+                  training, release_interval)  # fmt: skip
+
+
+def _needs(key: tuple) -> str:
+    first, last = key[2]
+    if key[1] == "s":
+        return f"its forward F({first}:{last},{key[3]})"
+    return f"its input-gradient backward Bi({first}:{last},{key[3]})"
 
 
 def _meta_count(meta: dict, key: str) -> int | None:
@@ -294,74 +302,35 @@ def _longest_path(res, dur, deps, rel, label, owner):
     return start, end
 
 
-def _trace(problem, schedule, hyper, res, start, end, deps, label, owner, weights_on,
-           stash_override, release_interval) -> PipelineTrace:  # fmt: skip
-    chain, L = problem.chain, problem.length
-    x = chain.in_size
-    training = problem.training or any(isinstance(op, Bwd) for op in label)
+def _trace(problem, hyper, res, start, end, label, owner, effects, weights_on, training,
+           release_interval) -> PipelineTrace:  # fmt: skip
+    L = problem.length
     events: dict[str, list] = defaultdict(list)
-    consumers: dict[int, list[int]] = defaultdict(list)
-    for t, ds in enumerate(deps):
-        for d in ds:
-            consumers[d].append(t)
+    # the memory rule of schedir.pipeline.ops.Effect: a buffer lives from its allocation
+    # until the last op that releases it has released it, else until its allocator ends
+    released: dict[tuple, float] = {}
+    allocated: list[tuple[tuple, int, float, int]] = []  # (key, bytes, time, task)
     completion: dict[int, float] = {}
-    bwd_of = {(owner[t], op.first, op.last, op.mb): t
-              for t, op in enumerate(label) if isinstance(op, Bwd)}  # fmt: skip
-
-    def footprint(t: int) -> int | None:
-        """The per-micro-batch bytes meta["stash"] gives the interval of Fwd/Bwd t."""
+    for t, eff in enumerate(effects):
+        allocated += [(key, size, start[t], t) for key, size in eff.allocs]
+        allocated += [(key, size, end[t], t) for key, size in eff.allocs_end]
+        for key in eff.releases:
+            released[key] = max(released.get(key, -math.inf), end[t])
+        for key in eff.releases_start:
+            released[key] = max(released.get(key, -math.inf), start[t])
+        if eff.temp:
+            events[owner[t]] += [(start[t], eff.temp), (end[t], -eff.temp)]
         op = label[t]
-        got = stash_override.get(f"{op.first}:{op.last}") if training else None
-        return None if got is None else int(got)
-
-    def held_until(t: int) -> float:
-        """End of the use of a Fwd's input: its Bwd's end in training, else its own end."""
-        op = label[t]
-        b = bwd_of.get((owner[t], op.first, op.last, op.mb)) if training else None
-        return end[b] if b is not None else end[t]
-
-    for t, op in enumerate(label):
-        dev = owner[t]
         if isinstance(op, Send):
-            # receive buffer on the peer: from transfer start to the end of its last use
-            # (a footprint covers what arrives from its forward's start on)
-            size, last_use = x[op.index], end[t]
-            for c in consumers[t]:
-                if footprint(c) is not None:
-                    last_use = max(last_use, start[c] if isinstance(label[c], Fwd) else end[t])
-                else:
-                    last_use = max(last_use, held_until(c) if isinstance(label[c], Fwd) else end[c])
-            events[op.peer] += [(start[t], size), (last_use, -size)]
             continue
-        i, j = op.first, op.last
-        fwd = isinstance(op, Fwd)
-        out = (x[j] if j < L else 0) if fwd else x[i]
-        sends = [end[c] for c in consumers[t] if res[c][0] == "link"]
-        b = bwd_of.get((dev, i, j, op.mb))
-        whole = footprint(t)
-        if whole is not None:
-            # a footprint holds everything of the micro-batch from the forward's start to
-            # the backward's end; only d_i still being sent after that comes on top
-            if fwd:
-                events[dev] += [(start[t], whole), (held_until(t), -whole)]
-            else:
-                events[dev] += [(end[t], out), (max([end[t], *sends]), -out)]
-                if i == 0:
-                    completion[op.mb] = end[t]
-            continue
-        tmp = working_set(problem, i, j, backward=not fwd)
-        events[dev] += [(start[t], tmp), (end[t], -tmp)]
-        events[dev] += [(start[t], out), (max([end[t], *sends]), -out)]
-        if fwd:
-            if i == 0:
-                events[dev] += [(start[t], x[0]), (held_until(t), -x[0])]
-            if training:
-                stash = sum(chain.saved_size[i:j])
-                events[dev] += [(start[t], stash), (end[b] if b is not None else end[t], -stash)]
-            elif j == L:
-                completion[op.mb] = end[t]
-        elif i == 0:
+        if training:
+            completion[op.mb] = max(completion.get(op.mb, 0.0), end[t])
+        elif op.last == L:
             completion[op.mb] = end[t]
+    for key, size, at, t in allocated:
+        if size:
+            free = max(at, released.get(key, end[t]))
+            events[key[0]] += [(at, size), (free, -size)]
     for dev, stages in weights_on.items():
         events[dev].append((0.0, sum(problem.weights[k] for k in stages if k < L)))
     memory, device_peak = {}, {}
@@ -429,7 +398,8 @@ def judge_pipeline(problem: PipelineProblem, trace: PipelineTrace, budget: int |
     }
 
 
-_SPAN_KINDS = {"F": "forward", "B": "backward", "Send": "copy"}
+_SPAN_KINDS = {"F": "forward", "B": "backward", "Bi": "backward", "W": "weight_grad",
+               "Send": "copy"}  # fmt: skip
 
 
 def pipeline_lanes(problem: PipelineProblem, schedule, trace: PipelineTrace) -> dict:

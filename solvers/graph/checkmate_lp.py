@@ -65,9 +65,12 @@ def checkmate_lp(
     capped = min(budget, budget_cap(graph))  # the same problem, and a float
     full = solve_model(model, capped, integer=False, time_limit=deadline.left())
     if full.x is None:
-        raise Infeasible(
-            "checkmate_lp", budget, None, f"the LP relaxation is {full.status} at this budget"
+        why = (
+            f"the LP relaxation was not solved within time_limit={time_limit}s"
+            if full.status == "time_limit"
+            else f"the LP relaxation is {full.status} at this budget"
         )
+        raise Infeasible("checkmate_lp", budget, None, why)
     sources = [("full", full)]
     if fraction < 1 and not deadline.passed():
         scaled = solve_model(model, fraction * capped, integer=False, time_limit=deadline.left())

@@ -1,14 +1,24 @@
-"""Dynamic policies ``"eager"``, ``"dmda"`` and the static list scheduler ``"heft"``.
+"""Dynamic policies: ``eager``, ``dmda``, ``dmdas``, the static list scheduler ``heft``,
+and (:mod:`solvers.pipeline.guided`) ``static`` and ``guided``.
 
-They run in the event loop of :mod:`schedir.pipeline_dag` (a StarPU-like runtime):
+Each is written once and run both by the simulator (:func:`run_policy`, i.e.
+:func:`schedir.pipeline.dag.simulate_dynamic`) and by the JAX runtime
+(``jax_exec.pipeline.dynamic``): it reads the one
+:class:`schedir.pipeline.runtime.RuntimeState`, which admits tasks under the devices'
+memory and evicts as DTR does (docs/dynamic_training.md).
 
-- ``eager``: one shared queue; an idle device takes the oldest ready task (StarPU's
-  ``eager``). No performance model.
+- ``eager``: one shared pool; an idle device starts the oldest ready task that fits
+  (StarPU's ``eager``). No performance model.
 - ``dmda`` (deque model, data aware; Augonnet et al., CCPE 2011): when a task becomes
   ready it goes to the device u minimizing its predicted end
-  ``max(queue end of u, now + transfer time of its inputs to u) + predicted time on u``.
-  Predictions come from a :class:`HistoryModel`: per (task kind, device), the mean of
-  the measured durations so far, the profile's ``work / speed`` before any.
+  ``max(queue end of u, now + transfer time of its inputs to u) + predicted time on u
+  + time to make room on u`` (:meth:`RuntimeState.memory_delay`: the offload time of
+  the bytes short). Predictions come from a :class:`HistoryModel`: per (task kind,
+  device), the mean of the measured durations so far, the profile's ``work / speed``
+  before any. Each device runs its queue in order (the first that fits).
+- ``dmdas``: dmda's placement; each device starts its ready tasks by decreasing
+  priority, the upward rank (critical path to an exit, as HEFT's), as StarPU's dmdas
+  sorts its queues by priority.
 - ``heft`` (Topcuoglu, Hariri and Wu, IEEE TPDS 2002): tasks by decreasing upward rank
   (mean time + heaviest path of mean compute and communication to an exit), each to
   the device of earliest finish (no insertion); the per-device orders are then fixed
@@ -17,7 +27,6 @@ They run in the event loop of :mod:`schedir.pipeline_dag` (a StarPU-like runtime
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 
 from schedir.pipeline.dag import DynamicTrace, TaskGraph, pipeline_graph, simulate_dynamic
@@ -26,133 +35,49 @@ from schedir.pipeline.ops import Fwd, PipelineSchedule, Recv, Send
 from schedir.pipeline.problem import PipelineProblem
 from schedir.pipeline.simulate import Noise, simulate_pipeline
 from schedir.platform import Platform
+from solvers.pipeline.guided import Guided, Static, plan_lists
+from solvers.pipeline.policies import (
+    Dmda,
+    Dmdas,
+    Eager,
+    Heft,
+    HistoryModel,
+    list_schedule,
+    upward_rank,
+)
 from solvers.registry import Infeasible, register
 
-
-class HistoryModel:
-    """History-based performance model: mean measured seconds per (kind, device)."""
-
-    def __init__(self, graph: TaskGraph, speeds: dict[str, float]):
-        self.graph, self.speeds = graph, speeds
-        self.total: dict = defaultdict(float)
-        self.count: dict = defaultdict(int)
-
-    def predict(self, task: int, dev: str) -> float:
-        key = (self.graph.tasks[task].kind, dev)
-        if self.count[key]:
-            return self.total[key] / self.count[key]
-        return self.graph.tasks[task].work / self.speeds[dev]
-
-    def record(self, task: int, dev: str, seconds: float) -> None:
-        key = (self.graph.tasks[task].kind, dev)
-        self.total[key] += seconds
-        self.count[key] += 1
+__all__ = ["POLICIES", "Dmda", "Dmdas", "Eager", "Guided", "Heft", "HistoryModel", "Static",
+           "list_schedule", "make_policy", "run_policy", "upward_rank"]  # fmt: skip
 
 
-class Eager:
-    """Shared FIFO queue; idle devices pull."""
-
-    name = "eager"
-
-    def __init__(self, graph: TaskGraph, platform: Platform):
-        self.graph = graph
-
-    def push(self, task, sim):
-        return None
-
-    def pull(self, dev, pool, sim):
-        return pool[0] if pool else None
-
-    def complete(self, task, dev, seconds, sim):
-        pass
+POLICIES = ("eager", "dmda", "dmdas", "heft", "static", "guided")
 
 
-class Dmda:
-    """StarPU's dmda with a history-based model (see the module docstring)."""
-
-    name = "dmda"
-
-    def __init__(self, graph: TaskGraph, platform: Platform, model: HistoryModel | None = None):
-        self.model = model or HistoryModel(graph, {d.name: d.speed for d in platform.devices})
-
-    def push(self, task, sim):
-        best, best_end = None, math.inf
-        for dev in sim.names:
-            end = max(sim.queue_end(dev, self.model.predict), sim.data_ready_estimate(task, dev))
-            end += self.model.predict(task, dev)
-            if end < best_end - 1e-15:
-                best, best_end = dev, end
-        sim.predicted_end[task] = best_end
-        return best
-
-    def pull(self, dev, pool, sim):  # never used: dmda always pushes
-        return None
-
-    def complete(self, task, dev, seconds, sim):
-        self.model.record(task, dev, seconds)
-
-
-class Heft:
-    """HEFT's static lists (computed from the profile's times at construction)."""
-
-    name = "heft"
-
-    def __init__(self, graph: TaskGraph, platform: Platform):
-        devs = platform.devices
-        links = platform.links
-        inv = sum(1 / d.speed for d in devs) / len(devs)
-        # mean seconds per byte over the links (0 for infinite bandwidths, none: free)
-        per_byte = [1 / lk.bandwidth if lk.bandwidth > 0 else math.inf for lk in links]
-        mean_per_byte = sum(per_byte) / len(per_byte) if per_byte else 0.0
-        mean_lat = sum(lk.latency for lk in links) / len(links) if links else 0.0
-
-        def mean_comm(nbytes: int) -> float:
-            return mean_lat + (nbytes * mean_per_byte if nbytes else 0.0)
-
-        tasks, succ = graph.tasks, graph.successors()
-        out_bytes = defaultdict(dict)
-        for t, task in enumerate(tasks):
-            for p, nbytes in task.deps:
-                out_bytes[p][t] = nbytes
-        rank = [0.0] * len(tasks)
-        for t in reversed(range(len(tasks))):
-            tail = max((mean_comm(out_bytes[t][s]) + rank[s] for s in succ[t]), default=0.0)
-            rank[t] = tasks[t].work * inv + tail
-        order = sorted(range(len(tasks)), key=lambda t: (-rank[t], t))
-        avail = {d.name: 0.0 for d in devs}
-        finish, where = [0.0] * len(tasks), [None] * len(tasks)
-        lk = {(x.src, x.dst): x for x in links}
-        self.static_lists: dict = {d.name: [] for d in devs}
-        for t in order:
-            best = (math.inf, None)
-            for d in devs:
-                ready = 0.0
-                for p, nbytes in tasks[t].deps:
-                    if where[p] == d.name:
-                        ready = max(ready, finish[p])
-                    elif (where[p], d.name) in lk:
-                        ready = max(ready, finish[p] + lk[where[p], d.name].time(nbytes))
-                    else:
-                        ready = math.inf
-                eft = max(avail[d.name], ready) + tasks[t].work / d.speed
-                if eft < best[0] - 1e-15:
-                    best = (eft, d.name)
-            finish[t], where[t] = best
-            avail[best[1]] = best[0]
-            self.static_lists[best[1]].append(t)
-        self.planned_finish = finish
-
-    def push(self, task, sim):  # pragma: no cover - static lists are used instead
-        raise AssertionError
-
-    def pull(self, dev, pool, sim):  # pragma: no cover
-        return None
-
-    def complete(self, task, dev, seconds, sim):
-        pass
-
-
-POLICIES = {"eager": Eager, "dmda": Dmda, "heft": Heft}
+def make_policy(
+    name: str, graph: TaskGraph, platform: Platform, *, plan=None, memory=None, **options
+):
+    """A fresh policy object: ``eager``, ``dmda``, ``dmdas``, ``heft``, or with a static
+    ``plan`` (device -> tasks, a :class:`~schedir.pipeline.ops.PipelineSchedule` of the
+    graph's groups, ``"heft"`` or None: HEFT's lists) ``static`` and ``guided``, which
+    also takes a list of plans (it follows the one ending first at the profile's
+    times); ``options`` go to the guided policy (``tol``, ``z``, ``min_samples``), and so
+    does ``memory`` (the capacities its plans are timed with)."""
+    if name == "eager":
+        return Eager(graph, platform)
+    if name == "dmda":
+        return Dmda(graph, platform)
+    if name == "dmdas":
+        return Dmdas(graph, platform)
+    if name == "heft":
+        return Heft(graph, platform)
+    if name == "static":
+        return Static(plan_lists(graph, platform, plan))
+    if name == "guided":
+        many = isinstance(plan, list | tuple)
+        plans = [plan_lists(graph, platform, p) for p in (plan if many else [plan])]
+        return Guided(graph, platform, plans, memory=memory, **options)
+    raise ValueError(f"policy = {name!r}: expected one of {', '.join(POLICIES)}")
 
 
 def run_policy(
@@ -162,11 +87,16 @@ def run_policy(
     *,
     noise: Noise | None = None,
     window: int | None = None,
+    memory: dict | None = None,
+    prefetch: bool = True,
+    plan=None,
+    **options,
 ) -> DynamicTrace:
-    """Run ``graph`` on ``platform`` under the named policy."""
-    return simulate_dynamic(
-        graph, platform, POLICIES[policy](graph, platform), noise=noise, window=window
-    )
+    """Run ``graph`` on ``platform`` under the named policy (:func:`make_policy`) in
+    the simulator; ``memory`` overrides device capacities (bytes)."""
+    pol = make_policy(policy, graph, platform, plan=plan, memory=memory, **options)
+    return simulate_dynamic(graph, platform, pol, noise=noise, window=window, memory=memory,
+                            prefetch=prefetch)  # fmt: skip
 
 
 def realized_schedule(problem: PipelineProblem, graph: TaskGraph, trace: DynamicTrace, cuts):
@@ -219,8 +149,11 @@ def _registered(policy: str):
             )
         cuts = tuple(cuts or range(problem.length + 1))
         graph = pipeline_graph(problem, items, cuts)
-        trace = run_policy(graph, problem.platform, policy,
-                           noise=Noise(noise_sigma, seed), window=window)  # fmt: skip
+        # placed by time only, memory unlimited: the replayed schedule is judged below
+        # by the pipeline simulator's own memory model
+        unlimited = {d.name: None for d in problem.platform.devices}
+        trace = run_policy(graph, problem.platform, policy, noise=Noise(noise_sigma, seed),
+                           window=window, memory=unlimited)  # fmt: skip
         meta = {
             "method": policy,
             "kind": "inference",
@@ -242,6 +175,7 @@ def _registered(policy: str):
 for _name, _desc in (
     ("eager", "dynamic: shared queue, idle devices pull (StarPU eager)"),
     ("dmda", "dynamic: earliest predicted end with transfers, history model (StarPU dmda)"),
+    ("dmdas", "dynamic: dmda placement, queues by upward-rank priority (StarPU dmdas)"),
     ("heft", "static list scheduling by upward rank and earliest finish (HEFT)"),
 ):
     register(_name, problem=PipelineProblem, exact=False, description=_desc)(_registered(_name))

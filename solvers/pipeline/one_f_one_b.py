@@ -28,68 +28,54 @@ import itertools
 import math
 from functools import cache
 
-from schedir import Chain
 from schedir.pipeline.model import capacity, link_time, training_period
 from schedir.pipeline.ops import PipelineSchedule, one_f_one_b_ops
 from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
 from schedir.pipeline.simulate import simulate_pipeline
-from solvers.chain.rotor import min_memory
 from solvers.pipeline.exhaustive import compositions
+from solvers.pipeline.stage_plans import StagePlans, sub_chain  # noqa: F401 (re-exported)
 from solvers.registry import Infeasible, register
 
 
-def sub_chain(chain: Chain, i: int, j: int) -> Chain:
-    """Stages i..j-1 as a chain; its loss is the real loss if j == L, else the arrival
-    of d_j (no time, x_j bytes)."""
-    L = chain.length
-    if j == L:
-        tail = (chain.fwd_time[L], chain.bwd_time[L], chain.in_size[L], 0, 0, chain.bwd_tmp[L])
-    else:
-        tail = (0.0, 0.0, chain.in_size[j], 0, 0, 0)
-    return Chain(
-        fwd_time=(*chain.fwd_time[i:j], tail[0]),
-        bwd_time=(*chain.bwd_time[i:j], tail[1]),
-        in_size=(*chain.in_size[i:j], tail[2]),
-        saved_size=(*chain.saved_size[i:j], tail[3]),
-        fwd_tmp=(*chain.fwd_tmp[i:j], tail[4]),
-        bwd_tmp=(*chain.bwd_tmp[i:j], tail[5]),
-    )
+def message_reserve(problem: PipelineProblem, i: int, j: int) -> int:
+    """Bytes of one message of each kind around chunk [i, j) outside its footprint: a
+    received a_i and a sent d_i (i > 0), a received d_j (j < L); with split
+    backwards also the working set of a W (``Wgt``), which runs outside the footprint."""
+    x, L = problem.chain.in_size, problem.length
+    wgt = max(problem.chain.bwd_tmp[i:j]) if problem.wgrad_fraction is not None else 0
+    return (2 * x[i] if i > 0 else 0) + (x[j] if j < L else 0) + wgt
 
 
 class StageCosts:
-    """Cached (time at speed 1, recompute, per-micro-batch bytes) of an interval."""
+    """Cached (time at speed 1, recompute, per-micro-batch bytes) of an interval:
+    store-all, else rotor (:class:`solvers.pipeline.stage_plans.StagePlans`, no
+    offloading)."""
 
     def __init__(self, problem: PipelineProblem, slots: int = 500):
         self.problem, self.slots = problem, slots
-
-        self.exact = True  # every rotor answer used so far was exact
+        self.plans = StagePlans(problem, slots, offload=False)
 
         @cache
         def cost(i: int, j: int, budget: float) -> tuple[float, float, int] | None:
-            import schedir
-            import solvers
-            from solvers.chain.store_all import store_all_ops
-
-            sub = sub_chain(problem.chain, i, j)
-            base = sub.store_all_time()
-            peak = schedir.simulate(sub, store_all_ops(sub)).peak_memory
-            if budget >= peak:
-                return base, 0.0, peak
-            b = int(budget)
-            if b < min_memory(sub):
-                return None
-            try:
-                s = solvers.solve(sub, b, "rotor", slots=slots)
-            except solvers.Infeasible:
-                return None
-            self.exact = self.exact and bool(s.meta.get("exact", False))
-            return s.meta["makespan"], s.meta["makespan"] - base, s.meta["peak_memory"]
+            got = self.plans.within(i, j, budget)
+            return None if got is None else (got.time, got.extra, got.footprint)
 
         self.cost = cost
 
+    @property
+    def exact(self) -> bool:
+        """Whether every rotor answer used so far was exact."""
+        return self.plans.exact
+
     def stage(self, i: int, j: int, device, inflight: int, budget: int | None = None):
-        """(seconds on ``device``, recompute seconds at speed 1, bytes per micro-batch)."""
-        w = sum(self.problem.weights[i:j])
+        """(seconds on ``device``, recompute seconds at speed 1, bytes per micro-batch).
+
+        The shares leave room for the messages around the footprints: an input a_i
+        arriving before its forward, a gradient d_j waiting for its backward and the
+        gradient d_i being sent after it (issue 15: without them the simulated peak,
+        which counts those buffers as an executor holds them, overshot the device by
+        about 7% at tight memory and good candidates were dropped)."""
+        w = sum(self.problem.weights[i:j]) + message_reserve(self.problem, i, j)
         limit = capacity(self.problem, device.name, budget)
         cap = math.inf if limit is None else limit - w
         if cap < 0:

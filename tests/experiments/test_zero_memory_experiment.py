@@ -1,6 +1,7 @@
 """The ZeRO memory experiment (paper_experiments/zero_memory.py) in --quick mode: the
 paper's 7.5B row exactly, our accounting next to the formula, and the largest-model fits
-ordered as the levers say (each stage, offload and rotor only ever help)."""
+ordered as the levers say (each stage, offload, rotor and 8-bit activation storage only
+ever help)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ def test_zero_memory_quick(tmp_path):
     for stage in range(4):
         for offload in (0, 1):
             assert size[stage, offload, "rotor_min"] >= size[stage, offload, "store_all"]
+            for mode in ("store_all", "rotor_min"):  # 8-bit storage only ever helps
+                assert size[stage, offload, mode + "_8bit"] >= size[stage, offload, mode]
             if stage:
                 assert size[stage, offload, "store_all"] >= size[stage - 1, offload, "store_all"]
         assert size[stage, 1, "store_all"] >= size[stage, 0, "store_all"]

@@ -18,7 +18,6 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-import jax
 import pytest
 from auto_models import make_scan
 from flax import nnx
@@ -34,10 +33,11 @@ def _example_models():
     spec = importlib.util.spec_from_file_location("example_auto_models", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.MODELS
+    return module
 
 
-MODELS = _example_models()
+EXAMPLES = _example_models()
+MODELS = EXAMPLES.MODELS
 
 FRACTIONS = (0.0, 0.5, 1.0)  # of the way from the least feasible budget to store-all
 
@@ -54,25 +54,13 @@ def accept(name: str, fractions: tuple[float, ...]):
     return p, (factory, loss_fn, args)
 
 
-def xla_temp_bytes(factory, loss_fn, args) -> int:
-    """XLA's temporary bytes of the plain compiled step (benchmarks/auto_memory.py)."""
-    graphdef, params, rest = nnx.split(factory(), nnx.Param, ...)
-
-    def plain_step(params, rest, args):
-        model = nnx.merge(graphdef, params, rest)
-        return nnx.value_and_grad(loss_fn)(model, *args)
-
-    compiled = jax.jit(plain_step).lower(params, rest, args).compile()
-    return int(compiled.memory_analysis().temp_size_in_bytes)
-
-
 def test_one_budget_unet() -> None:
     """Skip concatenations: values crossing several cuts, held once. And the store-all
     peak within 15% of XLA's own for the plain step: the backward phases free what
     they consumed, as XLA's one program does (it was 1.6x with one kernel a block)."""
     p, model = accept("unet", (0.5,))
     assert any(o.bwd_release > 0 for stage in p.problem.stages for o in stage.options)
-    assert 0.85 <= p.store_all_peak / xla_temp_bytes(*model) <= 1.15
+    assert 0.85 <= p.store_all_peak / EXAMPLES.xla_temp_bytes(*model) <= 1.15
 
 
 def test_scanned_parameter_slices_are_saved_residuals() -> None:

@@ -223,6 +223,34 @@ def test_sequential_model_is_the_chain_case():
         else:
             assert (a.cost, a.tmp) == pytest.approx((b.cost, b.tmp)), (a.name, b.name)
     assert sum(n.name.startswith("R") for n in dag_graph.nodes) == 2
+    # Issue 11's acceptance on the graph of a profiled chain: a schedule solved on it
+    # runs op by op on the model, one kernel per Compute (the node's: a residual node
+    # launches the residual kernel, which costs at most the forward it is charged), the
+    # gradients of plain autodiff, the predicted bytes after every op and at most the
+    # predicted need while each op runs (the chain's graph counts a whole forward's
+    # temporaries for a residual node).
+    dag, inputs = sequential_dag(layers), {"x": x}
+    ref = _reference(dag, inputs, y)
+    least = least_budget(chain_graph)
+    names = [n.name for n in chain_graph.nodes]
+    priced = dict(zip(names, (n.cost for n in dag_graph.nodes), strict=True))
+    for method, budget in (("dtr", least), ("checkmate_milp", least)):
+        schedule = solvers.solve(chain_graph, budget, method=method)
+        trace = schedir.simulate(chain_graph, schedule)
+        result = check_run(dag, dag_graph, schedule, inputs, y, ref, budget)
+        assert result.resident_bytes == trace.resident
+        assert all(m <= p for m, p in zip(result.op_peak_bytes, trace.op_peak, strict=True))
+        computed = [op.node for op in schedule.ops if isinstance(op, schedir.Compute)]
+        launched = [k for k in result.op_kernels if k is not None]
+        assert len(launched) == len(computed)
+        for i, label in zip(computed, launched, strict=True):
+            node = dag_graph.nodes[i]
+            kind = (
+                "res" if node.name.startswith("R") else "bwd" if node.kind == "backward" else "fwd"
+            )
+            assert label == ("loss" if node.name == "loss" else f"{kind} {node.name.lstrip('RB')}")
+            assert priced[names[i]] <= chain_graph.nodes[i].cost * (1 + 1e-12)
+        assert sum(priced[names[i]] for i in computed) <= trace.makespan * (1 + 1e-12)
 
 
 def test_run_dispatches_graph_schedules(model):

@@ -1,6 +1,10 @@
 """Multi-device execution on 4 CPU devices (in a subprocess: XLA_FLAGS must be set
-before jax is imported): MPMD 1F1B / GPipe training and replicated inference, the SPMD
-shard_map pipeline, and the dynamic mode, all against the single-device model."""
+before jax is imported): MPMD 1F1B / GPipe / zero-bubble (split backwards) / V-shape
+and interleaved (virtual stages) / recomputing training and replicated inference, the
+measured bytes against the ops' model and the simulator, the SPMD shard_map pipeline
+(GPipe by autodiff; 1F1B and ZB-H1 orders with B and W apart), and the dynamic mode,
+all against the single-device model. Every generated schedule on 4 devices (and on 2
+processes of 4) is in test_pipeline_multihost.py."""
 
 from __future__ import annotations
 
@@ -23,7 +27,9 @@ def test_multi_device_execution_matches_the_single_device_model():
     assert report["devices"] == 4
     assert set(report["checked"]) >= {"1f1b", "gpipe", "solver_1f1b", "inference", "spmd",
                                       "spmd_nnx", "dmda", "eager", "cached",
-                                      "current_params", "spmd_cached", "executor"}  # fmt: skip
+                                      "current_params", "spmd_cached", "executor", "zb_h1",
+                                      "v_shape", "recompute", "memory", "zb_cached",
+                                      "spmd_zb_h1", "joint"}  # fmt: skip
 
 
 def _close(a, b, what: str) -> None:
@@ -57,10 +63,13 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
         sequential,
         shard_stacked,
         spmd_pipeline,
+        spmd_value_and_grad,
         stack_blocks,
         stage_mesh,
+        stage_orders,
     )
     from jax_exec.stages import as_stages
+    from schedir.pipeline.baselines import BASELINES
     from schedir.pipeline.ops import expand, gpipe_ops, inference_pattern, one_f_one_b_ops
     from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
 
@@ -83,7 +92,8 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
             a = s.apply(p, s.rest, a)
         return a
 
-    ref_loss, ref_grads = jax.value_and_grad(lambda p: mse_loss(apply_all(p, x), y))(
+    # jitted: eager autodiff would compile a program per primitive
+    ref_loss, ref_grads = jax.jit(jax.value_and_grad(lambda p: mse_loss(apply_all(p, x), y)))(
         [s.params for s in stages])  # fmt: skip
     chain = schedir.Chain.from_rotor([1.0] * L, [1.0] * (L + 1), [1] * (L + 1),
                                      [0] + [1] * L, [0] * L, [0] * (L + 1))  # fmt: skip
@@ -119,7 +129,7 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
     _close(r.grads, ref_grads, "cached")
     checked.append("cached")
     layers[0].kernel.value = layers[0].kernel.value * 2.0
-    new_loss, new_grads = jax.value_and_grad(lambda p: mse_loss(apply_all(p, x), y))(
+    new_loss, new_grads = jax.jit(jax.value_and_grad(lambda p: mse_loss(apply_all(p, x), y)))(
         [s.params for s in as_stages(layers)])  # fmt: skip
     before = len(compiles)
     r = run_pipeline(layers, sched, x, y, mse_loss)
@@ -128,6 +138,57 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
     _close(r.grads, new_grads, "current_params")
     checked.append("current_params")
     layers[0].kernel.value = layers[0].kernel.value / 2.0
+    # split backwards, virtual stages, recomputation (the generators of
+    # schedir.pipeline.baselines on the cuts of the mapping above)
+    cuts = [0, 2, 3, 5, 6]
+    plain = {}
+    for name, sched in (
+        ("zb_h1", BASELINES["zb_h1"](pb, cuts=cuts)),
+        ("v_shape", BASELINES["v_shape"](pb, ["d0", "d1"], cuts=cuts)),  # the V turns on d1
+        ("recompute", BASELINES["1f1b"](pb, cuts=cuts, recompute=[0.0, 1.0, 1.0, 0.0])),
+    ):
+        r = run_pipeline(layers, sched, x, y, mse_loss)
+        _close(r.loss, ref_loss, name)
+        _close(r.grads, ref_grads, name)
+        plain[name] = r.device_peaks
+        checked.append(name)
+    # a recomputing stage keeps its input only: less than 1F1B's residuals
+    assert all(plain["recompute"][d] < peaks["1f1b"][d] / 4 for d in ("d1", "d2")), plain
+    before = len(compiles)
+    r = run_pipeline(layers, BASELINES["zb_h1"](pb, cuts=cuts), x, y, mse_loss)
+    assert len(compiles) == before, compiles[before:]
+    _close(r.grads, ref_grads, "zb_cached")
+    checked.append("zb_cached")
+    # measured bytes against the ops' model on the profiled sizes, and the simulator
+    prof = jax_exec.profile(layers, mse_loss, x[:4], y[:4], timing="flops")
+    pbp = PipelineProblem(prof, [0] * L, plat, 4, True)
+    for name in ("1f1b", "gpipe", "zb_h1"):
+        sched = BASELINES[name](pbp, cuts=cuts)
+        r = run_pipeline(layers, sched, x, y, mse_loss, problem=pbp, block=True)
+        sim = schedir.simulate_pipeline(pbp, sched).device_peak
+        assert len(r.op_device_bytes) == len(r.op_model_bytes) == len(r.op_log)
+        model: dict = {}
+        for (dev, *_), got, want in zip(r.op_log, r.op_device_bytes, r.op_model_bytes,
+                                        strict=True):  # fmt: skip
+            model[dev] = max(model.get(dev, 0), want)
+            if dev != "d3":  # the loss chunk also holds the target and the loss residuals
+                # JAX keeps a stage output only when its backward reads it, the chain
+                # model counts it in saved_size; a split backward keeps what W reads, the
+                # model (no wgrad_bytes) what Bi would have freed: measured <= model
+                assert got <= want, (name, dev, got, want)
+        for dev in ("d0", "d1", "d2"):
+            assert r.device_peaks[dev] >= 0.85 * model[dev], (name, r.device_peaks, model)
+        assert all(model[d] <= sim[d] for d in model), (name, model, sim)  # + working sets
+    checked.append("memory")
+    # the joint planner's schedule (list scheduling of F, Bi, W under 10 kB per device)
+    tight = schedir.Platform.fully_connected([schedir.Device(f"d{u}", 1.0, 10_000)
+                                              for u in range(4)], 1e9)  # fmt: skip
+    joint = solvers.get("pipeline_joint", pbp).function(PipelineProblem(prof, [0] * L, tight, 4,
+                                                                        True))  # fmt: skip
+    r = run_pipeline(layers, joint, x, y, mse_loss)
+    _close(r.loss, ref_loss, "joint")
+    _close(r.grads, ref_grads, "joint")
+    checked.append("joint")
     pbi = PipelineProblem(chain, [0] * L, plat, 4, False)
     mi = Mapping((Interval(0, 3, ("d0", "d1")), Interval(3, 6, ("d2", "d3"))))
     r = run_pipeline(layers, expand(inference_pattern(pbi, mi), 4), x)
@@ -154,6 +215,18 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
         _close(lp, ls, name)
         _close(gp, gs, name)
         checked.append(name)
+    # explicit orders, B and W as separate computations (1F1B: BW ops; ZB-H1: B, W)
+    ls, gs = jax.value_and_grad(lambda p: mse_loss(sequential(block, p, xb), yb))(stacked)
+    unit = schedir.Chain.from_rotor([1.0] * 8, [1.0] * 9, [1] * 9, [1] * 9, [0] * 8, [0] * 9)
+    pbs = PipelineProblem(unit, [0] * 8, plat, 6, True)
+    for name in ("zb_h1",):  # 1F1B too on 2 processes: test_pipeline_multihost.py
+        orders = stage_orders(BASELINES[name](pbs))
+        assert any(k == "W" for k, _ in orders[1])
+        lp, gp = spmd_value_and_grad(block, mse_loss, shard_stacked(stacked, mesh), xb, yb,
+                                     mesh, orders)  # fmt: skip
+        _close(lp, ls, f"spmd_{name}")
+        _close(gp, gs, f"spmd_{name}")
+        checked.append(f"spmd_{name}")
     # called again outside jit (eagerly), the SPMD pipeline compiles nothing new
     sharded = shard_stacked(stacked, mesh)
     jax.block_until_ready(spmd_pipeline(block, sharded, xb, mesh, 6))

@@ -224,6 +224,8 @@ def _bad_inputs():
         (lambda: schedir.PipelineProblem(chain, [0], plat), "weights: expected 2"),
         (lambda: schedir.PipelineProblem(chain, [0, 0], plat, 2.5), "microbatches = 2.5"),
         (lambda: schedir.PipelineProblem(chain, [0, 0], plat, 0), "microbatches = 0"),
+        # the fuzz found a step of 4e39 micro-batches that pipeline_1f1b never finished
+        (lambda: schedir.PipelineProblem(chain, [0, 0], plat, 4 * 10**39), "at most 100,000"),
         (lambda: schedir.PipelineProblem(chain, [0, 0], plat, 4, "yes"), "training = 'yes'"),
         (lambda: MasterWorker(plat, "a", 0.0, 10), "work = 0"),
         (lambda: MasterWorker(plat, "a", 1.0, -1), "task_bytes = -1"),

@@ -59,11 +59,15 @@ def test_every_method_handles_huge_integer_budgets(method):
 
 
 def test_infeasible_message_has_no_empty_clause():
+    # without a least budget nothing is proven: the method found no schedule
     err = solvers.Infeasible("m", 5, None)
-    assert str(err) == "m: no schedule fits budget 5"
+    assert str(err) == "m: found no schedule under budget 5"
     err = solvers.Infeasible("m", 5, 9, "why")
     assert str(err) == "m: no schedule fits budget 5; the minimum feasible budget is 9 (why)"
-    assert str(solvers.Infeasible("m", 5, None, "why")) == "m: no schedule fits budget 5 (why)"
+    assert (
+        str(solvers.Infeasible("m", 5, None, "why")) == "m: found no schedule under budget 5 (why)"
+    )
+    assert str(solvers.Infeasible("m", None, None, "why")) == "m: found no schedule (why)"
 
 
 def test_every_method_fits_and_rotor_is_the_brute_force_optimum():

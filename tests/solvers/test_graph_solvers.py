@@ -288,8 +288,23 @@ def test_time_limit_bounds_are_not_min_budget() -> None:
         assert time.perf_counter() - start < 5  # about the limit; HiGHS may overrun a bit
         err = info.value
         assert err.min_budget is None and "time_limit=0.5s" in str(err)
+        assert str(err).startswith(f"checkmate_milp: found no schedule under budget {budget}")
         lo, hi = err.least_budget_lower, err.least_budget_upper
         assert lo is None or hi is None or lo <= hi
+
+
+def test_lp_cut_short_says_so(monkeypatch) -> None:
+    """checkmate_lp whose LP was not solved in time: said in words (it printed 'the LP
+    relaxation is time_limit at this budget'), and nothing proven."""
+    import solvers.graph.checkmate_lp as lp
+    from solvers.graph.checkmate_milp import Solved
+
+    monkeypatch.setattr(lp, "solve_model", lambda *a, **k: Solved("time_limit", None, None,
+                                                                   None, None, 0.01))  # fmt: skip
+    with pytest.raises(solvers.Infeasible) as info:
+        solvers.solve(GRAPHS["chain4"], 30, method="checkmate_lp", time_limit=0.01)
+    assert info.value.min_budget is None
+    assert "the LP relaxation was not solved within time_limit=0.01s" in str(info.value)
 
 
 def test_time_limited_answers_say_so() -> None:

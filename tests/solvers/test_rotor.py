@@ -268,6 +268,34 @@ def test_progress_true_prints_only_for_long_solves(capsys):
         solvers.solve(chain, 1400, "rotor", progress="yes")
 
 
+def test_progress_true_speaks_through_silent_stretches(capsys, monkeypatch):
+    """A solver that takes ``progress`` may still be silent for long (revolve building a
+    2-million-op schedule at L = 2000), and the simulator then checks the answer: both
+    get lines (here after 0.1 s instead of 2 s)."""
+    import time
+
+    from solvers import registry
+
+    eager = functools.partial(registry._StderrProgress, delay=0.1, every=0.0)
+    monkeypatch.setattr(registry, "_StderrProgress", eager)
+    monkeypatch.setattr(registry, "simulate", lambda *a: time.sleep(0.7) or schedir.simulate(*a))
+
+    def silent(chain, budget, *, progress=None):
+        time.sleep(0.7)  # takes progress, never calls it
+        return schedir.Schedule(solvers.chain.store_all.store_all_ops(chain))
+
+    solvers.register("silent", problem=Chain, exact=False, description="test")(silent)
+    try:
+        chain = schedir.load("examples/chain_small.json")
+        solvers.solve(chain, 2000, "silent", progress=True)
+    finally:
+        solvers.unregister("silent", Chain)
+    err = capsys.readouterr().err.splitlines()
+    assert any(line.startswith("silent: running (") for line in err), err
+    assert any(line.startswith("silent: checking the answer") for line in err), err
+    assert err[-1].startswith("silent: done in")
+
+
 def test_tradeoff_is_exact_where_solve_is_and_bounds_the_rest():
     chain = random_chain(random.Random(5), 10, max_size=30, regime="usual")
     budgets = list(range(min_memory(chain) - 5, no_recompute_budget(chain) + 5, 7))

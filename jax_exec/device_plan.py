@@ -1,0 +1,499 @@
+"""The whole device's budget: ``jax_exec.plan(..., scope="device")`` (docs/device_memory.md).
+
+A device holds the parameters, their gradients, the optimizer state, communication
+buffers and the activations of its share of the batch. :func:`plan_device` chooses,
+for a budget B in bytes per device, where the training state lives (a
+:class:`schedir.device_step.Strategy`: replicated, sharded over the ``data`` axis as
+ZeRO stages 1-3 do, or the optimizer state and its update on the host as ZeRO-Offload
+does; and whether stage 3's gathers and the gradients' reduce-scatters overlap
+compute) together with the rematerialization schedule of the activations:
+
+1. the batch is split over the N devices; the automatic planner
+   (:func:`jax_exec.auto.plan`) traces one device's share, cuts it into blocks and
+   gives each its save options (and low-bit ones with ``activation_tolerance``);
+2. the training state's tensors come from the model and ``jax.eval_shape`` of the
+   optimizer's ``init`` (:func:`jax_exec.zero.state_bytes`), exactly; each block's
+   parameters are those its equations read;
+3. for every strategy (:func:`schedir.device_step.strategies`), the bytes it holds
+   besides activations (:func:`schedir.device_step.fixed_bytes`) leave B - fixed to
+   the activations; the block planner solves that budget and the simulator's trace of
+   its schedule, with the strategy's communication, gives the step time
+   (:func:`schedir.device_step.device_step`);
+4. the fastest strategy that fits is chosen (ties: the least memory). Below the least
+   budget any strategy fits, :class:`solvers.Infeasible` carries that ``min_budget``.
+
+The result, a :class:`DevicePlan`, lists every strategy considered (``table()``) and
+runs the chosen one on a mesh (:meth:`DevicePlan.zero_step`: the ZeRO step of
+:mod:`jax_exec.zero` whose per-device gradient follows the activation schedule,
+``shard_map`` over ``data``; :meth:`DevicePlan.run`: one step with measured bytes).
+"""
+
+from __future__ import annotations
+
+import numbers
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+import solvers
+from jax_exec import auto
+from jax_exec.auto.analysis import CostModel
+from jax_exec.auto.api import Plan
+from jax_exec.zero import AXIS, HOST, ZeroStep, measured_bytes, state_bytes
+from jax_exec.zero_blocks import planned_value_and_grad
+from schedir import simulate
+from schedir.device_step import (
+    DeviceStep,
+    FixedBytes,
+    StepCosts,
+    Strategy,
+    data_parallel_platform,
+    device_step,
+    fixed_bytes,
+    strategies,
+)
+from schedir.platform import Platform
+from schedir.training_state import Placement, Tensor
+from solvers.blocks.policies import policy_schedule
+
+SCOPES = ("activations", "device")
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """One strategy considered.
+
+    Attributes:
+        strategy: the strategy.
+        fixed: what it holds besides activations (state, buffers, update bytes).
+        min_budget: the least device budget at which it fits (bytes).
+        step: its simulated step (None: it does not fit the budget).
+        activation_plan: the activation schedule it runs (None: it does not fit).
+        exact: whether its activation figures come from compiled kernels (else the
+            temporaries are estimated).
+    """
+
+    strategy: Strategy
+    fixed: FixedBytes
+    min_budget: int
+    step: DeviceStep | None = None
+    activation_plan: Plan | None = field(default=None, repr=False)
+    exact: bool = False
+
+    @property
+    def fits(self) -> bool:
+        return self.step is not None
+
+
+@dataclass
+class DevicePlan:
+    """The chosen strategy and activation schedule for one device (module docstring).
+
+    Attributes:
+        strategy: the chosen :class:`~schedir.device_step.Strategy`.
+        step: its simulated step: ``peak_bytes`` (predicted per device), ``step_time``
+            (seconds), the state, buffers and activation figures.
+        activation_plan: the per-device activation plan (a :class:`jax_exec.auto.Plan`).
+        alternatives: every strategy considered, in :func:`strategies` order.
+        budget: bytes per device.
+        min_budget: the least budget at which some strategy fits (bytes).
+        reference_bytes: plain data parallelism with every activation stored (ZeRO-0,
+            the store-all activation peak, estimated temporaries), for comparison.
+        data_parallel: N.
+        params, opt_state: the training state's tensors.
+        block_params: per block (the loss stage last), the parameter indices it reads.
+        costs: the optimizer update's throughputs.
+        exact: whether the chosen figures and ``min_budget`` come from compiled kernels.
+        plan_time: seconds spent planning.
+    """
+
+    strategy: Strategy
+    step: DeviceStep
+    activation_plan: Plan
+    alternatives: tuple[Alternative, ...]
+    budget: int
+    min_budget: int
+    reference_bytes: int
+    data_parallel: int
+    optimizer: Any = field(repr=False)
+    platform: Platform = field(repr=False)
+    params: tuple[Tensor, ...] = field(repr=False)
+    opt_state: tuple[Tensor, ...] = field(repr=False)
+    block_params: tuple[tuple[int, ...], ...] = field(repr=False)
+    loss_fn: Callable = field(repr=False)
+    costs: StepCosts = field(repr=False, default_factory=StepCosts)
+    exact: bool = True
+    plan_time: float = 0.0
+
+    def table(self) -> str:
+        """One row per strategy considered: whether it fits, its predicted device peak
+        and its parts, step time and exposed communication, least budget."""
+        head = (f"{'strategy':<34} {'fits':<4} {'peak B':>12} {'state B':>11} "
+                f"{'buffers B':>10} {'activ. B':>11} {'step s':>10} {'exposed':>8} "
+                f"{'remat':>7} {'least B':>12}")  # fmt: skip
+        lines = [head]
+        for alt in self.alternatives:
+            mark = "*" if alt.strategy == self.strategy else " "
+            name = f"{mark}{alt.strategy.name}"
+            state = alt.fixed.state.resident
+            if alt.step is None:
+                lines.append(f"{name:<34} {'no':<4} {'':>12} {state:>11,} "
+                             f"{alt.fixed.buffers:>10,} {'':>11} {'':>10} {'':>8} {'':>7} "
+                             f"{alt.min_budget:>12,}")  # fmt: skip
+                continue
+            s, ap = alt.step, alt.activation_plan
+            peak = f"{'' if alt.exact else '~'}{s.peak_bytes:,}"
+            lines.append(f"{name:<34} {'yes':<4} {peak:>12} {state:>11,} "
+                         f"{s.buffers:>10,} {s.activation_peak:>11,} {s.step_time:>10.3e} "
+                         f"{s.exposed_time / s.step_time:>8.1%} {ap.overhead:>+7.1%} "
+                         f"{alt.min_budget:>12,}")  # fmt: skip
+        lines.append("*: chosen; ~: estimated temporaries; exposed: share of the step spent "
+                     "waiting for communication; remat: the activation schedule's compute "
+                     "overhead; least: the least budget at which the strategy fits")  # fmt: skip
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        s = self.step
+        return "\n".join([
+            f"device plan: {self.data_parallel} data-parallel devices, budget "
+            f"{self.budget:,} B per device ({self.budget / self.reference_bytes:.0%} of plain "
+            f"data parallelism storing every activation, ~{self.reference_bytes:,} B); least "
+            f"feasible {'' if self.exact else '~'}{self.min_budget:,} B",
+            f"chosen {self.strategy.name}: predicted peak {s.peak_bytes:,} B (state "
+            f"{s.state.resident:,}, buffers {s.buffers:,}, activations {s.activation_peak:,}), "
+            f"step {s.step_time:.3e} s (compute {s.compute_time:.3e}, update "
+            f"{s.update_time:.3e}, exposed communication {s.exposed_time:.3e}); planned in "
+            f"{self.plan_time:.1f} s",
+            *self._lowbit_line(),
+            self.table(),
+        ])  # fmt: skip
+
+    def _lowbit_line(self) -> list[str]:
+        report = self.activation_plan.schedule.meta.get("lowbit")
+        if not report:
+            return []
+        used = sorted({s for s in report["storage"] if s})
+        return [f"low-bit activations: {', '.join(used) or 'none'} "
+                f"({sum(1 for s in report['storage'] if s)} of {len(report['storage'])} "
+                f"blocks), {report['saved_bytes']:,} residual bytes saved, gradient relative "
+                f"error {report['gradient_error']:.2e} on the example batch (tolerance "
+                f"{report['tolerance']:g})"]  # fmt: skip
+
+    def zero_step(self, mesh: Mesh) -> ZeroStep:
+        """The chosen strategy as a :class:`jax_exec.zero.ZeroStep` on ``mesh`` (its
+        ``data`` axis of size N): each device runs the activation schedule on its share
+        of the batch (``shard_map``; the plan's compiled path), its blocks gathering
+        their sharded parameters just in time and reducing their gradients after their
+        backward (:mod:`jax_exec.zero_blocks`); the update is placed as the strategy
+        says. The batch is ``args`` as a tuple."""
+        n = self.data_parallel
+        if AXIS not in mesh.shape or mesh.shape[AXIS] != n:
+            raise ValueError(f"mesh axes {dict(mesh.shape)}: expected a {AXIS!r} axis of {n}")
+        placement = self.strategy.placement
+        value_and_grad = planned_value_and_grad(self.activation_plan, mesh, placement)
+        loss_fn = self.loss_fn
+        return ZeroStep(lambda m, batch: loss_fn(m, *batch), self.optimizer, mesh,
+                        self.strategy.stage, placement.opt_state == "host",
+                        value_and_grad)  # fmt: skip
+
+    def make_exact(self) -> None:
+        """Re-plan the chosen activation budget with compiled kernels and re-price the
+        chosen strategy (its schedule may change; the alternatives keep their figures)."""
+        p = self.activation_plan.replan(self.activation_plan.budget, exact=True)
+        trace = simulate(p.problem, p.schedule)
+        self.step = device_step(trace, self.block_params, self.params, self.opt_state,
+                                self.strategy, self.data_parallel, self.platform,
+                                self.costs)  # fmt: skip
+        self.activation_plan = p
+        self.alternatives = tuple(
+            replace(a, step=self.step, activation_plan=p, exact=True)
+            if a.strategy == self.strategy else a
+            for a in self.alternatives
+        )  # fmt: skip
+
+    def run(self, model: Any, *args: Any, mesh: Mesh | None = None) -> DeviceRun:
+        """One training step of the chosen strategy on ``mesh`` (default: the first N
+        devices), and the op-by-op run of the activation schedule on the first device's
+        share; measured bytes next to the prediction (:class:`DeviceRun`). An inexact
+        plan is made exact first (:meth:`make_exact`)."""
+        mesh = mesh if mesh is not None else default_mesh(self.data_parallel)
+        if not self.activation_plan.exact:
+            self.make_exact()
+        step = self.zero_step(mesh)
+        state = step.init(model)
+        state, loss, grads = step.with_grads(state, tuple(args))
+        measured = {}
+        trees = {"params": state.params, "grads": grads, "opt_state": state.opt_state}
+        for name, tree in trees.items():
+            measured[name] = measured_bytes(tree, memory_kind="device")
+        measured["host"] = measured_bytes(state.opt_state, memory_kind=HOST)
+        local = per_device(tuple(args), self.data_parallel)
+        activations = self.activation_plan.run(model, *local)
+        return DeviceRun(loss, state, grads, measured, activations.peak_bytes, step, self)
+
+
+@dataclass(frozen=True)
+class DeviceRun:
+    """One executed step of a :class:`DevicePlan`.
+
+    Attributes:
+        loss: the step's loss (mean over the devices' shares).
+        state: the :class:`jax_exec.zero.ZeroState` after the step.
+        grads: the gradients, placed as the strategy keeps them.
+        measured: ``"params"``, ``"grads"``, ``"opt_state"`` (device memory) and
+            ``"host"`` (the optimizer state in host memory): device id -> bytes, from
+            the arrays' addressable shards.
+        activation_peak: the op-by-op runtime's measured activation peak on the first
+            device's share (every device runs the same program on its share).
+        zero_step: the step that ran (``zero_step.with_grads(state, batch)`` goes on
+            training, compiled once).
+        plan: the plan that ran.
+    """
+
+    loss: jax.Array
+    state: Any
+    grads: Any
+    measured: dict
+    activation_peak: int
+    zero_step: ZeroStep = field(repr=False)
+    plan: DevicePlan = field(repr=False)
+
+    @property
+    def state_bytes(self) -> int:
+        """The largest device's measured parameters + gradients + optimizer state."""
+        parts = ("params", "grads", "opt_state")
+        return max(sum(self.measured[p][d] for p in parts) for d in self.measured["params"])
+
+    @property
+    def measured_bytes(self) -> int:
+        """Measured state bytes + measured activation peak (the reserved communication
+        buffers are the model's: XLA places its collectives' buffers itself)."""
+        return self.state_bytes + self.activation_peak
+
+
+def default_mesh(devices: int) -> Mesh:
+    """A ``data`` mesh over the first ``devices`` JAX devices."""
+    found = jax.devices()
+    if len(found) < devices:
+        raise ValueError(f"data_parallel = {devices}: only {len(found)} JAX devices here")
+    return Mesh(np.array(found[:devices]), (AXIS,))
+
+
+def per_device(args: tuple, devices: int) -> tuple:
+    """The first device's share of ``args``: every array leaf's leading axis (the
+    batch) divided by ``devices``; ValueError naming a leaf it does not divide."""
+    out = []
+    for path, x in jax.tree_util.tree_leaves_with_path(tuple(args)):
+        shape = np.shape(x)
+        if not shape or shape[0] % devices:
+            raise ValueError(
+                f"args{jax.tree_util.keystr(path)} shape {shape}: its leading axis (the "
+                f"batch) must be a multiple of data_parallel = {devices}"
+            )
+        out.append(x[: shape[0] // devices])
+    return tuple(jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(tuple(args)), out))
+
+
+def block_params(model: Any) -> tuple[tuple[int, ...], ...]:
+    """Per block of a :class:`jax_exec.auto.model.BlockModel` (the loss stage last), the
+    indices of the parameters its equations read (a slice of a scanned stack counts as
+    the whole stacked parameter)."""
+    program = model.program
+    pos = {v: i for i, v in enumerate(program.param_ids)}
+
+    def index(v: int) -> int:
+        return pos[v] if v in pos else pos[program.derived[v][0]]
+
+    return tuple(tuple(sorted({index(v) for v in lay.params})) for lay in model.layouts)
+
+
+def plan(
+    loss_fn: Callable,
+    model: Any,
+    *args: Any,
+    budget: int | str,
+    scope: str = "activations",
+    optimizer: Any = None,
+    data_parallel: int = 1,
+    platform: Platform | None = None,
+    step_costs: StepCosts | None = None,
+    **options: Any,
+) -> Plan | DevicePlan:
+    """``jax_exec.plan``: with ``scope="activations"`` (default) the budget covers
+    activations (:func:`jax_exec.auto.plan`, docs/auto.md); with ``scope="device"`` the
+    whole device (:func:`plan_device`, docs/device_memory.md)."""
+    if scope not in SCOPES:
+        raise ValueError(f"scope = {scope!r}: expected one of {SCOPES}")
+    if scope == "device":
+        return plan_device(loss_fn, model, *args, budget=budget, optimizer=optimizer,
+                           data_parallel=data_parallel, platform=platform,
+                           step_costs=step_costs, **options)  # fmt: skip
+    given = {"optimizer": optimizer, "platform": platform, "step_costs": step_costs}
+    for name, value in (*given.items(), ("data_parallel", None if data_parallel == 1 else 0)):
+        if value is not None:
+            raise ValueError(f"{name} = ...: the training state is planned with scope='device'")
+    return auto.plan(loss_fn, model, *args, budget=budget, **options)
+
+
+def _least(act: Plan, exact: bool) -> int:
+    """The activation planner's least budget (exact: of compiled kernels)."""
+    try:
+        act.replan(0, exact=exact)
+    except solvers.Infeasible as err:
+        return err.min_budget
+    return 0
+
+
+def value_and_grad(loss_fn: Callable, *, budget: int | str, scope: str = "activations",
+                   **options: Any) -> Callable:  # fmt: skip
+    """``jax_exec.value_and_grad``: :func:`jax_exec.auto.value_and_grad` (the budget covers
+    activations). A value-and-grad function returns gradients; it owns neither the
+    optimizer state nor the data-parallel mesh that ``scope="device"`` places: that is a
+    training step, :meth:`DevicePlan.zero_step` of ``plan(..., scope="device")``."""
+    if scope != "activations":
+        raise ValueError(
+            f"scope = {scope!r}: value_and_grad budgets activations; for the whole device use "
+            "jax_exec.plan(loss_fn, model, *args, budget=B, scope='device', optimizer=...)"
+            ".zero_step(mesh), a training step"
+        )
+    return auto.value_and_grad(loss_fn, budget=budget, **options)
+
+
+def plan_device(
+    loss_fn: Callable,
+    model: Any,
+    *args: Any,
+    budget: int,
+    optimizer: Any,
+    data_parallel: int = 1,
+    platform: Platform | None = None,
+    step_costs: StepCosts | None = None,
+    cost_model: CostModel | None = None,
+    exact: bool = True,
+    **options: Any,
+) -> DevicePlan:
+    """Plan one training step of ``loss_fn(model, *args)`` (``args``: the global batch)
+    on ``data_parallel`` devices under ``budget`` bytes per device (module docstring).
+
+    Args:
+        budget: bytes per device (an int).
+        optimizer: an optax ``GradientTransformation`` (its state is counted exactly).
+        data_parallel: N, the devices of the ``data`` axis.
+        platform: the ring and the host link (default
+            :func:`schedir.device_step.data_parallel_platform`).
+        step_costs: the optimizer update's throughputs (default: the cost model's
+            memory bandwidth on the device, :class:`~schedir.device_step.StepCosts`'s
+            host figure).
+        exact: the chosen activation schedule and ``min_budget`` from compiled kernels
+            (the op-by-op runtime measures exactly them). Every strategy is first priced
+            with estimated temporaries; the best is made exact, and so is any other
+            whose estimate beats it, until the best is exact. With ``exact=False``
+            every figure is estimated (:meth:`DevicePlan.run` makes the chosen exact).
+        cost_model, options: passed to :func:`jax_exec.auto.plan` (``method``,
+            ``activation_tolerance``...).
+
+    Raises:
+        solvers.Infeasible: no strategy fits (``min_budget``: the least that does).
+        TypeError / ValueError: a malformed optimizer, data_parallel, batch or budget;
+            model state that is not an ``nnx.Param`` (ZeRO steps train parameters only).
+    """
+    start = time.perf_counter()
+    if isinstance(budget, bool) or not isinstance(budget, numbers.Integral) or budget < 0:
+        raise TypeError(f"budget = {budget!r}: scope='device' takes bytes per device (an int >= 0)")
+    if not (
+        callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None))
+    ):
+        raise TypeError(
+            f"optimizer = {optimizer!r}: expected an optax GradientTransformation "
+            "(scope='device' counts its state)"
+        )
+    n = data_parallel
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise ValueError(f"data_parallel = {n!r}: expected a positive int")
+    n, nbytes = int(n), int(budget)
+    params_t, opt_t = state_bytes(model, optimizer)
+    local = per_device(args, n)
+    platform = platform if platform is not None else data_parallel_platform(n)
+    cost_model = cost_model or CostModel()
+    costs = step_costs or StepCosts(update_bytes_per_second=cost_model.bytes_per_second)
+    act = auto.plan(loss_fn, model, *local, budget="100%", cost_model=cost_model, exact=False,
+                    **options)  # fmt: skip
+    groups = block_params(act.model)
+    act_min = _least(act, exact)
+    problem = act.model.problem
+    cap = simulate(problem, policy_schedule(problem, "everything_saveable")).peak_memory
+    plain = fixed_bytes(groups, params_t, opt_t, Strategy(Placement.zero(0)), n)
+    reference = plain.fixed + max(act.store_all_peak, plain.update_bytes)
+    plans: dict[tuple[int, bool], Plan] = {}
+
+    def price(strategy: Strategy, held: FixedBytes, least: int, precise: bool) -> Alternative:
+        room = nbytes - held.fixed
+        key = (room if precise else min(room, cap), precise)
+        if key not in plans:
+            plans[key] = act.replan(key[0], exact=precise)
+        p = plans[key]
+        s = device_step(simulate(p.problem, p.schedule), groups, params_t, opt_t, strategy, n,
+                        platform, costs)  # fmt: skip
+        return Alternative(strategy, held, least, s, p, precise)
+
+    rows = []
+    for strategy in strategies():
+        held = fixed_bytes(groups, params_t, opt_t, strategy, n)
+        least = held.fixed + max(act_min, held.update_bytes)
+        fits = nbytes >= least
+        rows.append(
+            price(strategy, held, least, False) if fits else Alternative(strategy, held, least)
+        )
+    least = min(a.min_budget for a in rows)
+    if not any(a.fits for a in rows):
+        raise solvers.Infeasible(
+            "device",
+            nbytes,
+            least,
+            f"{n} data-parallel devices, every ZeRO strategy"
+            + ("" if exact else "; estimated temporaries (exact=False)"),
+        )
+
+    def rank(i: int) -> tuple:
+        return (rows[i].step.step_time, rows[i].step.peak_bytes, i)
+
+    while True:  # the best by its figures, exact ones where known
+        fitting = [i for i, a in enumerate(rows) if a.fits]
+        if not fitting:
+            raise solvers.Infeasible("device", nbytes, least, f"{n} data-parallel devices, "
+                                     "every ZeRO strategy (compiled kernels)")  # fmt: skip
+        best = min(fitting, key=rank)
+        if rows[best].exact or not exact:
+            break
+        a = rows[best]
+        try:
+            rows[best] = price(a.strategy, a.fixed, a.min_budget, True)
+        except solvers.Infeasible as err:  # compiled kernels need more than estimated
+            need = a.fixed.fixed + max(err.min_budget or 0, a.fixed.update_bytes)
+            rows[best] = Alternative(a.strategy, a.fixed, max(need, a.min_budget), exact=True)
+            least = min(r.min_budget for r in rows)
+    chosen = rows[best]
+    return DevicePlan(
+        strategy=chosen.strategy,
+        step=chosen.step,
+        activation_plan=chosen.activation_plan,
+        alternatives=tuple(rows),
+        budget=nbytes,
+        min_budget=least,
+        reference_bytes=reference,
+        data_parallel=n,
+        optimizer=optimizer,
+        platform=platform,
+        params=params_t,
+        opt_state=opt_t,
+        block_params=groups,
+        loss_fn=loss_fn,
+        costs=costs,
+        exact=exact,
+        plan_time=time.perf_counter() - start,
+    )

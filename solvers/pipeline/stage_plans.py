@@ -1,0 +1,226 @@
+"""What one micro-batch of a chunk costs under a per-micro-batch memory budget.
+
+A chunk [i, j) of a training pipeline is planned as a chain of its own
+(:func:`sub_chain`: its loss is the arrival of d_j, or the real loss on the last
+chunk). Under a budget of b bytes per micro-batch it runs one of (:class:`Plan`):
+
+- ``store_all``: its forward and backward, holding the store-all peak (simulated);
+- ``rotor``: rotor's optimal rematerialization under b (the table of
+  ``solvers.chain.rotor``, built once per chunk for every budget); the extra seconds
+  are recomputation;
+- ``offload``: rotor_offload's remat + activation offload under b, when the platform
+  has a host link (``platform.offload`` / ``prefetch`` of non-zero bandwidth, one
+  copy engine per device and direction; its table, once per chunk, unless the host
+  memory is bounded, which needs a solve per budget); the extra seconds are
+  recomputation and the compute stream's waits for copies.
+
+Sizes are rounded up to slots of about 1/``slots`` of the chunk's store-all need (a
+plan feasible in slots is feasible in bytes; ``Plan.exact`` says when the sizes' gcd
+made the table exact). A plan's footprint is the least tabulated budget with its
+time.
+
+A pipeline schedule carries a plan as the chunk's footprint (``meta["stash"]``, held
+from its forward's start to its backward's end, :func:`schedir.pipeline.ops.effect`)
+and its extra seconds as ``Bwd.recompute`` (speed 1). The plan of a chunk is computed
+on the chunk alone: its copies do not contend with other micro-batches' (one op at
+a time runs on a device) and host memory is split evenly among the micro-batches in
+flight of all devices.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cache, lru_cache
+
+import numpy as np
+
+from schedir import Chain
+from schedir.pipeline.problem import PipelineProblem
+from schedir.platform import Device, Platform
+
+
+def sub_chain(chain: Chain, i: int, j: int) -> Chain:
+    """Stages i..j-1 as a chain; its loss is the real loss if j == L, else the arrival
+    of d_j (no time, x_j bytes)."""
+    L = chain.length
+    if j == L:
+        tail = (chain.fwd_time[L], chain.bwd_time[L], chain.in_size[L], 0, 0, chain.bwd_tmp[L])
+    else:
+        tail = (0.0, 0.0, chain.in_size[j], 0, 0, 0)
+    return Chain(
+        fwd_time=(*chain.fwd_time[i:j], tail[0]),
+        bwd_time=(*chain.bwd_time[i:j], tail[1]),
+        in_size=(*chain.in_size[i:j], tail[2]),
+        saved_size=(*chain.saved_size[i:j], tail[3]),
+        fwd_tmp=(*chain.fwd_tmp[i:j], tail[4]),
+        bwd_tmp=(*chain.bwd_tmp[i:j], tail[5]),
+    )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One micro-batch of a chunk: ``time`` (seconds at speed 1, forward + backward,
+    the loss included on the last chunk), ``extra`` (seconds over store-all),
+    ``footprint`` (bytes held per micro-batch), ``kind`` ("store_all", "rotor",
+    "offload") and whether the chain solver's answer was ``exact``."""
+
+    time: float
+    extra: float
+    footprint: int
+    kind: str
+    exact: bool = True
+
+
+@lru_cache(maxsize=16)
+def _shared(chain, offload, prefetch, host_memory, slots: int, use_offload: bool):
+    plat = Platform(host_memory=host_memory, offload=offload, prefetch=prefetch,
+                    devices=(Device("plans"),))  # fmt: skip
+    return StagePlans(PipelineProblem(chain, (0,) * chain.length, plat, training=True),
+                      slots, use_offload)  # fmt: skip
+
+
+def shared_plans(problem: PipelineProblem, slots: int = 500, offload: bool = True):
+    """One :class:`StagePlans` per chain, host link and ``slots`` (plans do not depend
+    on the devices' memories), so that solves of the same model at several memories
+    share their chain solves."""
+    p = problem.platform
+    return _shared(problem.chain, p.offload, p.prefetch, p.host_memory, slots, offload)
+
+
+def has_host_link(platform: Platform) -> bool:
+    return platform.offload.bandwidth > 0 and platform.prefetch.bandwidth > 0
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A chain solver's optimal time for every budget, from one table: ``values[k]``
+    seconds at ``(k + offset) * slot`` bytes (inf where infeasible; non-increasing);
+    ``exact``: sizes in units of their gcd (else rounded up to the slot)."""
+
+    values: np.ndarray
+    slot: int
+    offset: int
+    exact: bool
+    kind: str
+
+    def at(self, budget: int) -> tuple[float, int] | None:
+        """(seconds, footprint bytes) of the best plan within ``budget`` bytes: the
+        footprint is the least tabulated budget with that time (its schedule fits it)."""
+        k = budget // self.slot - self.offset
+        if k < 0:
+            return None
+        k = min(k, len(self.values) - 1)
+        v = float(self.values[k])
+        if not math.isfinite(v):
+            return None
+        first = int(np.argmax(self.values <= v))  # values are non-increasing in memory
+        return v, (first + self.offset) * self.slot
+
+
+class StagePlans:
+    """Cached plans of the chunks of ``problem``; ``slots``: the tables' resolution
+    (sizes rounded up to about 1/``slots`` of a chunk's store-all need, exact when the
+    sizes' gcd gives fewer units)."""
+
+    def __init__(self, problem: PipelineProblem, slots: int = 500, offload: bool = True):
+        self.problem, self.slots = problem, slots
+        self.offload = offload and has_host_link(problem.platform)
+        self.exact = True  # every chain answer computed so far was exact
+        self.plan = cache(self._plan)
+        self.store_all = cache(self._store_all)
+        self.least = cache(self._least)
+        self.curve = cache(self._curve)
+
+    def _store_all(self, i: int, j: int) -> Plan:
+        import schedir
+        from solvers.chain.store_all import store_all_ops
+
+        sub = sub_chain(self.problem.chain, i, j)
+        peak = schedir.simulate(sub, store_all_ops(sub)).peak_memory
+        return Plan(sub.store_all_time(), 0.0, int(peak), "store_all")
+
+    def _least(self, i: int, j: int) -> int:
+        """The least per-micro-batch bytes of rotor's plans in its table (offloading
+        may go lower); the store-all peak if that is less."""
+        curve = self.curve(i, j, "rotor")
+        finite = np.flatnonzero(np.isfinite(curve.values))
+        if finite.size == 0:
+            return self.store_all(i, j).footprint
+        return min(int((finite[0] + curve.offset) * curve.slot), self.store_all(i, j).footprint)
+
+    def _curve(self, i: int, j: int, kind: str) -> Curve:
+        """The time/memory curve of rotor ("rotor") or rotor_offload ("offload")."""
+        import schedir
+        from schedir.chain.discretize import size_unit
+        from solvers.chain._rotor_dp import build_table as rotor_table
+        from solvers.offload.rotor_offload import build_table as offload_table
+
+        sub = sub_chain(self.problem.chain, i, j)
+        top = self.store_all(i, j).footprint
+        unit = size_unit(sub)
+        slot = unit if top // unit <= self.slots else -(-top // self.slots)
+        if kind == "rotor":
+            d = schedir.discretize(sub, top, slot_size=slot)
+            table = rotor_table(d.chain, d.budget)
+            x0 = d.chain.in_size[0]
+            values = np.array([table.value(b) for b in range(x0, d.budget + 1)])
+            return Curve(values, slot, x0, slot == unit, "rotor")
+        plat = self.problem.platform
+        off = schedir.OffloadProblem(sub, schedir.Platform(offload=plat.offload,
+                                                           prefetch=plat.prefetch))  # fmt: skip
+        table = offload_table(off, slot)
+        x0 = table.model.x[0]
+        values = np.asarray(table.tables[0][0][table.model.L], dtype=float)
+        return Curve(values, slot, int(x0), slot == unit, "offload")
+
+    def _plan(self, i: int, j: int, budget: int, share_host: int = 1) -> Plan | None:
+        """The fastest plan of chunk [i, j) within ``budget`` bytes per micro-batch
+        (None if none fits); ``share_host``: micro-batches sharing the host memory."""
+        base = self.store_all(i, j)
+        if budget >= base.footprint:
+            return base
+        best = None
+        kinds = ("rotor", "offload") if self.offload else ("rotor",)
+        for kind in kinds:
+            if kind == "offload" and self.problem.platform.host_memory is not None:
+                got = self._offload(i, j, budget, base, share_host)  # the host may not hold it
+            else:
+                curve = self.curve(i, j, kind)
+                hit = curve.at(budget)
+                got = None if hit is None else Plan(hit[0], hit[0] - base.time, hit[1], kind,
+                                                    curve.exact)  # fmt: skip
+            if got is not None and (best is None or got.time < best.time - 1e-15):
+                best = got
+        if best is not None:
+            self.exact = self.exact and best.exact
+        return best
+
+    def _offload(self, i: int, j: int, budget: int, base: Plan, share_host: int) -> Plan | None:
+        """rotor_offload solved at ``budget`` with the host memory split ``share_host``
+        ways (its table cannot tell whether the host holds the offloads)."""
+        import schedir
+        import solvers
+
+        plat = self.problem.platform
+        host = plat.host_memory // max(1, share_host)
+        sub = sub_chain(self.problem.chain, i, j)
+        off = schedir.OffloadProblem(sub, schedir.Platform(
+            device_memory=budget, host_memory=host, offload=plat.offload,
+            prefetch=plat.prefetch))  # fmt: skip
+        try:
+            s = solvers.solve(off, budget, "rotor_offload", slots=self.slots)
+        except solvers.Infeasible:
+            return None
+        t = s.meta["makespan"]
+        kind = "rotor" if s.meta.get("fallback") == "rotor" else "offload"
+        return Plan(t, t - base.time, int(s.meta["peak_memory"]), kind,
+                    bool(s.meta.get("exact", False)))  # fmt: skip
+
+    def within(self, i: int, j: int, budget: float, share_host: int = 1) -> Plan | None:
+        """:meth:`plan` for a real-valued budget (floored; inf: store-all)."""
+        if math.isinf(budget):
+            return self.store_all(i, j)
+        if budget < 0:
+            return None
+        return self.plan(i, j, int(math.floor(budget)), share_host)
