@@ -329,6 +329,16 @@ def _every_kernel(bm: BlockModel, options: tuple[int, ...]) -> list[tuple[str, i
     return kernels
 
 
+def _every_option_kernel(bm: BlockModel) -> list[tuple[str, int, int]]:
+    """Every kernel of every option of every block (identical blocks share them)."""
+    kernels = [("loss", bm.length, 0)]
+    for k, stage in enumerate(bm.problem.stages):
+        kernels.append(("forward", k, 0))
+        for o in range(len(stage.options)):
+            kernels += [("record", k, o), ("backward", k, o)]
+    return kernels
+
+
 def fixed_options(bm: BlockModel, name: str = "store_all") -> tuple[int, ...]:
     """One option per block: the store-all reference's, or the option called ``name``."""
     if name == "store_all":
@@ -376,9 +386,9 @@ def _solve_lazily(bm: BlockModel, budget: Any, solver: tuple, options: dict, exa
     """Solve; with ``exact``, compile the kernels the answer runs and solve again until
     it runs only compiled kernels, so that its predicted figures are those the op-by-op
     runtime measures (kernels not compiled yet are priced with estimated temporaries).
-    The same for the store-all reference (percentage budgets) and for ``min_budget``.
-    Chain and graph methods compile every kernel of the store-all options first and
-    solve once."""
+    The same for the store-all reference (percentage budgets); for ``min_budget``, every
+    option's kernels are compiled first (the least budget is then exact). Chain and
+    graph methods compile every kernel of the store-all options first and solve once."""
     family, solver = solver
     rounds = 0
     while True:  # the store-all reference: every block keeps what XLA would
@@ -407,8 +417,10 @@ def _solve_lazily(bm: BlockModel, budget: Any, solver: tuple, options: dict, exa
                 least = Schedule(ops, {"block_options": least_options})
             else:
                 least = policy_schedule(bm.problem, solver)
-            if bm.compile_used(least) == 0:
-                raise  # the least schedule runs compiled kernels only: min_budget is exact
+            # min_budget is exact once every option's kernels are compiled: an estimate
+            # (of a backward's frees, say) may hide a less demanding option
+            if bm.compile_used(least) + bm.compile(_every_option_kernel(bm)) == 0:
+                raise
             bm.problem = build_problem(bm)
             continue
         if not exact or bm.compile_used(schedule) == 0:
