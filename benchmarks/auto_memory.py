@@ -1,12 +1,13 @@
 """Calibration of the planner's memory model against XLA (docs/auto.md, "Calibration").
 
 For each example model, the store-all activation peak the planner predicts (every block
-recorded with plain autodiff; the op-by-op runtime's exact figure) next to XLA's own
-figure for the plain compiled step: ``memory_analysis().temp_size_in_bytes`` of
-``jax.jit`` of ``nnx.value_and_grad(loss_fn)`` (parameters, arguments and outputs are
-not temporaries in either). Prints the ratio per model; the target is within 15%.
+recorded keeping what XLA keeps for a plain step; the op-by-op runtime's exact figure,
+measured to the byte) next to XLA's own figure for the plain compiled step:
+``memory_analysis().temp_size_in_bytes`` of ``jax.jit`` of
+``nnx.value_and_grad(loss_fn)`` (parameters, arguments and outputs are not temporaries
+in either). Prints the ratio per model; the target is within 15%.
 
-    PYTHONPATH=. python benchmarks/auto_memory.py [--quick]
+    PYTHONPATH=. python benchmarks/auto_memory.py [--quick] [--models gpt unet]
 """
 
 from __future__ import annotations
@@ -16,37 +17,23 @@ import sys
 import time
 from pathlib import Path
 
-import jax
-from flax import nnx
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
-from auto_models import MODELS  # noqa: E402
+from auto_models import MODELS, xla_temp_bytes  # noqa: E402
 
 from jax_exec import auto  # noqa: E402
-
-
-def xla_temp_bytes(factory, loss_fn, args) -> int:
-    """XLA's temporary bytes for the plain compiled training step."""
-    graphdef, params, rest = nnx.split(factory(), nnx.Param, ...)
-
-    def step(params, rest, args):
-        model = nnx.merge(graphdef, params, rest)
-        return nnx.value_and_grad(loss_fn)(model, *args)
-
-    compiled = jax.jit(step).lower(params, rest, args).compile()
-    return int(compiled.memory_analysis().temp_size_in_bytes)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small models only")
+    parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     ns = parser.parse_args(argv)
     print(f"{'model':<12} {'blocks':>6} {'predicted B':>13} {'XLA temp B':>13} {'ratio':>7} "
           f"{'plan s':>7}")  # fmt: skip
     ratios = []
-    for name, make in MODELS.items():
-        factory, loss_fn, args = make(quick=ns.quick)
+    for name in ns.models:
+        factory, loss_fn, args = MODELS[name](quick=ns.quick)
         start = time.perf_counter()
         p = auto.plan(loss_fn, factory(), *args, budget="100%", exact=True)
         seconds = time.perf_counter() - start

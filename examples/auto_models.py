@@ -7,8 +7,10 @@ training loss.
 - ``gpt``: a GPT-style language model: token embedding reused as the output layer
   (tied), learned positions, pre-norm blocks with causal multi-head attention (separate
   query, key and value projections) and a GELU MLP, dropout everywhere;
-- ``resnet``: a ResNet for 32x32 images with BatchNorm (training mode), three stages;
-- ``unet``: a U-Net whose decoder concatenates the encoder's feature maps;
+- ``resnet``: a ResNet for 32x32 images with BatchNorm (training mode), three stages
+  (three basic blocks each: ResNet-20's shape; one with ``quick``);
+- ``unet``: a U-Net (two convolutions per level) whose decoder concatenates the
+  encoder's feature maps;
 - ``scanned``: a transformer whose blocks are stacked with ``nnx.scan``.
 """
 
@@ -137,7 +139,7 @@ def _classify(model, images, labels):
 
 
 def resnet(quick: bool = False):
-    width, per_stage, batch, size = (8, 1, 4, 16) if quick else (16, 2, 16, 32)
+    width, per_stage, batch, size = (8, 1, 4, 16) if quick else (16, 3, 16, 32)
     key = jax.random.key(3)
     images = jax.random.normal(key, (batch, size, size, 3))
     labels = jax.random.randint(jax.random.key(4), (batch,), 0, 10)
@@ -145,31 +147,41 @@ def resnet(quick: bool = False):
 
 
 class UNet(nnx.Module):
+    """Ronneberger et al.'s U-Net shape: two 3x3 convolutions per level, average-pool
+    down, transposed convolutions up, the decoder concatenating the encoder's maps."""
+
     def __init__(self, width, depth, rngs):
         widths = [width * 2**i for i in range(depth + 1)]
+
+        def double(cin, cout):
+            return nnx.List([nnx.Conv(cin, cout, (3, 3), rngs=rngs),
+                             nnx.Conv(cout, cout, (3, 3), rngs=rngs)])  # fmt: skip
+
         self.enc = nnx.List(
-            [nnx.Conv(1 if i == 0 else widths[i - 1], widths[i], (3, 3), rngs=rngs)
-             for i in range(depth)]
-        )  # fmt: skip
-        self.bottom = nnx.Conv(widths[depth - 1], widths[depth], (3, 3), rngs=rngs)
+            [double(1 if i == 0 else widths[i - 1], widths[i]) for i in range(depth)]
+        )
+        self.bottom = double(widths[depth - 1], widths[depth])
         self.up = nnx.List(
             [nnx.ConvTranspose(widths[i + 1], widths[i], (2, 2), strides=(2, 2), rngs=rngs)
              for i in reversed(range(depth))]
         )  # fmt: skip
-        self.dec = nnx.List(
-            [nnx.Conv(2 * widths[i], widths[i], (3, 3), rngs=rngs) for i in reversed(range(depth))]
-        )
+        self.dec = nnx.List([double(2 * widths[i], widths[i]) for i in reversed(range(depth))])
         self.head = nnx.Conv(width, 1, (1, 1), rngs=rngs)
 
     def __call__(self, x):
+        def convs(pair, x):
+            for conv in pair:
+                x = nnx.gelu(conv(x))
+            return x
+
         skips = []
-        for conv in self.enc:
-            x = nnx.gelu(conv(x))
+        for pair in self.enc:
+            x = convs(pair, x)
             skips.append(x)
             x = nnx.avg_pool(x, (2, 2), strides=(2, 2))
-        x = nnx.gelu(self.bottom(x))
-        for up, conv, skip in zip(self.up, self.dec, reversed(skips), strict=True):
-            x = nnx.gelu(conv(jnp.concatenate([up(x), skip], axis=-1)))
+        x = convs(self.bottom, x)
+        for up, pair, skip in zip(self.up, self.dec, reversed(skips), strict=True):
+            x = convs(pair, jnp.concatenate([up(x), skip], axis=-1))
         return self.head(x)
 
 
@@ -232,6 +244,19 @@ def budget_sweep(p, points: int) -> list[int]:
     least = p.least_budget()
     top = max(p.store_all_peak, least)
     return sorted({least + (top - least) * q // max(points - 1, 1) for q in range(points)})
+
+
+def xla_temp_bytes(factory, loss_fn, args) -> int:
+    """XLA's temporary bytes (``memory_analysis().temp_size_in_bytes``) of the plain
+    compiled training step, ``jax.jit`` of ``nnx.value_and_grad(loss_fn)``."""
+    graphdef, params, rest = nnx.split(factory(), nnx.Param, ...)
+
+    def plain_step(params, rest, args):
+        model = nnx.merge(graphdef, params, rest)
+        return nnx.value_and_grad(loss_fn)(model, *args)
+
+    compiled = jax.jit(plain_step).lower(params, rest, args).compile()
+    return int(compiled.memory_analysis().temp_size_in_bytes)
 
 
 def policy_plans(p) -> dict:

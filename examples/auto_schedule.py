@@ -3,11 +3,14 @@
 For the GPT (tied embeddings, dropout, integer tokens), the ResNet (BatchNorm in
 training mode) and the U-Net (skip concatenations) of ``examples/auto_models.py``:
 plan the training step at budgets from the least feasible one to the store-all peak
-(``jax_exec.auto.plan``, exact: the kernels each schedule runs are compiled, so the
+(``jax_exec.plan``, exact: the kernels each schedule runs are compiled, so the
 predicted peak is the op-by-op runtime's), and print the predicted activation peak and
 time overhead of each, next to JAX's policies ``checkpoint_dots``,
-``nothing_saveable`` and ``everything_saveable`` applied to every block and priced by
-the same simulator. One PNG per model plots all of them (``--out``).
+``nothing_saveable`` and ``everything_saveable`` applied to every block, rotor on the
+chain of the store-all options (``method="rotor"``), DTR and Checkmate's MILP on the
+block graph (``method="dtr"``, ``"checkmate_milp"``: 10 s each, at the middle budget),
+all priced by the exact simulators of the op-by-op runtime. One PNG per model plots
+all of them (``--out``).
 
 Then trains the GPT a few optax steps with ``jax_exec.auto.value_and_grad`` at 50% of
 the store-all peak and checks its losses equal the plain ``nnx.value_and_grad`` loop's.
@@ -30,7 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from auto_models import MODELS, budget_sweep, policy_plans  # noqa: E402
 
+import solvers  # noqa: E402
 from jax_exec import auto  # noqa: E402
+
+SWEPT = ("rotor", "dtr")  # other methods planned at every budget of the sweep
 
 KIB = 1024
 
@@ -58,7 +64,21 @@ def curves(name: str, quick: bool, points: int) -> dict:
         result[policy] = [(peak, q.overhead)]
         print(f"  {policy:<20} {'-':>11} {peak / KIB:>10,.1f} "
               f"{peak / p.store_all_peak:>12.0%} {q.overhead:>+9.1%}")  # fmt: skip
-    print(f"  planned {len(budgets) + 3} schedules in {time.perf_counter() - start:.1f} s")
+    middle = budgets[len(budgets) // 2]
+    runs = [(m, b, {}) for m in SWEPT for b in budgets]
+    runs.append(("checkmate_milp", middle, {"time_limit": 10, "graph_option": "nothing_saveable"}))
+    for method, budget, options in runs:
+        try:
+            q = p.replan(budget, method=method, **options)
+        except solvers.Infeasible:
+            continue
+        peak = q.schedule.meta["peak_memory"]
+        result.setdefault(method, []).append((peak, q.overhead))
+        note = f" ({q.schedule.meta['status']})" if "status" in q.schedule.meta else ""
+        print(f"  {method:<20} {budget / KIB:>11,.1f} {peak / KIB:>10,.1f} "
+              f"{peak / p.store_all_peak:>12.0%} {q.overhead:>+9.1%}{note}")  # fmt: skip
+    count = sum(len(pts) for pts in result.values())
+    print(f"  planned {count} schedules in {time.perf_counter() - start:.1f} s")
     return result
 
 
@@ -79,7 +99,7 @@ def plot(name: str, result: dict, path: Path) -> bool:
         ax.plot(xs, ys, style, label=method)
     ax.set_xlabel("predicted activation peak (KiB)")
     ax.set_ylabel("predicted time overhead (%)")
-    ax.set_title(f"{name}: jax_exec.auto vs JAX policies")
+    ax.set_title(f"{name}: jax_exec.plan, every method")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -3,21 +3,28 @@ models written as users write them (docs/auto.md).
 
 For the GPT (tied embeddings, dropout), the ResNet (BatchNorm), the U-Net (skip
 concatenations) and the scanned transformer of ``examples/auto_models.py``: our planner
-(``jax_exec.auto.plan``, method ``"auto"``) at budgets from 10% to 100% of the
-store-all peak, JAX's policies applied to every block (``checkpoint_dots``,
-``nothing_saveable``, ``everything_saveable``), all priced by the same block-chain
-simulator; and, as graph baselines, DTR and the whole-graph MILP (``checkmate_milp``,
-time limit 60 s, 10 s with ``--quick``) on the graph of the block chain
-(``schedir.graph.chain_to_graph`` of the chain with every block keeping what a plain
-step keeps): each block is one atomic node there (it saves all its residuals or is
-recomputed whole) and a value crossing several cuts is paid at each, so their peaks
-are upper bounds of what the planner's model would charge; their overheads are
-relative to that graph's each-node-once time. The MILP runs at 50% only.
+(``jax_exec.plan``, method ``"auto"``) at budgets from 10% to 100% of the store-all
+peak, JAX's policies applied to every block (``checkpoint_dots``, ``nothing_saveable``,
+``everything_saveable``), and the graph methods DTR and the whole-graph MILP
+(``checkmate_milp``, time limit 60 s, 10 s with ``--quick``) through the same
+``jax_exec.plan(method=...)``. Every figure is predicted by the exact simulator of the
+op-by-op runtime of the problem solved, and every overhead is relative to the same
+time without recomputation.
+
+The whole graph of the graph methods is the block graph
+(``schedir.blocks.graph.block_graph``): one node for the values each block makes, one
+for its residuals, a backward node per block. It is coarser than the planner's model:
+a block keeps all of its option's residuals or none, recording a block runs its
+forward twice (a node has one output), and a backward node cannot free its inputs
+while it runs. The MILP runs at 50% on two such graphs: the blocks with what XLA keeps
+(``graph_option="store_all"``) and the blocks recomputed from their input in their
+backward (``"nothing_saveable"``: no residual nodes); the best of the two is
+compared, with the MILP's status and gap.
 
 At 50% of the store-all peak the summary says whether the planner's predicted overhead
-is no worse than the best JAX policy that fits, and within 5% of the MILP where that
-solves within its time limit; and the largest memory reduction the planner reaches at
-<= 10% and <= 20% overhead, next to Rockmate's reported 2x-5x.
+is no worse than the best JAX policy that fits, and whether its makespan is within 5%
+of the MILP's (only where that is optimal); and the largest memory reduction the
+planner reaches at <= 10% and <= 20% overhead, next to Rockmate's reported 2x-5x.
 
 Writes ``auto_remat.csv``, ``auto_remat.md`` and ``auto_remat.png`` under ``--out``.
 ``--quick``: small models, estimated kernel temporaries (``exact=False``).
@@ -41,61 +48,49 @@ from auto_models import JAX_POLICIES, MODELS  # noqa: E402
 
 import solvers  # noqa: E402
 from jax_exec import auto  # noqa: E402
-from jax_exec.auto.api import reference_schedule  # noqa: E402
-from schedir.graph.problem import chain_to_graph  # noqa: E402
 
 FIELDS = ["model", "method", "budget_fraction", "budget", "peak", "peak_fraction",
-          "reduction", "overhead", "exact", "time_limited", "solve_time"]  # fmt: skip
+          "reduction", "overhead", "makespan", "exact", "status", "mip_gap",
+          "solve_time"]  # fmt: skip
 FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+GRAPHS = ("store_all", "nothing_saveable")
 
 
-def _row(model, method, fraction, budget, peak, top, overhead, exact, limited, seconds):
+def _row(model, method, fraction, q, top, seconds):
+    meta = q.schedule.meta
+    peak = meta["peak_memory"]
     return {
-        "model": model, "method": method, "budget_fraction": fraction, "budget": budget,
-        "peak": peak, "peak_fraction": peak / top, "reduction": top / peak if peak else 0.0,
-        "overhead": overhead, "exact": exact, "time_limited": limited,
+        "model": model, "method": method, "budget_fraction": fraction,
+        "budget": q.budget if fraction != "" else "", "peak": peak,
+        "peak_fraction": peak / top, "reduction": top / peak if peak else 0.0,
+        "overhead": q.overhead, "makespan": meta["makespan"], "exact": q.exact,
+        "status": meta.get("status", ""), "mip_gap": meta.get("mip_gap", ""),
         "solve_time": round(seconds, 3),
     }  # fmt: skip
 
 
 def run_model(name: str, quick: bool, milp_limit: float) -> list[dict]:
     factory, loss_fn, args = MODELS[name](quick=quick)
-    exact = not quick
-    p = auto.plan(loss_fn, factory(), *args, budget="100%", exact=exact)
+    p = auto.plan(loss_fn, factory(), *args, budget="100%", exact=not quick)
     top = p.store_all_peak
     rows = []
-    for fraction in FRACTIONS:
+
+    def attempt(method, fraction, budget, label=None, **options):
         start = time.perf_counter()
         try:
-            q = p.replan(int(fraction * top))
+            q = p.replan(budget, method=method, **options)
         except solvers.Infeasible:
-            continue
-        peak = q.schedule.meta["peak_memory"]
-        rows.append(_row(name, "auto", fraction, q.budget, peak, top, q.overhead, exact,
-                         False, time.perf_counter() - start))  # fmt: skip
+            return
+        rows.append(_row(name, label or method, fraction, q, top, time.perf_counter() - start))
+
+    for fraction in FRACTIONS:
+        attempt("auto", fraction, int(fraction * top))
+        attempt("dtr", fraction, int(fraction * top), "dtr (block graph)")
     for policy in JAX_POLICIES:
-        start = time.perf_counter()
-        q = p.replan(10**18, method=policy)
-        peak = q.schedule.meta["peak_memory"]
-        rows.append(_row(name, policy, "", "", peak, top, q.overhead, exact, False,
-                         time.perf_counter() - start))  # fmt: skip
-    graph = chain_to_graph(p.problem.to_chain(reference_schedule(p.model).meta["block_options"]))
-    base = sum(node.cost for node in graph.nodes)  # each node computed once
-    for method, fractions, options in (
-        ("dtr", FRACTIONS, {}),
-        ("checkmate_milp", (0.5,), {"time_limit": milp_limit}),
-    ):
-        for fraction in fractions:
-            start = time.perf_counter()
-            try:
-                s = solvers.solve(graph, int(fraction * top), method=method, **options)
-            except solvers.Infeasible:
-                continue
-            meta = s.meta
-            rows.append(_row(name, f"{method} (block graph)", fraction, int(fraction * top),
-                             meta["peak_memory"], top, meta["makespan"] / base - 1, exact,
-                             bool(meta.get("time_limited", False)),
-                             time.perf_counter() - start))  # fmt: skip
+        attempt(policy, "", 10**18)
+    for graph in GRAPHS:
+        attempt("checkmate_milp", 0.5, int(0.5 * top), f"checkmate_milp ({graph})",
+                graph_option=graph, time_limit=milp_limit)  # fmt: skip
     return rows
 
 
@@ -103,9 +98,10 @@ def summary(rows: list[dict], models: list[str], milp_limit: float) -> str:
     lines = [
         "# auto_remat: activation memory vs overhead",
         "",
-        "Predicted by the block-chain simulator (store-all: every block keeps what a plain "
-        "step keeps). Graph baselines run on the block graph (upper-bound peaks, "
-        "see the script's docstring).",
+        "Predicted by the exact simulators of the op-by-op runtime (store-all: every block "
+        "keeps what a plain step keeps); overheads relative to the same time without "
+        "recomputation. The MILP's whole graph is the block graph (see the script's "
+        "docstring): coarser than the planner's model.",
         "",
         "| model | auto @50% | best JAX policy fitting 50% | auto <= policy | MILP @50% "
         "(block graph) | auto within 5% of MILP | DTR @50% | reduction at <=10% / <=20% "
@@ -118,7 +114,8 @@ def summary(rows: list[dict], models: list[str], milp_limit: float) -> str:
                     None)  # fmt: skip
         fits = [r for r in mine if r["method"] in JAX_POLICIES and r["peak_fraction"] <= 0.5]
         best = min(fits, key=lambda r: r["overhead"], default=None)
-        milp = next((r for r in mine if r["method"].startswith("checkmate_milp")), None)
+        milps = [r for r in mine if r["method"].startswith("checkmate_milp")]
+        milp = min(milps, key=lambda r: r["makespan"], default=None)
         dtr = next((r for r in mine if r["method"].startswith("dtr")
                     and r["budget_fraction"] == 0.5), None)  # fmt: skip
 
@@ -134,12 +131,16 @@ def summary(rows: list[dict], models: list[str], milp_limit: float) -> str:
         policy = "none fits" if best is None else f"{best['method']} {pct(best)}"
         if milp is None:
             vs_milp, milp_cell = "n/a (MILP infeasible)", "infeasible"
-        elif milp["time_limited"]:
-            vs_milp = f"n/a (MILP time-limited at {milp_limit:.0f} s)"
-            milp_cell = f"{pct(milp)} (time-limited)"
         else:
-            within = half is not None and half["overhead"] <= milp["overhead"] + 0.05
-            vs_milp, milp_cell = ("yes" if within else "NO"), pct(milp)
+            gap = milp["mip_gap"]
+            gap = f", gap {gap:.1%}" if isinstance(gap, float) else ""
+            milp_cell = f"{pct(milp)} ({milp['method'][16:-1]}; {milp['status']}{gap})"
+            if milp["status"] != "optimal":
+                vs_milp = f"n/a (MILP {milp['status']} at {milp_limit:.0f} s)"
+            elif half is None:
+                vs_milp = "auto infeasible"
+            else:
+                vs_milp = "yes" if half["makespan"] <= 1.05 * milp["makespan"] else "NO"
         reductions = []
         for cap in (0.10, 0.20):
             ok = [r["reduction"] for r in mine if r["method"] == "auto" and r["overhead"] <= cap]

@@ -49,7 +49,7 @@ EXPENSIVE = frozenset(
 LAYOUT = frozenset(
     """broadcast_in_dim reshape squeeze expand_dims transpose iota rev slice dynamic_slice
     pad concatenate split sharding_constraint random_wrap random_unwrap device_put
-    optimization_barrier""".split()
+    optimization_barrier iota_2x32_shape""".split()
 )
 HEAVY = frozenset(
     """dot_general conv_general_dilated reduce_sum reduce_max reduce_min reduce_prod
@@ -67,6 +67,7 @@ COLLECTIVE = frozenset(
     """psum pmax pmin ppermute all_gather all_to_all ragged_all_to_all axis_index
     psum_scatter reduce_scatter pbroadcast""".split()
 )
+MULTI_DEVICE = frozenset({"shard_map", "xla_pmap"})  # regions holding collectives
 MATERIALIZE_OPERANDS = frozenset({"dot_general", "conv_general_dilated"})
 
 
@@ -103,10 +104,11 @@ def category(eqn: Eqn) -> str:
         return "heavy"
     if name in OPAQUE:
         return "opaque"
-    if name in COLLECTIVE:
+    if name in COLLECTIVE or name in MULTI_DEVICE:
         raise UnsupportedModel(
-            f"collective operation {name} at {eqn.source}: the planner schedules one "
-            f"device's program (call it outside shard_map / pmap)"
+            f"collective or multi-device operation {name} at {eqn.source}: the planner "
+            f"schedules one device's program (plan the per-device function, outside "
+            f"shard_map / pmap)"
         )
     raise UnsupportedModel(
         f"operation {name} at {eqn.source} is not known to the planner: it cannot tell "
@@ -402,5 +404,51 @@ def analyze_program(program: Program, model: CostModel | None = None) -> Analysi
             materialized.update(eqn.outs)
         if eqn.name in MATERIALIZE_OPERANDS:
             materialized.update(r for r in eqn.ins if not isinstance(r, Lit))
+        materialized.update(channel_reduced(program, eqn, info))
     materialized -= set(program.input_ids)
     return Analysis(infos, frozenset(active), frozenset(materialized), users, model)
+
+
+def _leading_broadcast(program: Program, ref: Any, shape: tuple) -> bool:
+    """Whether ``ref`` reaches ``shape`` by broadcasting along leading axes only, from
+    more than one element (a per-channel vector of an NHWC map, say): its size-1 or
+    missing axes are expanded, the last axis is not."""
+    if isinstance(ref, Lit):
+        return False
+    eqn = program.eqns[program.producer[ref]] if ref in program.producer else None
+    if eqn is not None and eqn.name == "broadcast_in_dim" and not isinstance(eqn.ins[0], Lit):
+        src, dims = program.avals[eqn.ins[0]].shape, eqn.params["broadcast_dimensions"]
+        full = [1] * len(shape)
+        for d, n in zip(dims, src, strict=True):
+            full[d] = n
+    else:
+        full = list(program.avals[ref].shape)
+    if len(full) != len(shape) or not shape or int(np.prod(full)) <= 1:
+        return False
+    grown = [i for i, (a, b) in enumerate(zip(full, shape, strict=True)) if a == 1 and b > 1]
+    return bool(grown) and shape[-1] == full[-1] and (len(shape) - 1) not in grown
+
+
+def channel_reduced(program: Program, eqn: Eqn, info: EqnInfo) -> list[int]:
+    """Values of ``eqn`` that XLA materializes because its backward reduces them over
+    leading axes: an elementwise equation between a full-shape value and a
+    differentiated value broadcast along leading axes (BatchNorm's centered input times
+    its per-channel scale: the scale's cotangent sums the product over batch and
+    space), whose backward reads the full-shape value. XLA's plain step keeps that
+    value for the reduction rather than fusing its producer into it (measured on the
+    example ResNet: one activation per BatchNorm); layer norms, which broadcast along
+    the last axis, are left to fusion."""
+    if info.category != "elementwise" or not info.has_backward or len(eqn.ins) < 2:
+        return []
+    shape = tuple(program.avals[eqn.outs[0]].shape)
+    found = []
+    for j in info.needs_in:
+        ref = eqn.ins[j]
+        if isinstance(ref, Lit) or tuple(program.avals[ref].shape) != shape:
+            continue
+        if ref not in program.producer or info.category != "elementwise":
+            continue
+        others = [i for i in range(len(eqn.ins)) if i != j and info.diff[i]]
+        if any(_leading_broadcast(program, eqn.ins[i], shape) for i in others):
+            found.append(ref)
+    return found

@@ -18,16 +18,20 @@ from flax import nnx
 
 import solvers
 from jax_exec.auto.analysis import CostModel
+from jax_exec.auto.graph_run import run_graph_schedule
 from jax_exec.auto.lowering import lower
 from jax_exec.auto.model import BlockModel, block_model, build_problem
 from jax_exec.auto.runtime import AutoRunResult, run_schedule
 from jax_exec.auto.trace import split_model
-from schedir import Schedule, simulate
+from schedir import Chain, Graph, GraphSchedule, Schedule, simulate
+from schedir.blocks.graph import block_graph
 from schedir.blocks.problem import BlockChain
 from solvers.blocks.policies import POLICIES, policy_schedule
 from solvers.blocks.rotor import least_memory_ops
 
 BLOCK_METHODS = ("auto", "block_rotor", *POLICIES)
+CHAIN_METHODS = tuple(m.name for m in solvers.available(Chain))
+GRAPH_METHODS = tuple(m.name for m in solvers.available(Graph))
 
 
 def parse_budget(budget: Any, store_all_peak: int) -> int:
@@ -58,9 +62,12 @@ class Plan:
     """A schedule for one model, loss and input shapes.
 
     Attributes:
-        problem: the block chain it solved (exact bytes of the op-by-op runtime).
+        problem: the problem it solved, exact bytes of the op-by-op runtime: the block
+            chain (block, chain and JAX-policy methods), or its graph (graph methods,
+            :func:`schedir.blocks.graph.block_graph`).
         schedule: the chosen schedule; ``meta`` holds the predicted ``peak_memory``
             (bytes) and ``makespan`` (roofline seconds), ``block_options`` (one per block).
+            A graph method's is a ``GraphSchedule`` (``Compute``/``Free`` ops).
         method: the method asked for.
         budget: bytes.
         store_all_peak: bytes of the store-all reference (every block recorded keeping
@@ -73,7 +80,7 @@ class Plan:
     """
 
     model: BlockModel = field(repr=False)
-    problem: BlockChain = field(repr=False)
+    problem: BlockChain | Graph = field(repr=False)
     schedule: Schedule
     method: str
     budget: int
@@ -103,7 +110,7 @@ class Plan:
         solver = _solver(method)
         schedule, nbytes, reference, rounds = _solve(self.model, budget, solver, options, exact)
         schedule.meta["compile_rounds"] = rounds
-        return Plan(self.model, self.model.problem, schedule, method, nbytes,
+        return Plan(self.model, _solved(self.model, schedule), schedule, method, nbytes,
                     reference.peak_memory, reference.makespan,
                     time.perf_counter() - start, exact)  # fmt: skip
 
@@ -120,7 +127,14 @@ class Plan:
 
     def lowered(self) -> Callable:
         """``fn(params, rest, args) -> (loss, (aux, new_rest))`` following the schedule
-        (the compiled path, :func:`jax_exec.auto.lowering.lower`)."""
+        (the compiled path, :func:`jax_exec.auto.lowering.lower`). Graph schedules
+        have no compiled path (they run op by op, :meth:`run`)."""
+        if isinstance(self.schedule, GraphSchedule):
+            raise ValueError(
+                f"method {self.method!r} makes a graph schedule, which runs op by op only "
+                f"(Plan.run); the compiled path follows block-chain schedules (method "
+                f"'auto', a JAX policy or a chain method)"
+            )
         return lower(self.model, self.schedule)
 
     def run(self, model: Any, *args: Any) -> AutoRunResult:
@@ -132,11 +146,13 @@ class Plan:
             exact = self.replan(self.budget, exact=True)
             self.schedule, self.exact, self.problem = exact.schedule, True, exact.problem
         _, params, rest = split_model(model)
+        if isinstance(self.schedule, GraphSchedule):
+            return run_graph_schedule(self.model, self.schedule, params, rest, args)
         return run_schedule(self.model, self.schedule, params, rest, args)
 
     def summary(self) -> str:
         """A readable table: per block, what it saves and recomputes, and the totals."""
-        p, meta = self.problem, self.schedule.meta
+        p, meta = self.model.problem, self.schedule.meta
         lines = [
             f"plan: method {self.method}, budget {self.budget:,} B "
             f"({self.budget / self.store_all_peak:.0%} of store-all {self.store_all_peak:,} B)",
@@ -144,7 +160,7 @@ class Plan:
             f"(overhead {self.overhead:+.1%}), {p.length} blocks + loss, "
             f"planned in {self.plan_time:.1f} s",
         ]
-        recorded = _record_counts(self.schedule)
+        recorded = _record_counts(self.model, self.schedule)
         lines.append(f"{'block':>5}  {'equations':>11}  {'input B':>12}  {'option':<22}"
                      f"{'saved B':>12}  {'forwards':>8}  {'bwd tmp B':>11}")  # fmt: skip
         for k, stage in enumerate(p.stages):
@@ -153,22 +169,31 @@ class Plan:
             size = sum(p.value_sizes[v] for v in p.cuts[k])
             lines.append(
                 f"{k:>5}  {b.start:>5}..{b.stop - 1:<5}  {size:>12,}  {o.name:<22}"
-                f"{o.saved:>12,}  {recorded[k]:>8}  {o.bwd_tmp:>11,}"
+                f"{o.saved:>12,}  {recorded[k]:>8}  {o.bwd_tmp - o.bwd_release:>11,}"
             )
         lines.append(
             "forwards: how many times the block's forward runs (1: never recomputed); "
             "'saved B' is what its recording keeps beyond its outputs, the rest of its "
-            "residuals is recomputed in its backward."
+            "residuals is recomputed in its backward; 'bwd tmp B': its backward's "
+            "temporaries less what it frees of its own buffers before its peak."
         )
         return "\n".join(lines)
 
 
-def _record_counts(schedule: Schedule) -> list[int]:
-    counts: dict[int, int] = {}
+def _record_counts(model: BlockModel, schedule: Schedule) -> list[int]:
+    """How many times each block's forward runs (graph: computes of F{k} and R{k})."""
+    counts = [0] * model.length
+    if isinstance(schedule, GraphSchedule):
+        _, where = block_graph(model.problem, schedule.meta["block_options"])
+        for op in schedule.ops:
+            role, k = where.role(op.node)
+            if type(op).__name__ == "Compute" and role in ("fwd", "res"):
+                counts[k] += 1
+        return counts
     for op in schedule.ops:
         if hasattr(op, "index") and type(op).__name__ in ("F_ck", "F_n", "F_all"):
-            counts[op.index] = counts.get(op.index, 0) + 1
-    return [counts.get(k, 0) for k in range(max(counts, default=-1) + 1)]
+            counts[op.index] += 1
+    return counts
 
 
 def plan(
@@ -180,6 +205,7 @@ def plan(
     has_aux: bool = False,
     cost_model: CostModel | None = None,
     exact: bool = True,
+    max_anchors: int = 4,
     activation_tolerance: float = 0.0,
     activation_storages: tuple[str, ...] | None = None,
     **options: Any,
@@ -187,15 +213,26 @@ def plan(
     """Plan a training step of ``loss_fn(model, *args)`` under ``budget``.
 
     ``budget``: bytes of activations (int), or a percentage of the store-all peak
-    (``"50%"``). ``method``: ``"auto"`` (the block DP, :mod:`solvers.block_rotor`) or
+    (``"50%"``). ``method``: ``"auto"`` (the block DP, :mod:`solvers.block_rotor`),
     one of JAX's policies applied to every block (``"checkpoint_dots"``,
-    ``"nothing_saveable"``, ``"everything_saveable"``), priced by the same simulator.
+    ``"nothing_saveable"``, ``"everything_saveable"``), a chain method (``"rotor"``,
+    ``"revolve"``, ``"chen_sqrt"``...: on ``problem.to_chain`` of the store-all options,
+    an upper bound of the block chain, which then prices the schedule) or a graph method
+    (``"checkmate_milp"``, ``"dtr"``, ``"checkmate_lp"``, or ``"graph:<name>"`` for a
+    name chains have too: on the block graph of the store-all options), all priced by
+    the same simulators of the op-by-op runtime.
     ``exact``: compile the kernels the schedule runs so that its predicted peak is the
     op-by-op runtime's to the byte (else temporaries are estimated: faster, enough for
-    the compiled path, whose memory XLA decides). ``activation_tolerance`` > 0 also
-    offers low-bit storage of saved residuals whose measured gradient error on ``args``
-    stays within it (:mod:`jax_exec.auto.lowbit`, ``schedule.meta["lowbit"]``; the
-    storages tried: ``activation_storages``, default all); with 0, never.
+    the compiled path, whose memory XLA decides). ``max_anchors``: at most this many
+    matmuls or convolutions pass without a cut (1: a block per matmul/convolution, the
+    finest blocks). ``activation_tolerance`` > 0 also offers low-bit storage of saved
+    residuals whose measured gradient error on ``args`` stays within it
+    (:mod:`jax_exec.auto.lowbit`, ``schedule.meta["lowbit"]``; the storages tried:
+    ``activation_storages``, default all); with 0, never. Other ``options`` go to the
+    solver (e.g. ``time_limit`` of ``checkmate_milp``); graph methods also read
+    ``graph_option``, the option every block's graph nodes use (default
+    ``"store_all"``: what XLA keeps; or a JAX policy's name such as
+    ``"nothing_saveable"``: no residual nodes, each backward recomputes its block).
 
     Raises:
         solvers.Infeasible: the budget is below the least feasible one (``min_budget``).
@@ -204,9 +241,18 @@ def plan(
     """
     solver = _solver(method)
     start = time.perf_counter()
-    bm = block_model(loss_fn, model, args, has_aux=has_aux, cost_model=cost_model)
+    if isinstance(max_anchors, bool) or not isinstance(max_anchors, int) or max_anchors < 1:
+        raise ValueError(f"max_anchors = {max_anchors!r}: expected an int >= 1")
+    bm = block_model(
+        loss_fn, model, args, has_aux=has_aux, cost_model=cost_model, max_anchors=max_anchors
+    )
     if activation_storages is not None and not activation_tolerance:
         raise ValueError("activation_storages: low-bit storage needs activation_tolerance > 0")
+    if activation_tolerance and solver[0] == "graph":
+        raise ValueError(
+            f"method = {method!r}: low-bit storage measures the compiled step's gradient, "
+            f"and a graph schedule has no compiled path"
+        )
     if activation_tolerance:  # low-bit residuals (jax_exec/auto/lowbit.py)
         from jax_exec.auto.lowbit import with_lowbit
 
@@ -215,7 +261,7 @@ def plan(
     schedule.meta["compile_rounds"] = rounds
     return Plan(
         model=bm,
-        problem=bm.problem,
+        problem=_solved(bm, schedule),
         schedule=schedule,
         method=method,
         budget=nbytes,
@@ -252,13 +298,81 @@ def reference_schedule(bm: BlockModel) -> Schedule:
     return Schedule(schedule.ops, {"block_options": options})
 
 
-def _solver(method: str) -> str:
-    if method not in BLOCK_METHODS:
-        raise ValueError(f"method = {method!r}: expected one of {', '.join(BLOCK_METHODS)}")
-    return "block_rotor" if method == "auto" else method
+def _solver(method: str) -> tuple[str, str]:
+    """``(family, registered name)`` of ``method``: family ``"blocks"``, ``"chain"`` or
+    ``"graph"`` (names both kinds have are chain methods unless ``"graph:<name>"``)."""
+    if isinstance(method, str) and method.startswith("graph:") and method[6:] in GRAPH_METHODS:
+        return "graph", method[6:]
+    if method in BLOCK_METHODS:
+        return "blocks", "block_rotor" if method == "auto" else method
+    if method in CHAIN_METHODS:
+        return "chain", method
+    if method in GRAPH_METHODS:
+        return "graph", method
+    names = (*BLOCK_METHODS, *CHAIN_METHODS, *(m for m in GRAPH_METHODS if m not in CHAIN_METHODS),
+             *(f"graph:{m}" for m in GRAPH_METHODS if m in CHAIN_METHODS))  # fmt: skip
+    raise ValueError(f"method = {method!r}: expected one of {', '.join(names)}")
 
 
-def _solve(bm: BlockModel, budget: Any, solver: str, options: dict, exact: bool):
+def _solved(bm: BlockModel, schedule: Schedule) -> BlockChain | Graph:
+    """The problem a schedule of ``bm`` is judged on: its graph for graph schedules."""
+    if isinstance(schedule, GraphSchedule):
+        return block_graph(bm.problem, schedule.meta["block_options"])[0]
+    return bm.problem
+
+
+def _every_kernel(bm: BlockModel, options: tuple[int, ...]) -> list[tuple[str, int, int]]:
+    """Every kernel a chain or graph schedule of these options may run."""
+    kernels = [("loss", bm.length, 0)]
+    for k, o in enumerate(options):
+        kernels += [("forward", k, 0), ("record", k, o), ("backward", k, o)]
+    return kernels
+
+
+def _every_option_kernel(bm: BlockModel) -> list[tuple[str, int, int]]:
+    """Every kernel of every option of every block (identical blocks share them)."""
+    kernels = [("loss", bm.length, 0)]
+    for k, stage in enumerate(bm.problem.stages):
+        kernels.append(("forward", k, 0))
+        for o in range(len(stage.options)):
+            kernels += [("record", k, o), ("backward", k, o)]
+    return kernels
+
+
+def fixed_options(bm: BlockModel, name: str = "store_all") -> tuple[int, ...]:
+    """One option per block: the store-all reference's, or the option called ``name``."""
+    if name == "store_all":
+        return tuple(reference_schedule(bm).meta["block_options"])
+    found = []
+    for k, stage in enumerate(bm.problem.stages):
+        names = [o.name for o in stage.options]
+        if name not in names:
+            raise ValueError(f"graph_option = {name!r}: block {k} has options {names}")
+        found.append(names.index(name))
+    return tuple(found)
+
+
+def _solve_fixed(bm: BlockModel, nbytes: int, family: str, name: str, options: dict):
+    """A chain or graph method on fixed options (the store-all reference's, or
+    ``options["graph_option"]``): on ``to_chain`` (an upper bound of the block chain,
+    which prices the schedule) or on the block graph (exact)."""
+    options = dict(options)
+    chosen = fixed_options(bm, options.pop("graph_option", "store_all"))
+    if family == "graph":
+        graph, _ = block_graph(bm.problem, chosen)
+        schedule = solvers.solve(graph, nbytes, method=name, **options)
+        schedule.meta["block_options"] = list(chosen)
+        return schedule
+    chain_schedule = solvers.solve(bm.problem.to_chain(chosen), nbytes, method=name, **options)
+    meta = {**chain_schedule.meta, "block_options": list(chosen), "solved_on": "to_chain"}
+    meta["chain_peak_memory"] = meta.pop("peak_memory")
+    schedule = Schedule(chain_schedule.ops, meta)
+    trace = simulate(bm.problem, schedule)
+    schedule.meta.update(peak_memory=trace.peak_memory, makespan=trace.makespan)
+    return schedule
+
+
+def _solve(bm: BlockModel, budget: Any, solver: tuple, options: dict, exact: bool):
     """:func:`_solve_lazily`; with low-bit storage, until the schedule's measured
     gradient error is within the tolerance (:func:`jax_exec.auto.lowbit.within_tolerance`)."""
     if getattr(bm, "tolerance", 0.0) > 0:
@@ -268,11 +382,14 @@ def _solve(bm: BlockModel, budget: Any, solver: str, options: dict, exact: bool)
     return _solve_lazily(bm, budget, solver, options, exact)
 
 
-def _solve_lazily(bm: BlockModel, budget: Any, solver: str, options: dict, exact: bool):
+def _solve_lazily(bm: BlockModel, budget: Any, solver: tuple, options: dict, exact: bool):
     """Solve; with ``exact``, compile the kernels the answer runs and solve again until
     it runs only compiled kernels, so that its predicted figures are those the op-by-op
     runtime measures (kernels not compiled yet are priced with estimated temporaries).
-    The same for the store-all reference (percentage budgets) and for ``min_budget``."""
+    The same for the store-all reference (percentage budgets); for ``min_budget``, every
+    option's kernels are compiled first (the least budget is then exact). Chain and
+    graph methods compile every kernel of the store-all options first and solve once."""
+    family, solver = solver
     rounds = 0
     while True:  # the store-all reference: every block keeps what XLA would
         ref = reference_schedule(bm)
@@ -283,6 +400,11 @@ def _solve_lazily(bm: BlockModel, budget: Any, solver: str, options: dict, exact
     plain = simulate(bm.problem, policy_schedule(bm.problem, "everything_saveable"))
     reference = StoreAll(reference.peak_memory, plain.makespan)
     nbytes = parse_budget(budget, reference.peak_memory)
+    if family != "blocks":
+        chosen = fixed_options(bm, options.get("graph_option", "store_all"))
+        if exact and bm.compile(_every_kernel(bm, chosen)):
+            bm.problem = build_problem(bm)
+        return _solve_fixed(bm, nbytes, family, solver, options), nbytes, reference, 1
     while True:
         rounds += 1
         try:
@@ -295,8 +417,10 @@ def _solve_lazily(bm: BlockModel, budget: Any, solver: str, options: dict, exact
                 least = Schedule(ops, {"block_options": least_options})
             else:
                 least = policy_schedule(bm.problem, solver)
-            if bm.compile_used(least) == 0:
-                raise  # the least schedule runs compiled kernels only: min_budget is exact
+            # min_budget is exact once every option's kernels are compiled: an estimate
+            # (of a backward's frees, say) may hide a less demanding option
+            if bm.compile_used(least) + bm.compile(_every_option_kernel(bm)) == 0:
+                raise
             bm.problem = build_problem(bm)
             continue
         if not exact or bm.compile_used(schedule) == 0:
@@ -329,6 +453,11 @@ def value_and_grad(
     ``exact=True`` is passed (the compiled path's memory is XLA's, not the op-by-op
     runtime's).
     """
+    if _solver(method)[0] == "graph":
+        raise ValueError(
+            f"method = {method!r}: value_and_grad runs the compiled step, which follows "
+            f"block-chain schedules; a graph method's schedule runs op by op (plan(...).run)"
+        )
     plans: dict = {}
 
     def f(model: Any, *args: Any):

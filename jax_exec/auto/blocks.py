@@ -101,15 +101,19 @@ def crossing_bytes(program: Program) -> np.ndarray:
 ANCHORS = frozenset({"dot_general", "conv_general_dilated"})
 
 
-def _has_anchor(jaxpr: Any) -> bool:
-    for e in jaxpr.eqns:
-        if e.primitive.name in ANCHORS:
+def eqn_has_anchor(name: str, params: dict) -> bool:
+    """Whether an equation is a matmul or convolution, or holds one in a sub-jaxpr."""
+    if name in ANCHORS:
+        return True
+    for value in params.values():
+        inner = getattr(value, "jaxpr", value)
+        if hasattr(inner, "eqns") and has_anchor(inner):
             return True
-        for value in e.params.values():
-            inner = getattr(value, "jaxpr", value)
-            if hasattr(inner, "eqns") and _has_anchor(inner):
-                return True
     return False
+
+
+def has_anchor(jaxpr: Any) -> bool:
+    return any(eqn_has_anchor(e.primitive.name, e.params) for e in jaxpr.eqns)
 
 
 def anchors(program: Program, analysis: Analysis) -> list[int]:
@@ -121,7 +125,7 @@ def anchors(program: Program, analysis: Analysis) -> list[int]:
             found.append(i)
         elif info.category == "opaque":
             inner = [getattr(v, "jaxpr", v) for v in eqn.params.values()]
-            if any(hasattr(j, "eqns") and _has_anchor(j) for j in inner):
+            if any(hasattr(j, "eqns") and has_anchor(j) for j in inner):
                 found.append(i)
     if not found:  # no matmul at all: every heavy equation anchors
         found = [i for i, info in enumerate(analysis.infos) if info.heavy]

@@ -32,6 +32,7 @@ from jax_exec.auto.kernels import (
     layout,
     loss_function,
 )
+from jax_exec.auto.phases import PhasedBackward, phased_backward
 from jax_exec.auto.trace import Program, Traced, trace
 from jax_exec.kernels import Kernel, compile_kernel
 from schedir.blocks.problem import BlockChain, BlockOption, BlockStage
@@ -63,6 +64,7 @@ class BlockModel:
     _functions: dict = field(default_factory=dict)
     _kernels: dict = field(default_factory=dict)
     _temps: dict = field(default_factory=dict)  # kernel key -> temporary bytes (planning)
+    _phases: dict = field(default_factory=dict)  # backward kernel key -> PhasedBackward
     _cache: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)  # seconds per planning phase
 
@@ -114,21 +116,46 @@ class BlockModel:
         return (kind, block.key, option, flags)
 
     def kernel(self, kind: str, k: int, o: int = 0) -> Kernel:
-        """A compiled kernel of block k (cached): ``"forward"``, ``"record"`` (option o),
-        ``"backward"`` (option o; inputs that later blocks read too get their
-        cotangent from ``d[k+1]`` added) or ``"loss"``."""
+        """A compiled kernel of block k (cached): ``"forward"``, ``"record"`` (option o)
+        or ``"loss"`` (the backward runs as phases: :meth:`backward_kernels`)."""
+        if kind == "backward":
+            raise ValueError("the backward of a block runs as phases: use backward_kernels")
         key = self.kernel_key(kind, k, o)
         if key not in self._kernels:
             kernel = compile_kernel(*self.kernel_source(kind, k, o))
-            planned = self._temps.get(key)
-            if planned is not None and planned != kernel.temp_bytes:
-                raise RuntimeError(
-                    f"the {kind} kernel of block {k} (option {o}) has {kernel.temp_bytes} "
-                    f"temporary bytes optimized and {planned} as planned (compiled with "
-                    f"{PLANNING_OPTIONS}): the plan's memory figures would be wrong"
-                )
+            self._check(kind, k, o, self._temps.get(key), kernel)
             self._kernels[key] = kernel
         return self._kernels[key]
+
+    def _check(self, kind: str, k: int, o: int, planned: int | None, kernel: Kernel) -> None:
+        if planned is not None and planned != kernel.temp_bytes:
+            raise RuntimeError(
+                f"the {kind} kernel of block {k} (option {o}) has {kernel.temp_bytes} "
+                f"temporary bytes optimized and {planned} as planned (compiled with "
+                f"{PLANNING_OPTIONS}): the plan's memory figures would be wrong"
+            )
+
+    def phased(self, k: int, o: int) -> PhasedBackward:
+        """Block k's backward under option o as phases (:mod:`jax_exec.auto.phases`;
+        inputs that later blocks read too get their cotangent from ``d[k+1]`` added)."""
+        key = self.kernel_key("backward", k, o)
+        if key not in self._phases:
+            fn, *args = self.kernel_source("backward", k, o)
+            self._phases[key] = phased_backward(fn, tuple(args))
+        return self._phases[key]
+
+    def backward_kernels(self, k: int, o: int) -> tuple[PhasedBackward, tuple[Kernel, ...]]:
+        """The phases of block k's backward under option o and their compiled kernels."""
+        key = self.kernel_key("backward", k, o)
+        pb = self.phased(k, o)
+        if key not in self._kernels:
+            kernels = []
+            for j in range(len(pb.phases)):
+                kernel = compile_kernel(pb.function(j), *pb.specs(j))
+                self._check(f"backward phase {j}", k, o, self._temps.get((*key, j)), kernel)
+                kernels.append(kernel)
+            self._kernels[key] = tuple(kernels)
+        return pb, self._kernels[key]
 
     def kernel_source(self, kind: str, k: int, o: int = 0) -> tuple:
         """``(function, *shapes)`` of a kernel, to compile with
@@ -153,11 +180,33 @@ class BlockModel:
         through = tuple(avals[v] if f else None for v, f in zip(act_ins, flags, strict=True))
         return (fns.backward, *specs, outs, results, fns.recipe.new, d_outs, through)
 
-    def temp_bytes(self, kind: str, k: int, o: int = 0) -> tuple[int, bool]:
-        """``(bytes, exact)``: the kernel's compiled temporary bytes if it was compiled,
-        else an estimate (:func:`jax_exec.auto.options.temp_estimate`)."""
+    def backward_bytes(self, k: int, o: int) -> tuple[int, int, bool]:
+        """``(bwd_tmp, bwd_release, exact)`` of block k's backward under option o: from
+        its phases' compiled temporaries once compiled
+        (:meth:`~jax_exec.auto.phases.PhasedBackward.effective`), else an estimate of
+        one kernel's that frees nothing (:func:`jax_exec.auto.options.temp_estimate`)."""
         from jax_exec.auto.options import temp_estimate
 
+        key = self.kernel_key("backward", k, o)
+        if key in self._phases:
+            pb = self._phases[key]
+            if key in self._kernels:
+                temps = tuple(kernel.temp_bytes for kernel in self._kernels[key])
+            else:
+                temps = tuple(self._temps.get((*key, j)) for j in range(len(pb.phases)))
+            if None not in temps:
+                return (*pb.effective(temps), True)
+        return temp_estimate(self, "backward", k, self.option(k, o)), 0, False
+
+    def temp_bytes(self, kind: str, k: int, o: int = 0) -> tuple[int, bool]:
+        """``(bytes, exact)``: the kernel's compiled temporary bytes if it was compiled,
+        else an estimate (:func:`jax_exec.auto.options.temp_estimate`); for
+        ``"backward"`` see :meth:`backward_bytes`."""
+        from jax_exec.auto.options import temp_estimate
+
+        if kind == "backward":
+            tmp, release, exact = self.backward_bytes(k, o)
+            return tmp - release, exact
         key = self.kernel_key(kind, k, o)
         if key in self._kernels:
             return self._kernels[key].temp_bytes, True
@@ -195,13 +244,26 @@ class BlockModel:
         return list(dict.fromkeys(used))
 
     def compile_used(self, schedule: Any) -> int:
-        """Compile the kernels ``schedule`` runs for their temporary bytes (XLA compiles
-        them in parallel threads, :func:`planning_temp_bytes`); the number compiled now."""
+        """Compile the kernels ``schedule`` runs for their temporary bytes; the number
+        compiled now (:meth:`compile`)."""
+        return self.compile(self.used_kernels(schedule))
+
+    def compile(self, kernels: list[tuple[str, int, int]]) -> int:
+        """Compile these ``(kind, block, option)`` kernels for their temporary bytes (XLA
+        compiles them in parallel threads, :func:`planning_temp_bytes`; a backward is
+        one kernel per phase); the number compiled now."""
         start = time.perf_counter()
         todo: dict = {}
-        for kind, k, o in self.used_kernels(schedule):
+        for kind, k, o in kernels:
             key = self.kernel_key(kind, k, o)
-            if key not in self._kernels and key not in self._temps and key not in todo:
+            if key in self._kernels:
+                continue
+            if kind == "backward":  # one kernel per phase
+                pb = self.phased(k, o)
+                for j in range(len(pb.phases)):
+                    if (*key, j) not in self._temps:
+                        todo[(*key, j)] = (pb.function(j), *pb.specs(j))
+            elif key not in self._temps and key not in todo:
                 todo[key] = self.kernel_source(kind, k, o)
         if todo:
             workers = min(len(todo), os.cpu_count() or 1)
@@ -258,6 +320,7 @@ def build_problem(model: BlockModel) -> BlockChain:
         options = []
         for o, option in enumerate(model.options[k]):
             extra = recompute_cost(model, k, option)
+            bwd_tmp, bwd_release, _ = model.backward_bytes(k, o)
             options.append(
                 BlockOption(
                     name=option.label,
@@ -265,7 +328,8 @@ def build_problem(model: BlockModel) -> BlockChain:
                     rec_time=fwd,
                     rec_tmp=model.temp_bytes("record", k, o)[0],
                     bwd_time=bwd + extra,
-                    bwd_tmp=model.temp_bytes("backward", k, o)[0],
+                    bwd_tmp=bwd_tmp,
+                    bwd_release=bwd_release,
                 )
             )
         stages.append(

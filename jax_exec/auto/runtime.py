@@ -8,8 +8,9 @@ a later block keeps the same array in every buffer that holds it; a cotangent th
 block does not touch keeps its array from ``d[c+1]`` to ``d[c]``. A buffer's arrays
 are deleted when no buffer holds them any more. After every op the runtime measures
 the live bytes of the arrays it holds (distinct arrays, ``nbytes``), and each op's
-need = live bytes right after it made its output + its kernel's temporary bytes: for
-the block model these equal the simulator's ``resident`` and ``op_peak`` exactly.
+need = live bytes right after it made its output + its kernel's temporary bytes (for a
+backward, the largest over its phases): for the block model these equal the
+simulator's ``resident`` and ``op_peak`` exactly.
 
 Parameters, parameter gradients, the call's arguments and the program outputs (the
 model state after the call, ``aux``) are held outside and reported separately. The
@@ -29,6 +30,7 @@ import jax.numpy as jnp
 
 from jax_exec.auto.model import BlockModel, global_values, through_flags
 from jax_exec.auto.trace import Lit
+from jax_exec.result import OpMeter
 from schedir import B, F_all, F_ck, F_n, Loss, Schedule
 from schedir.blocks.problem import schedule_options, simulate_blocks
 
@@ -74,7 +76,7 @@ class AutoRunResult:
     ops: tuple
 
 
-class _Buffers:
+class Buffers:
     """Named buffers of arrays; live bytes count each distinct array once."""
 
     def __init__(self, keep: set[int]) -> None:
@@ -97,6 +99,12 @@ class _Buffers:
             if id(arr) not in alive and id(arr) not in self.keep:
                 arr.delete()
 
+    def release(self, name: tuple[str, int], key: Any) -> None:
+        """Take ``key`` out of buffer ``name``; delete its array if no buffer holds it."""
+        arr = self.table[name].pop(key)
+        if id(arr) not in self.live() and id(arr) not in self.keep:
+            arr.delete()
+
     def source(self, c: int) -> tuple[str, int]:
         for name in (("a", c), ("abar", c)):
             if name in self.table:
@@ -108,6 +116,43 @@ def _tree_bytes(tree: Any) -> int:
     return sum(int(leaf.nbytes) for leaf in jax.tree_util.tree_leaves(tree))
 
 
+def run_backward(
+    buf: Buffers, pb: Any, kernels: tuple, args: tuple, holders: dict | None, k: int
+) -> tuple:
+    """Run block k's backward phases (:mod:`jax_exec.auto.phases`) on ``args`` (its eight
+    argument groups): before each phase, free the block's own inputs no later phase
+    reads (``holders``: group -> per argument, its buffer and key; None: free none, as
+    graph nodes are freed by their own ops); after it, the intermediates no later
+    phase reads. Intermediates are held in buffer
+    ``("phase", k)`` (parameters' gradients outside). Returns ``(d_p, d_x, need,
+    temp)``: need is the largest over phases of the live bytes after its outputs plus
+    its kernel's temporary bytes, temp that kernel's."""
+    env = dict(zip(pb.flat.in_ids, jax.tree_util.tree_leaves(args), strict=True))
+    dp = set(pb.results[: pb.n_dp])
+    scratch = ("phase", k)
+    buf.table[scratch] = {}
+    need, temp = -1, 0
+    for j, (phase, kernel) in enumerate(zip(pb.phases, kernels, strict=True)):
+        for pos in pb.free_args[j] if holders is not None else ():
+            group, i = pb.groups[pos]
+            buf.release(*holders[group][i])
+            del env[pb.flat.in_ids[pos]]
+        outs = kernel.call(*(env[v] for v in phase.ins))
+        jax.block_until_ready(outs)
+        for v, arr in zip((*phase.outs, *(vid for vid, _ in phase.extras)), outs, strict=True):
+            env[v] = arr
+            if v not in dp:
+                buf.table[scratch][v] = arr
+        here = buf.nbytes() + kernel.temp_bytes
+        if here > need:
+            need, temp = here, kernel.temp_bytes
+        for v in pb.free_values[j]:
+            buf.release(scratch, v)
+            del env[v]
+    found = [env[v] for v in pb.results]
+    return tuple(found[: pb.n_dp]), tuple(found[pb.n_dp :]), need, temp
+
+
 def run_schedule(
     model: BlockModel, schedule: Schedule, params: Any, rest: Any, args: tuple
 ) -> AutoRunResult:
@@ -115,18 +160,17 @@ def run_schedule(
     op on these parameters, state and arguments (module docstring)."""
     simulate_blocks(model.problem, schedule)  # a valid schedule, or InvalidSchedule
     options = schedule_options(model.problem, schedule)
-    program, L = model.program, model.length
+    L = model.length
     gv = global_values(model, params, rest, args)
     keep = {id(a) for a in gv.values()}
-    buf = _Buffers(keep)
+    buf = Buffers(keep)
     buf.table["a", 0] = {}
     cuts = model.blocks.cuts
     results: dict[int, Any] = {}
     grads: dict[int, Any] = {}
     forwarded = [False] * (L + 1)
     loss = None
-    initial = buf.nbytes()
-    resident, op_peak, op_temp, op_times = [], [], [], []
+    meter = OpMeter(buf.nbytes())
 
     def inputs(k: int, src: dict) -> tuple:
         lay = model.layouts[k]
@@ -138,7 +182,6 @@ def run_schedule(
         for vid, d in zip(model.layouts[k].params, d_p, strict=True):
             grads[vid] = d if vid not in grads else grads[vid] + d
 
-    start_step = time.perf_counter()
     for op in schedule.ops:
         start = time.perf_counter()
         if isinstance(op, Loss):
@@ -167,21 +210,28 @@ def run_schedule(
             outs = tuple(saved[v] for v in lay.outs)
             res = tuple(results[v] for v in lay.results)
             new = tuple(saved[("new", j)] for j in range(len(fns.recipe.new)))
-            d_outs = tuple(d_next[v] for v, a in zip(lay.outs, lay.act_out, strict=True) if a)
+            act_outs = [v for v, a in zip(lay.outs, lay.act_out, strict=True) if a]
+            d_outs = tuple(d_next[v] for v in act_outs)
             flags = through_flags(model, k)
             active = [v for v, a in zip(lay.ins, lay.act_in, strict=True) if a]
             through = tuple(d_next[v] if f else None for v, f in zip(active, flags, strict=True))
-            kernel = model.kernel("backward", k, options[k])
-            d_p, d_x = kernel.call(p, g, x, outs, res, new, d_outs, through)
-            jax.block_until_ready(d_x)
+            holders = {  # where the block's own inputs live, to free them once consumed
+                "outs": [(("abar", k + 1), v) for v in lay.outs],
+                "new": [(("abar", k + 1), ("new", j)) for j in range(len(new))],
+                "d_outs": [(("d", k + 1), v) for v in act_outs],
+                "through": [(("d", k + 1), v) for v, f in zip(active, flags, strict=True) if f],
+            }
+            pb, kernels = model.backward_kernels(k, options[k])
+            d_p, d_x, need, temp = run_backward(
+                buf, pb, kernels, (p, g, x, outs, res, new, d_outs, through), holders, k
+            )
             add_grads(k, d_p)
             d_here = dict(zip(active, d_x, strict=True))
             for v in cuts[k]:  # cotangents block k does not touch keep their array
                 if v not in d_here and v in d_next:
                     d_here[v] = d_next[v]
             buf.table["d", k] = d_here
-            temp = kernel.temp_bytes
-            need = buf.nbytes() + temp
+            buf.drop(("phase", k))
             if src[0] == "a":
                 buf.drop(src)
             buf.drop(("d", k + 1))
@@ -218,13 +268,24 @@ def run_schedule(
                 buf.drop(src)
         else:  # pragma: no cover - simulate_blocks rejects foreign ops
             raise TypeError(f"not a chain op: {op!r}")
-        op_times.append(time.perf_counter() - start)
-        op_temp.append(temp)
-        op_peak.append(need)
-        resident.append(buf.nbytes())
-    total = time.perf_counter() - start_step
+        meter.record(time.perf_counter() - start, temp, need, buf.nbytes())
+    call = (params, rest, args)
+    return step_result(model, call, gv, grads, results, loss, meter, buf, schedule.ops)
+
+
+def step_result(
+    model: BlockModel, call: tuple, gv: dict, grads: dict, results: dict, loss: Any,
+    meter: OpMeter, buf: Buffers, ops: tuple,
+) -> AutoRunResult:  # fmt: skip
+    """The :class:`AutoRunResult` of a step once its ops ran (``buf``'s arrays are then
+    deleted): gradients per parameter leaf (the slices of a scanned stack's parameters
+    summed into their stack), ``aux`` and the state after the step from the blocks'
+    results, and what ``meter`` recorded."""
+    meter.stop()
     for name in list(buf.table):
         buf.drop(name)
+    params, rest, args = call
+    program = model.program
     for vid, (src, i) in sorted(program.derived.items(), reverse=True):
         if vid in grads:  # a slice of a stacked parameter: into its stack
             base = grads.get(src, jnp.zeros(program.avals[src].shape, program.avals[src].dtype))
@@ -248,16 +309,16 @@ def run_schedule(
         aux=aux if model.traced.has_aux else None,
         grads=grad_tree,
         new_state=new_state,
-        peak_bytes=max([initial, *op_peak]),
-        initial_bytes=initial,
-        resident_bytes=tuple(resident),
-        op_peak_bytes=tuple(op_peak),
-        op_temp_bytes=tuple(op_temp),
-        op_times=tuple(op_times),
-        total_time=total,
+        peak_bytes=max([meter.initial_bytes, *meter.peak]),
+        initial_bytes=meter.initial_bytes,
+        resident_bytes=tuple(meter.resident),
+        op_peak_bytes=tuple(meter.peak),
+        op_temp_bytes=tuple(meter.temp),
+        op_times=tuple(meter.times),
+        total_time=meter.total,
         param_bytes=_tree_bytes(params),
         grad_bytes=_tree_bytes(grad_leaves),
         input_bytes=_tree_bytes(tuple(args)),
         output_bytes=_tree_bytes((aux, new_state)),
-        ops=tuple(schedule.ops),
+        ops=tuple(ops),
     )

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import jax.extend.random as jax_random
 import numpy as np
 from flax import nnx
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
@@ -180,6 +181,7 @@ class _Builder:
         self.derived: dict[int, tuple[int, int]] = {}
         self.scans: list[ScanInfo] = []
         self.unroll = True
+        self.inlined = INLINED
 
     def slice_of(self, ref: Ref, i: int, where: str) -> Ref:
         """``ref[i]``: a global slice (no equation) for stacked globals, else traced."""
@@ -261,7 +263,7 @@ class _Builder:
 
         for eqn in jaxpr.eqns:
             ins = [read(v) for v in eqn.invars]
-            if eqn.primitive.name in INLINED and _closed(eqn) is not None:
+            if eqn.primitive.name in self.inlined and _closed(eqn) is not None:
                 inner = _closed(eqn)
                 outs = self.inline(inner.jaxpr, inner.consts, ins, source_of(eqn, where))
                 for var, ref in zip(eqn.outvars, outs, strict=True):
@@ -269,6 +271,12 @@ class _Builder:
                 continue
             if eqn.primitive.name == "scan" and self.unroll:
                 outs = self.unroll_scan(eqn, ins, source_of(eqn, where))
+                for var, ref in zip(eqn.outvars, outs, strict=True):
+                    env[var] = ref
+                continue
+            expanded = _expand(eqn, self.avals, ins)
+            if expanded is not None:  # random bits: as XLA computes them (see _expand)
+                outs = self.inline(expanded.jaxpr, expanded.consts, ins, source_of(eqn, where))
                 for var, ref in zip(eqn.outvars, outs, strict=True):
                     env[var] = ref
                 continue
@@ -292,6 +300,28 @@ class _Builder:
                 )
             )
         return [read(v) for v in jaxpr.outvars]
+
+
+THREEFRY = jax.random.key(0, impl="threefry2x32").dtype
+
+
+def _expand(eqn: Any, avals: list, ins: list) -> ClosedJaxpr | None:
+    """``random_bits`` of a threefry key as JAX's own implementation of it
+    (``threefry_prng_impl.random_bits``: ``threefry2x32`` of a counter, then the
+    ``xor`` of its two outputs), so that the program holds what XLA holds: XLA keeps
+    the generator's two outputs and fuses the ``xor`` into its readers. Same bits (the
+    same function lowers the primitive). Other equations: None."""
+    if eqn.primitive.name != "random_bits" or isinstance(ins[0], Lit):
+        return None
+    key = avals[ins[0]]
+    if key.dtype != THREEFRY or key.shape != ():
+        return None
+    width, shape = eqn.params["bit_width"], tuple(eqn.params["shape"])
+
+    def bits(k: Any) -> Any:
+        return jax_random.threefry_prng_impl.random_bits(jax.random.key_data(k), width, shape)
+
+    return jax.make_jaxpr(bits)(jax.ShapeDtypeStruct((), key.dtype))
 
 
 def _closed(eqn: Any) -> ClosedJaxpr | None:
@@ -422,6 +452,38 @@ def trace(loss_fn: Callable, model: Any, args: tuple, *, has_aux: bool = False) 
         scans=tuple(builder.scans),
     )
     return Traced(program, graphdef, params, rest, pure, has_aux)
+
+
+@dataclass(frozen=True)
+class FlatJaxpr:
+    """A closed jaxpr as flat equations over value ids (:func:`flatten`).
+
+    Attributes:
+        avals: shape and dtype of every value id.
+        eqns: the equations in order.
+        in_ids: value ids of the jaxpr's inputs.
+        outs: its outputs (value ids or literals).
+        consts: value id -> constant array.
+    """
+
+    avals: tuple
+    eqns: tuple[Eqn, ...]
+    in_ids: tuple[int, ...]
+    outs: tuple[Ref, ...]
+    consts: dict
+
+
+def flatten(closed: ClosedJaxpr, inline: tuple[str, ...] = ()) -> FlatJaxpr:
+    """``closed`` with nested ``jit``s (and the primitives named in ``inline``, e.g.
+    ``checkpoint``) inlined and scans kept whole: a :class:`FlatJaxpr`."""
+    builder = _Builder()
+    builder.unroll = False
+    builder.inlined = INLINED + tuple(inline)
+    ins = [builder.new(v.aval) for v in closed.jaxpr.invars]
+    outs = builder.inline(closed.jaxpr, closed.consts, ins)
+    return FlatJaxpr(
+        tuple(builder.avals), tuple(builder.eqns), tuple(ins), tuple(outs), dict(builder.consts)
+    )
 
 
 def read(env: dict, ref: Ref) -> Any:

@@ -7,8 +7,11 @@ needed to predict the op-by-op runtime's memory to the byte:
 1. **Options.** A recorded stage (``F_all``) keeps what its chosen option saves:
    option o of stage k keeps ``saved`` bytes beyond the stage's outputs, and its
    recording forward and backward have their own times and temporary bytes
-   (``rec_time``, ``rec_tmp``, ``bwd_time``, ``bwd_tmp``). One option per stage: a
-   schedule names them in ``meta["block_options"]`` (an index per stage).
+   (``rec_time``, ``rec_tmp``, ``bwd_time``, ``bwd_tmp``). A backward may free some
+   of the stage's own buffers before its peak (``bwd_release`` bytes: its saved
+   residuals, its outputs and their cotangents, once consumed; a backward run as
+   several kernels does). One option per stage: a schedule names them in
+   ``meta["block_options"]`` (an index per stage).
 2. **Values by identity.** The input a_c of stage c is a set of values (``cuts[c]``,
    ids into ``value_sizes``); a value read several cuts later (a skip connection)
    belongs to every cut in between, and is counted once however many resident
@@ -24,13 +27,13 @@ Ops, their order rules and the errors are the chain's (``F_ck``, ``F_n``, ``F_al
 ``Loss``, ``B``; docs/semantics.md). Memory needed by an op = bytes of the union of
 the resident buffers right after it adds its output, plus its temporary bytes (plain
 forwards ``fwd_tmp``, recording forwards the option's ``rec_tmp``, backwards its
-``bwd_tmp``, the loss ``loss_tmp``).
+``bwd_tmp`` minus its ``bwd_release``, the loss ``loss_tmp``).
 
 :meth:`BlockChain.to_chain` turns a choice of options into a plain
 :class:`~schedir.chain.Chain` whose sizes are the per-buffer sums (and fwd_tmp the
 larger of the plain and recording forward): its simulated peak is never below this
-model's, and equal when no value crosses two cuts and every cut value has a
-cotangent of its own size.
+model's, and equal when no value crosses two cuts, every cut value has a cotangent of
+its own size and no backward releases anything.
 """
 
 from __future__ import annotations
@@ -76,6 +79,9 @@ class BlockOption:
         rec_tmp: temporary bytes of the recording forward.
         bwd_time: seconds of the backward (recomputation included).
         bwd_tmp: temporary bytes of the backward (recomputed values included).
+        bwd_release: bytes of the stage's own buffers (its saved residuals, the values
+            it makes and their cotangents) the backward has freed at its peak; at most
+            those bytes (checked by :class:`BlockChain`).
     """
 
     name: str
@@ -84,9 +90,10 @@ class BlockOption:
     rec_tmp: int
     bwd_time: float
     bwd_tmp: int
+    bwd_release: int = 0
 
     def __post_init__(self) -> None:
-        for f in ("saved", "rec_tmp", "bwd_tmp"):
+        for f in ("saved", "rec_tmp", "bwd_tmp", "bwd_release"):
             object.__setattr__(self, f, _int(f"option {self.name!r}.{f}", getattr(self, f)))
         for f in ("rec_time", "bwd_time"):
             object.__setattr__(self, f, _time(f"option {self.name!r}.{f}", getattr(self, f)))
@@ -179,6 +186,20 @@ class BlockChain:
                     f"stages[{k}] ({stage.name}).reads: values {sorted(extra)} are not in cuts[{k}]"
                 )
             produced.append(frozenset(cuts[k + 1]) - frozenset(cuts[k]))
+        object.__setattr__(self, "cuts", cuts)
+        object.__setattr__(self, "value_sizes", sizes)
+        object.__setattr__(self, "grad_sizes", grads)
+        object.__setattr__(self, "stages", stages)
+        for k, stage in enumerate(stages):
+            own = self.own_bytes(k, produced[k])
+            for o in stage.options:
+                if o.bwd_release > o.saved + own:
+                    raise InvalidProblem(
+                        f"stages[{k}] ({stage.name}) option {o.name!r}.bwd_release = "
+                        f"{o.bwd_release}: a backward frees at most the stage's own "
+                        f"{o.saved + own} bytes (saved residuals, values it makes, their "
+                        f"cotangents)"
+                    )
         for c in range(1, L):
             for v in cuts[c]:
                 if v not in cuts[L] and not any(v in s.reads for s in stages[c:]):
@@ -197,6 +218,13 @@ class BlockChain:
     def length(self) -> int:
         """L, the number of stages before the loss."""
         return len(self.stages)
+
+    def own_bytes(self, k: int, produced: frozenset[int] | None = None) -> int:
+        """Bytes of the values stage k makes and of the cotangents in ``d[k+1]`` that
+        ``d[k]`` does not keep: what its backward may free besides its residuals."""
+        made = self.produced[k] if produced is None else produced
+        gone = self.grad_ids(k + 1) - self.grad_ids(k)
+        return sum(self.value_sizes[v] for v in made) + sum(self.grad_sizes[v] for v, _ in gone)
 
     def grad_ids(self, c: int) -> frozenset[tuple[int, int]]:
         """Cotangent identities of ``d[c]``: ``(value, r)`` with r the first stage at or
@@ -383,7 +411,8 @@ def simulate_blocks(problem: BlockChain, schedule_or_ops, *, record_buffers: boo
             stage = problem.stages[k]
             option = stage.options[opts[k]]
             if isinstance(op, B):
-                need, dt = total() + option.bwd_tmp, option.bwd_time
+                need = total() + option.bwd_tmp - option.bwd_release
+                dt = option.bwd_time
             elif isinstance(op, F_all):
                 need, dt = total() + option.rec_tmp, option.rec_time
             else:

@@ -16,7 +16,7 @@ bytes, ``g(c)`` = bytes of d[c] and ``gnew(c)`` = bytes of d[c] not in d[c+1]:
 - loss: C(m, L, L) = loss_time if m >= g(L) + loss_tmp;
 - record stage i with option o (``F_all(i)``, stages i+1..t, ``B(i)``): rec_time +
   bwd_time + C(m - s(i, o), i+1, t) (0 when i = t) if m >= g(t+1) + s(i, o) + rec_tmp
-  and m >= s(i, o) + g(i+1) + gnew(i) + bwd_tmp;
+  and m >= s(i, o) + g(i+1) + gnew(i) + bwd_tmp - bwd_release;
 - split at i < j <= t (``F_ck(i) F_n(i+1..j-1)``, stages j..t, then i..j-1): the
   forward times + C(m - x(i, j), j, t) + C(m, i, j-1) if m >= g(t+1) + x(i, i+1) +
   fwd_tmp[i] and m >= g(t+1) + bytes(a_l and a_{l+1} not in a_i) + fwd_tmp[l] for
@@ -77,7 +77,8 @@ class _Sizes:
     def record_need(self, i: int, t: int, o: int) -> int:
         opt = self.opts[i][o]
         s = self.s[i][o]
-        return max(self.g[t + 1] + s + opt.rec_tmp, s + self.g[i + 1] + self.gnew[i] + opt.bwd_tmp)
+        backward = s + self.g[i + 1] + self.gnew[i] + opt.bwd_tmp - opt.bwd_release
+        return max(self.g[t + 1] + s + opt.rec_tmp, backward)
 
     def sweep_need(self, i: int, j: int, t: int) -> int:
         """Memory besides a_i that ``F_ck(i) F_n(i+1..j-1)`` needs with d_{t+1} resident."""
@@ -198,7 +199,8 @@ class _Table:
                 for o, opt in enumerate(z.opts[i]):
                     s = q(z.s[i][o])
                     thr = q(z.g[t + 1]) + s + q(opt.rec_tmp)
-                    thr = max(thr, s + q(z.g[i + 1]) + q(z.gnew[i]) + q(opt.bwd_tmp))
+                    bwd = q(opt.bwd_tmp - opt.bwd_release)  # rounded up, may be negative
+                    thr = max(thr, s + q(z.g[i + 1]) + q(z.gnew[i]) + bwd)
                     base = opt.rec_time + opt.bwd_time
                     cand = np.full(W, np.inf)
                     if t == i:
@@ -230,7 +232,7 @@ class _Table:
             s = q(z.s[i][o])
             thr = max(
                 q(z.g[t + 1]) + s + q(opt.rec_tmp),
-                s + q(z.g[i + 1]) + q(z.gnew[i]) + q(opt.bwd_tmp),
+                s + q(z.g[i + 1]) + q(z.gnew[i]) + q(opt.bwd_tmp - opt.bwd_release),
             )
             if m < thr:
                 continue

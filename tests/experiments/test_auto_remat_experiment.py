@@ -24,10 +24,12 @@ def test_quick_mode(tmp_path: Path) -> None:
     methods = {r["method"] for r in rows}
     assert {"auto", "checkpoint_dots", "nothing_saveable", "everything_saveable"} <= methods
     assert "dtr (block graph)" in methods
+    milp = [r for r in rows if r["method"].startswith("checkmate_milp")]
+    assert milp and all(r["status"] in ("optimal", "time_limit") for r in milp)
     for r in rows:
         assert float(r["peak"]) > 0 and float(r["overhead"]) >= -1e-9
         if r["method"] == "auto":  # the simulator's peak fits the budget asked
             assert int(r["peak"]) <= int(r["budget"])
     text = (tmp_path / "auto_remat.md").read_text()
-    assert "| gpt |" in text and "Rockmate" in text
+    assert "| gpt |" in text and "Rockmate" in text and "optimal" in text
     assert (tmp_path / "auto_remat.png").exists()

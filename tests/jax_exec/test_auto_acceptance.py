@@ -8,8 +8,9 @@ equal plain ``nnx.value_and_grad`` (rtol 1e-5), the model state after the step
 (BatchNorm statistics, RNG counters) equals the plain step's, the op-by-op run's
 measured live bytes and needs equal the simulator's, its peak equals the plan's
 prediction and fits the budget, and the residuals JAX saves for the compiled step
-equal the plan's. The default run checks one budget of the U-Net, and the saved residuals of a small
-scanned stack; every example model at three budgets is ``slow``.
+equal the plan's. The default run checks one budget of the U-Net (and its store-all
+peak against XLA's), and the saved residuals of a small scanned stack; every example
+model at three budgets is ``slow``.
 """
 
 from __future__ import annotations
@@ -32,15 +33,16 @@ def _example_models():
     spec = importlib.util.spec_from_file_location("example_auto_models", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.MODELS
+    return module
 
 
-MODELS = _example_models()
+EXAMPLES = _example_models()
+MODELS = EXAMPLES.MODELS
 
 FRACTIONS = (0.0, 0.5, 1.0)  # of the way from the least feasible budget to store-all
 
 
-def accept(name: str, fractions: tuple[float, ...]) -> None:
+def accept(name: str, fractions: tuple[float, ...]):
     factory, loss_fn, args = MODELS[name](quick=True)
     ref = reference(factory, loss_fn, args)
     p = auto.plan(loss_fn, factory(), *args, budget="100%")
@@ -49,11 +51,16 @@ def accept(name: str, fractions: tuple[float, ...]) -> None:
     for fraction in fractions:
         q = p.replan(least + int(fraction * (p.store_all_peak - least)))
         check_plan(q, factory, loss_fn, args, ref)
+    return p, (factory, loss_fn, args)
 
 
 def test_one_budget_unet() -> None:
-    """Skip concatenations: values crossing several cuts, held once."""
-    accept("unet", (0.5,))
+    """Skip concatenations: values crossing several cuts, held once. And the store-all
+    peak within 15% of XLA's own for the plain step: the backward phases free what
+    they consumed, as XLA's one program does (it was 1.6x with one kernel a block)."""
+    p, model = accept("unet", (0.5,))
+    assert any(o.bwd_release > 0 for stage in p.problem.stages for o in stage.options)
+    assert 0.85 <= p.store_all_peak / EXAMPLES.xla_temp_bytes(*model) <= 1.15
 
 
 def test_scanned_parameter_slices_are_saved_residuals() -> None:

@@ -2,7 +2,8 @@
 
 The simulator is checked by hand on a skip connection; the DP against an exhaustive
 search over every persistent (tree-shaped) schedule and every option choice on random
-block chains of up to 3 stages with skip connections, values without cotangents, a
+block chains of up to 3 stages with skip connections, values without cotangents,
+backwards that free part of their stage's buffers before their peak, a
 non-empty a_0 and options that break the usual inequalities (large temporaries, zero
 sizes): at every budget it finds the brute-force optimum, and its least budget is the
 least budget of any persistent schedule.
@@ -10,6 +11,7 @@ least budget of any persistent schedule.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -117,7 +119,18 @@ def random_chain(rng: random.Random, L: int) -> BlockChain:
                                  tuple(options)))  # fmt: skip
     loss_time, loss_tmp = round(rng.uniform(0.5, 2), 2), rng.choice([0, rng.randint(0, 10)])
     cuts = tuple(tuple(c) for c in cuts)
-    return BlockChain(tuple(sizes), tuple(grads), cuts, tuple(stages), loss_time, loss_tmp)
+    p = BlockChain(tuple(sizes), tuple(grads), cuts, tuple(stages), loss_time, loss_tmp)
+
+    # backwards that free some of the stage's own buffers before their peak (phases)
+    def release(k: int, o: BlockOption) -> BlockOption:
+        top = o.saved + p.own_bytes(k)
+        return dataclasses.replace(o, bwd_release=rng.choice([0, rng.randint(0, top)]))
+
+    released = tuple(
+        dataclasses.replace(stage, options=tuple(release(k, o) for o in stage.options))
+        for k, stage in enumerate(p.stages)
+    )
+    return dataclasses.replace(p, stages=released)
 
 
 def trees(i: int, t: int, L: int):
@@ -190,6 +203,7 @@ def test_discretized_dp_fits_and_reports():
                         o.rec_tmp * scale,
                         o.bwd_time,
                         o.bwd_tmp * scale,
+                        o.bwd_release * scale,
                     )
                     for o in s.options
                 ),
