@@ -17,6 +17,7 @@ error naming the primitive and the user code it came from.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -302,7 +303,12 @@ class _Builder:
         return [read(v) for v in jaxpr.outvars]
 
 
-THREEFRY = jax.random.key(0, impl="threefry2x32").dtype
+@functools.cache
+def _threefry_dtype() -> Any:
+    """The dtype of a threefry key; computed on first use, since creating a key at
+    import time would start JAX's backend (``jax.distributed.initialize`` must come
+    before that)."""
+    return jax.eval_shape(lambda: jax.random.key(0, impl="threefry2x32")).dtype
 
 
 def _expand(eqn: Any, avals: list, ins: list) -> ClosedJaxpr | None:
@@ -314,7 +320,7 @@ def _expand(eqn: Any, avals: list, ins: list) -> ClosedJaxpr | None:
     if eqn.primitive.name != "random_bits" or isinstance(ins[0], Lit):
         return None
     key = avals[ins[0]]
-    if key.dtype != THREEFRY or key.shape != ():
+    if key.dtype != _threefry_dtype() or key.shape != ():
         return None
     width, shape = eqn.params["bit_width"], tuple(eqn.params["shape"])
 
