@@ -16,8 +16,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
+# Two workers (pytest-xdist; a file with a module fixture stays on one worker): CI has 2 cores.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

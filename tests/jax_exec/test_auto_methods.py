@@ -21,6 +21,9 @@ from jax_exec.auto.api import CHAIN_METHODS, GRAPH_METHODS
 from jax_exec.auto.lowering import expected_residuals, saved_residuals
 from schedir import GraphSchedule, simulate
 
+# one worker runs this file's tests: its module fixture is built once (make test: xdist)
+pytestmark = pytest.mark.xdist_group(__name__)
+
 ALL = (*CHAIN_METHODS, *(m if m not in CHAIN_METHODS else f"graph:{m}" for m in GRAPH_METHODS))
 
 

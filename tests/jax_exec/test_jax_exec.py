@@ -22,6 +22,9 @@ import schedir
 import solvers
 from jax_exec.models import mlp_stack, mse_loss, transformer_stack
 
+# one worker runs this file's tests: its module fixture is built once (make test: xdist)
+pytestmark = pytest.mark.xdist_group(__name__)
+
 RTOL, ATOL = 1e-5, 1e-6
 
 

@@ -17,6 +17,9 @@ from jax_exec.models import mlp_stack, mse_loss, residual_dag
 from jax_exec.offload.runtime import run_offload
 from schedir import GraphSchedule, OffloadSchedule, Schedule
 
+# one worker runs this file's tests: its module fixture is built once (make test: xdist)
+pytestmark = pytest.mark.xdist_group(__name__)
+
 
 @pytest.fixture(scope="module")
 def mlp():

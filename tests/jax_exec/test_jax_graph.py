@@ -27,6 +27,9 @@ from jax_exec.graph.profile import profile_graph
 from jax_exec.graph.runtime import run_graph
 from jax_exec.models import Add, Block, Concat, mse_loss, residual_dag
 
+# one worker runs this file's tests: its module fixture is built once (make test: xdist)
+pytestmark = pytest.mark.xdist_group(__name__)
+
 RTOL, ATOL = 1e-5, 1e-6
 METHODS = ("store_all", "chen_sqrt", "dtr", "checkmate_lp", "checkmate_milp")
 FRACTIONS = (1.0, 0.5, 0.2, 0.0)  # budget = least + f * (store-all peak - least)

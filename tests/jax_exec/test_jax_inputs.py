@@ -14,6 +14,9 @@ import schedir
 import solvers
 from jax_exec.models import mlp_stack, mse_loss
 
+# one worker runs this file's tests: its module fixture is built once (make test: xdist)
+pytestmark = pytest.mark.xdist_group(__name__)
+
 F_ck, F_n, F_all, B, Loss = schedir.F_ck, schedir.F_n, schedir.F_all, schedir.B, schedir.Loss
 
 

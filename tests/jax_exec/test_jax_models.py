@@ -28,6 +28,9 @@ from jax_exec.offload.lowering import (
 from jax_exec.offload.runtime import run_offload
 from schedir import B, F_all, F_ck, F_n, Loss, Offload, OffloadProblem, Platform, Prefetch, Wait
 
+# one worker runs this file's tests: its module fixture is built once (make test: xdist)
+pytestmark = pytest.mark.xdist_group(__name__)
+
 RTOL, ATOL = 1e-5, 1e-6
 
 

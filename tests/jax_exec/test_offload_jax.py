@@ -18,6 +18,9 @@ from jax_exec.offload.runtime import measure_platform
 from schedir import Offload, OffloadProblem, Platform, Prefetch
 from solvers.offload.rotor_offload import build_table
 
+# one worker runs this file's tests: its module fixture is built once (make test: xdist)
+pytestmark = pytest.mark.xdist_group(__name__)
+
 
 def plain(layers, x, y):
     return plain_value_and_grad(layers, mse_loss)(x, y)

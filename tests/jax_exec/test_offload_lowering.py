@@ -21,6 +21,9 @@ from jax_exec.offload.lowering import (
 from schedir import Offload, OffloadProblem, Platform
 from solvers.offload.rotor_offload import build_table
 
+# one worker runs this file's tests: its module fixture is built once (make test: xdist)
+pytestmark = pytest.mark.xdist_group(__name__)
+
 
 @pytest.fixture(scope="module")
 def mlp():

@@ -23,6 +23,9 @@ from pathlib import Path
 
 import pytest
 
+# one worker runs this file's tests: its module fixture is built once (make test: xdist)
+pytestmark = pytest.mark.xdist_group(__name__)
+
 ROOT = Path(__file__).resolve().parents[2]
 DEVICES = 8
 
