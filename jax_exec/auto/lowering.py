@@ -26,13 +26,20 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from jax_exec.auto.kernels import BlockFunctions
+from jax_exec.auto.loops import (
+    ScanRun,
+    boundary,
+    inner_values,
+    looped,
+    run_stacks,
+    scan_runs,
+    stack_key,
+)
 from jax_exec.auto.model import BlockModel, global_values
 from jax_exec.auto.trace import Lit
 from jax_exec.chain.tree import Empty, LossNode, Record, Segment, parse_tree
@@ -81,7 +88,7 @@ def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Calla
     blocks = {k: recorded(model.functions(k, options[k])) for k in range(L)}
     loss_block = recorded(model.functions(L, 0))
     runs = scan_runs(model, schedule) if loops else {}
-    run_fns = {k: looped(r, model.functions(k, options[k])) for k, r in runs.items()}
+    run_fns = {k: looped(model, r, options) for k, r in runs.items()}
 
     def args_of(k: int, gv: dict, state: dict) -> tuple:
         lay = model.layouts[k]
@@ -92,17 +99,19 @@ def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Calla
         )
 
     def run_loop(r: ScanRun, gv: dict, stacks: dict, state: dict, results: dict) -> dict:
-        def operands(links: tuple) -> tuple:
-            return tuple(
-                gv[ln[1]] if ln[0] == "same" else stacks[stack_key(ln, r.length)] for ln in links
-            )
+        def operand(key: tuple) -> Any:
+            return gv[key[1]] if key[0] == "same" else stacks[key[1]]
 
+        p_keys, g_keys = r.keys()
         c0 = tuple(state[v] for v in cuts[r.start])
-        cn, ys = run_fns[r.start](operands(r.params), operands(r.others), c0)
+        P, G = tuple(map(operand, p_keys)), tuple(map(operand, g_keys))
+        cn, ys = run_fns[r.start](P, G, c0)
         for t in range(r.length):
             i = t if r.step > 0 else r.length - 1 - t
-            results.update(zip(model.layouts[r.start + t].results, (y[i] for y in ys), strict=True))
-        return dict(zip(cuts[r.start + r.length], cn, strict=True))
+            for j, per_block in enumerate(ys):
+                lay = model.layouts[r.start + t * r.period + j]
+                results.update(zip(lay.results, (y[i] for y in per_block), strict=True))
+        return dict(zip(cuts[r.blocks.stop], cn, strict=True))
 
     def run(node: Any, gv: dict, stacks: dict, state: dict, results: dict) -> Any:
         """Runs ``node`` from the cut values ``state``; returns the state after its
@@ -118,7 +127,7 @@ def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Calla
             r = runs[node.index]
             if all(v in state for v in cuts[r.start]):
                 nxt = run_loop(r, gv, stacks, state, results)
-                for _ in range(r.length):
+                for _ in r.blocks:
                     node = node.rest
                 return run(node, gv, stacks, nxt, results)
         if isinstance(node, Record):
@@ -149,7 +158,7 @@ def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Calla
     def fn(params: Any, rest: Any, args: tuple) -> tuple:
         gv = global_values(model, params, rest, args)
         results: dict = {}
-        loss = run(tree, gv, run_stacks(model, runs, gv), {}, results)
+        loss = run(tree, gv, run_stacks(runs, gv), {}, results)
 
         def value(ref: Any) -> Any:
             if isinstance(ref, Lit):
@@ -185,7 +194,7 @@ def expected_residuals(model: BlockModel, schedule: Schedule, *, loops: bool = T
         return ((n, *shape) if n is not None else shape, str(spec.dtype))
 
     runs = scan_runs(model, schedule) if loops else {}
-    looped_blocks = {r.start + t for r in runs.values() if r.top for t in range(r.length)}
+    looped_blocks = {k for r in runs.values() if r.top for k in r.blocks}
 
     for name in names:
         kind, c = name.rstrip("]").split("[")
@@ -196,16 +205,22 @@ def expected_residuals(model: BlockModel, schedule: Schedule, *, loops: bool = T
         if kind == "abar" and c - 1 not in looped_blocks:
             for spec in model.functions(c - 1, options[c - 1]).recipe.new:
                 found[key(spec)] += 1
+    cuts = model.blocks.cuts
     for r in runs.values():
         if not r.top:
             continue
-        cuts = model.blocks.cuts
-        for j in r.changing:
-            inner = [cuts[r.start + t][j] for t in range(1, r.length)]
-            values.difference_update(inner)
-            found[key(avals[inner[0]], r.length - 1)] += 1
-        for spec in model.functions(r.start, options[r.start]).recipe.new:
-            found[key(spec, r.length)] += 1
+        for j, changes in enumerate(boundary(model, r)[2]):
+            if changes:
+                inner = [cuts[r.start + t * r.period][j] for t in range(1, r.length)]
+                values.difference_update(inner)
+                found[key(avals[inner[0]], r.length - 1)] += 1
+        for k, o in inner_values(model, r):
+            made = [model.layouts[k + t * r.period].outs[o] for t in range(r.length)]
+            values.difference_update(made)
+            found[key(avals[made[0]], r.length)] += 1
+        for k in range(r.start, r.start + r.period):
+            for spec in model.functions(k, options[k]).recipe.new:
+                found[key(spec, r.length)] += 1
     for v in values:
         found[key(avals[v])] += 1
     lay = model.layouts[model.length]  # the loss stage keeps its inputs, output, residuals
@@ -218,8 +233,9 @@ def expected_residuals(model: BlockModel, schedule: Schedule, *, loops: bool = T
     # A run reads them as stacked slice ranges (run_stacks), one per distinct range.
     read, stacks = set(), {}
     for k, lay in enumerate(model.layouts):
-        r = next((r for r in runs.values() if r.start <= k < r.start + r.length), None)
-        links = (*r.params, *r.others) if r is not None else ()
+        r = next((r for r in runs.values() if k in r.blocks), None)
+        t = r.template(k) - r.start if r is not None else 0
+        links = (*r.params[t], *r.others[t]) if r is not None else ()
         for j, v in enumerate((*lay.params, *lay.others)):
             if r is not None and links[j][0] == "stack":
                 stacks[stack_key(links[j], r.length)] = (v, r.length)
@@ -228,299 +244,6 @@ def expected_residuals(model: BlockModel, schedule: Schedule, *, loops: bool = T
     found.update(key(avals[v]) for v in model.program.derived if v in read)
     found.update(key(avals[v], n) for v, n in stacks.values())
     return found
-
-
-# ----------------------------------------------------------------------- scan runs
-
-
-@dataclass(frozen=True)
-class ScanRun:
-    """Blocks ``start .. start + length - 1``: consecutive Records of iterations of one
-    unrolled scan, identical blocks under one option, lowered as one loop.
-
-    Attributes:
-        start, length: the first block and the number of blocks (>= 2).
-        carry: per carry position (``cuts[start]``'s order), how block k+1's cut value
-            at that position comes out of block k's cut: ``("out", m)`` its m-th output
-            or ``("keep",)`` the same value (passing through).
-        ins: the positions of the block's ``x`` in the carry.
-        active: per carry position, whether the value is differentiated.
-        params, others: per position of the block's ``p`` / ``g``: ``("same", vid)``
-            (one global for every block) or ``("stack", src, lo)``: the slices
-            ``src[lo .. lo + length - 1]`` of a stacked global, one per block.
-        step: +1 if block ``start + t`` reads slice ``lo + t``, -1 if ``lo + length
-            - 1 - t`` (a reverse scan).
-        top: whether the run is on the tree's top level (its residuals are the step's).
-    """
-
-    start: int
-    length: int
-    carry: tuple
-    ins: tuple[int, ...]
-    active: tuple[bool, ...]
-    params: tuple
-    others: tuple
-    step: int
-    top: bool
-
-    @property
-    def changing(self) -> tuple[int, ...]:
-        """Carry positions whose value changes from block to block."""
-        return tuple(j for j, c in enumerate(self.carry) if c[0] == "out")
-
-
-def _scan_of(model: BlockModel, k: int) -> int | None:
-    start = model.blocks.blocks[k].start
-    for s, info in enumerate(model.program.scans):
-        if info.starts[0] <= start < info.starts[-1]:
-            return s
-    return None
-
-
-def _pair(model: BlockModel, options: tuple, k: int, j: int) -> tuple | None:
-    """How block j repeats block k (same key, option, carry and argument pattern):
-    ``(carry, ins, active, (p_links, g_links))`` where a link is ``("same", vid)`` or
-    ``("stack", src, i_k, i_j)``; None if it does not."""
-    blocks, cuts, avals = model.blocks.blocks, model.blocks.cuts, model.program.avals
-    if blocks[k].key != blocks[j].key or options[k] != options[j]:
-        return None
-    if _scan_of(model, k) is None or _scan_of(model, k) != _scan_of(model, j):
-        return None
-    a, b = model.layouts[k], model.layouts[j]
-    fns = model.functions(k, options[k])
-    if fns is not model.functions(j, options[j]) or any(
-        s == "result" for s, _ in fns.recipe.sources
-    ):
-        return None
-
-    def pattern(i: int) -> tuple | None:
-        lay, here, nxt = model.layouts[i], cuts[i], cuts[i + 1]
-        if len(here) != len(nxt) or any(
-            (avals[u].shape, avals[u].dtype) != (avals[v].shape, avals[v].dtype)
-            for u, v in zip(here, nxt, strict=True)
-        ):
-            return None
-        carry = []
-        for pos, v in enumerate(nxt):
-            if v in lay.outs:
-                carry.append(("out", lay.outs.index(v)))
-            elif here[pos] == v:
-                carry.append(("keep",))
-            else:
-                return None
-        if len({c for c in carry if c[0] == "out"}) != len(lay.outs):
-            return None  # an output that the next cut does not carry
-        if any(v not in here for v in lay.ins):
-            return None
-        ins = tuple(here.index(v) for v in lay.ins)
-        active = tuple(v in model.analysis.active for v in here)
-        return tuple(carry), ins, active
-
-    pa, pb = pattern(k), pattern(j)
-    if (
-        pa is None
-        or pa != pb
-        or any(
-            (avals[u].shape, avals[u].dtype) != (avals[v].shape, avals[v].dtype)
-            for u, v in zip(cuts[k], cuts[j], strict=True)
-        )
-    ):
-        return None
-    links = []
-    for us, vs in ((a.params, b.params), (a.others, b.others)):
-        row = []
-        for u, v in zip(us, vs, strict=True):
-            du, dv = model.program.derived.get(u), model.program.derived.get(v)
-            if u == v and du is None:
-                row.append(("same", u))
-            elif du is not None and dv is not None and du[0] == dv[0]:
-                row.append(("stack", du[0], du[1], dv[1]))
-            else:
-                return None
-        links.append(tuple(row))
-    return (*pa, tuple(links))
-
-
-def _grow(model: BlockModel, options: tuple, node: Record, top: bool) -> ScanRun | None:
-    """The longest scan run starting at Record ``node`` (None if shorter than 2)."""
-    k0, n, cur, first, step = node.index, 1, node, None, 0
-    while isinstance(cur.rest, Record) and cur.rest.index == k0 + n < model.length:
-        pair = _pair(model, options, k0, k0 + n)
-        if pair is None:
-            break
-        diffs = {ln[3] - ln[2] for row in pair[3] for ln in row if ln[0] == "stack"}
-        if len(diffs) != 1:  # one progression of slices over the stacked globals
-            break
-        d = diffs.pop()
-        if first is None:
-            if d not in (1, -1):
-                break
-            first, step = pair, d
-        elif d != step * n:
-            break
-        n, cur = n + 1, cur.rest
-    if first is None:
-        return None
-    carry, ins, active, links = first
-
-    def stacked(row: tuple) -> tuple:
-        lo = (lambda i: i) if step > 0 else (lambda i: i - (n - 1))
-        return tuple(ln if ln[0] == "same" else ("stack", ln[1], lo(ln[2])) for ln in row)
-
-    return ScanRun(k0, n, carry, ins, active, stacked(links[0]), stacked(links[1]), step, top)
-
-
-def scan_runs(model: BlockModel, schedule: Schedule) -> dict[int, ScanRun]:
-    """The scan runs of ``schedule``'s tree, by first block: maximal chains of Records
-    ``Record(k) -> Record(k+1) -> ...`` (at any level: the top, inside Segments) whose
-    blocks repeat one another (:class:`ScanRun`)."""
-    options = schedule_options(model.problem, schedule)
-    found: dict[int, ScanRun] = {}
-
-    def walk(node: Any, top: bool) -> None:
-        while isinstance(node, Record | Segment):
-            if isinstance(node, Segment):
-                walk(node.inside, False)
-                node = node.after
-                continue
-            found_run = _grow(model, options, node, top)
-            if found_run is None:
-                node = node.rest
-                continue
-            found[node.index] = found_run
-            for _ in range(found_run.length):
-                node = node.rest
-
-    walk(parse_tree(schedule, model.length), True)
-    return found
-
-
-def _at(stack: Any, i: Any) -> Any:
-    return jax.lax.dynamic_index_in_dim(stack, i, 0, keepdims=False)
-
-
-def looped(run: ScanRun, fns: BlockFunctions) -> Callable:
-    """``f(P, G, c0) -> (cn, ys)``: the run's blocks as one ``lax.scan`` over the slice
-    index (``reverse`` for a reverse scan), from the carry ``c0`` (the cut values
-    entering block ``start``) to ``cn``; ``ys`` are the blocks' results stacked in
-    slice order. ``P``/``G`` hold a stacked slice range per ``("stack", ...)``
-    argument and the global itself per ``("same", ...)`` one.
-
-    A ``jax.custom_vjp`` whose residuals are the unrolled Records' (so memory is the
-    plan's): ``c0`` and ``cn`` (the neighbours' values, held once), the carries
-    between the blocks stacked ``(length - 1, ...)`` per changing position, the
-    option's new residuals stacked ``(length, ...)``, and ``P``/``G``; the backward is
-    a reverse loop applying the block's backward (``fns.backward``), the cotangents
-    of values passing through summed in its carry.
-    """
-    n, lay, changing = run.length, fns.layout, run.changing
-    out_at = {c[1]: j for j, c in enumerate(run.carry) if c[0] == "out"}
-    n_act = sum(lay.act_in)
-    forward_reverse = run.step < 0
-
-    def time_of(i: Any) -> Any:  # the block (0 .. n-1 in execution order) reading slice i
-        return i if run.step > 0 else n - 1 - i
-
-    def pick(stacks: tuple, links: tuple, i: Any) -> tuple:
-        return tuple(
-            _at(a, i) if ln[0] == "stack" else a for a, ln in zip(stacks, links, strict=True)
-        )
-
-    def args(P: tuple, G: tuple, c: tuple, i: Any) -> tuple:
-        return pick(P, run.params, i), pick(G, run.others, i), tuple(c[j] for j in run.ins)
-
-    def advance(c: tuple, outs: tuple) -> tuple:
-        return tuple(
-            outs[ln[1]] if ln[0] == "out" else v for v, ln in zip(c, run.carry, strict=True)
-        )
-
-    @jax.custom_vjp
-    def f(P: tuple, G: tuple, c0: tuple) -> tuple:
-        def body(c: tuple, i: Any) -> tuple:
-            outs, results = fns.forward(*args(P, G, c, i))
-            return advance(c, outs), results
-
-        return jax.lax.scan(body, c0, jnp.arange(n), reverse=forward_reverse)
-
-    def f_fwd(P: tuple, G: tuple, c0: tuple):
-        mids0 = tuple(jnp.broadcast_to(c0[j], (n - 1, *c0[j].shape)) for j in changing)
-
-        def body(carry: tuple, i: Any) -> tuple:
-            c, mids = carry
-            # the carry entering block t goes to slot t - 1 (block 0's is overwritten)
-            w = jnp.maximum(time_of(i) - 1, 0)
-            mids = tuple(
-                jax.lax.dynamic_update_index_in_dim(m, c[j], w, 0)
-                for m, j in zip(mids, changing, strict=True)
-            )
-            outs, results, new = fns.record(*args(P, G, c, i))
-            return (advance(c, outs), mids), (results, new)
-
-        (cn, mids), (ys, new) = jax.lax.scan(
-            body, (c0, mids0), jnp.arange(n), reverse=forward_reverse
-        )
-        return (cn, ys), (P, G, c0, cn, mids, new)
-
-    def f_bwd(residuals: tuple, cts: tuple):
-        P, G, c0, cn, mids, new = residuals
-        d_cn = cts[0]
-        act = [j for j, a in enumerate(run.active) if a]
-
-        def body(carry: tuple, i: Any) -> tuple:
-            dc, d_same = carry
-            dc = dict(zip(act, dc, strict=True))
-            t = time_of(i)
-            c_in, c_out = list(c0), list(c0)
-            for m, j in zip(mids, changing, strict=True):
-                c_in[j] = jnp.where(t == 0, c0[j], _at(m, jnp.maximum(t - 1, 0)))
-                c_out[j] = jnp.where(t == n - 1, cn[j], _at(m, jnp.minimum(t, n - 2)))
-            p, g, x = args(P, G, c_in, i)
-            outs = tuple(c_out[out_at[m]] for m in range(len(lay.outs)))
-            d_outs = tuple(dc[out_at[m]] for m, a in enumerate(lay.act_out) if a)
-            new_i = tuple(_at(a, i) for a in new)
-            d_p, d_x = fns.backward(p, g, x, outs, (), new_i, d_outs, (None,) * n_act)
-            before = {j: dc[j] if run.carry[j][0] == "keep" else jnp.zeros_like(dc[j]) for j in act}
-            it = iter(d_x)
-            for pos, a in zip(run.ins, lay.act_in, strict=True):
-                if a:
-                    before[pos] = before[pos] + next(it)
-            same = [d for d, ln in zip(d_p, run.params, strict=True) if ln[0] == "same"]
-            d_same = tuple(s + d for s, d in zip(d_same, same, strict=True))
-            stacked = tuple(d for d, ln in zip(d_p, run.params, strict=True) if ln[0] == "stack")
-            return (tuple(before[j] for j in act), d_same), stacked
-
-        dc0 = tuple(d_cn[j] for j in act)
-        d_same0 = tuple(
-            jnp.zeros_like(a) for a, ln in zip(P, run.params, strict=True) if ln[0] == "same"
-        )
-        (dc, d_same), d_stacked = jax.lax.scan(
-            body, (dc0, d_same0), jnp.arange(n), reverse=not forward_reverse
-        )
-        same_it, stack_it = iter(d_same), iter(d_stacked)
-        d_P = tuple(next(same_it) if ln[0] == "same" else next(stack_it) for ln in run.params)
-        dc = dict(zip(act, dc, strict=True))
-        d_c0 = tuple(dc.get(j) for j in range(len(run.carry)))
-        return d_P, None, d_c0
-
-    f.defvjp(f_fwd, f_bwd)
-    return f
-
-
-def stack_key(link: tuple, n: int) -> str:
-    """Name of the stacked slice range ``src[lo .. lo + n - 1]`` of a run's argument."""
-    return f"{link[1]}:{link[2]}:{n}"
-
-
-def run_stacks(model: BlockModel, runs: dict, gv: dict) -> dict:
-    """The stacked slice ranges the runs read (:func:`stack_key` -> array)."""
-    stacks = {}
-    for r in runs.values():
-        for ln in (*r.params, *r.others):
-            if ln[0] == "stack":
-                stacks[stack_key(ln, r.length)] = jax.lax.slice_in_dim(
-                    gv[ln[1]], ln[2], ln[2] + r.length, axis=0
-                )
-    return stacks
 
 
 def saved_residuals(fn: Callable, *args: Any) -> Counter:

@@ -15,7 +15,8 @@ from flax import nnx
 from test_auto_plan import assert_close, reference
 
 from jax_exec import auto
-from jax_exec.auto.lowering import expected_residuals, lower, saved_residuals, scan_runs
+from jax_exec.auto.loops import boundary, scan_runs
+from jax_exec.auto.lowering import expected_residuals, lower, saved_residuals
 
 
 def has_scan(fn, *args) -> bool:
@@ -119,7 +120,7 @@ def test_scanned_stack_lowered_as_a_loop():
         q = p.replan(budget)
         check_loops(q, factory, loss_fn, args, ref, looped=True)
     runs = scan_runs(p.model, p.schedule)
-    assert [(r.start, r.length, r.step) for r in runs.values()] == [(1, 3, 1)]
+    assert [(r.start, r.period, r.length, r.step) for r in runs.values()] == [(1, 1, 3, 1)]
 
 
 def test_reverse_scan_and_a_value_passing_through():
@@ -128,7 +129,7 @@ def test_reverse_scan_and_a_value_passing_through():
     p = auto.plan(loss_fn, factory(), *args, budget="100%", exact=False)
     runs = scan_runs(p.model, p.schedule)
     assert sorted(r.step for r in runs.values()) == [-1, 1]  # both scans, one reversed
-    assert any(c == ("keep",) for r in runs.values() for c in r.carry)  # ctx
+    assert any(not c for r in runs.values() for c in boundary(p.model, r)[2])  # ctx
     q = p.replan(budgets(p, (0.25,))[0])
     assert {r.top for r in scan_runs(q.model, q.schedule).values()} == {True, False}
     for plan in (p, q):  # a run inside a checkpointed Segment too
