@@ -203,7 +203,13 @@ def _run_at(model: BlockModel, options: tuple, chain: list[int], top: bool) -> S
     """The scan run covering the most blocks at the start of ``chain`` (the shortest
     period on ties), or None."""
     best = None
+    cuts = model.blocks.cuts
     for m in range(1, min(MAX_PERIOD, len(chain) // 2) + 1):
+        entering, leaving = cuts[chain[0]], cuts[chain[0] + m]
+        if len(entering) != len(leaving) or any(
+            u != v and v in entering for u, v in zip(entering, leaving, strict=True)
+        ):
+            continue  # a value moving to another position: the carry would hold it twice
         found = _grow(model, options, chain, m)
         if found is not None and (best is None or found[0] * m > best[0] * best[1]):
             best = (found[0], m, found[1], found[2])

@@ -13,7 +13,10 @@ The schedule's tree (:func:`jax_exec.chain.tree.parse_tree`) is lowered like a c
 - a **Segment** (``F_ck(i) F_n(i+1..j-1)``) runs blocks i..j-1 under
   ``jax.checkpoint(prevent_cse=True)`` with the subtree's structure inside (only its
   input is saved; its backward recomputes the segment);
-- the **loss stage** is a Record with plain autodiff.
+- the **loss stage** is a Record with plain autodiff;
+- a **scan run** (consecutive Records of an unrolled scan's repeated blocks,
+  :mod:`jax_exec.auto.loops`) runs as one ``lax.scan`` whose residuals are the
+  Records', stacked (``lower(..., loops=False)`` unrolls it).
 
 So the residuals JAX saves at the top level are the values the schedule holds right
 before its ``Loss`` op, plus the loss stage's own residuals
