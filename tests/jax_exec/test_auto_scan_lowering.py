@@ -134,3 +134,33 @@ def test_reverse_scan_and_a_value_passing_through():
     assert {r.top for r in scan_runs(q.model, q.schedule).values()} == {True, False}
     for plan in (p, q):  # a run inside a checkpointed Segment too
         check_loops(plan, factory, loss_fn, args, ref, looped=True)
+
+
+class Emitting(nnx.Module):
+    """A scan whose iterations emit outputs (``ys``, stacked after the loop)."""
+
+    def __init__(self, *, rngs: nnx.Rngs):
+        self.stack = nnx.Param(0.3 * jax.random.normal(rngs.params(), (3, 4, 4)))
+
+    def __call__(self, x):
+        def layer(h, w):
+            h = jnp.tanh(h @ w)
+            return h, h.sum(axis=-1)
+
+        h, ys = jax.lax.scan(layer, x, self.stack[...])
+        return h + ys.mean(axis=0)[:, None]
+
+
+def test_scan_emitting_outputs_is_planned_unrolled():
+    """JAX >= 0.10 stacks ``ys`` with a ``stack`` primitive; the tracer stacks them
+    with known operations. Such a scan's cuts grow (every ys passes through), so it
+    stays unrolled; the compiled step equals the plain one."""
+    x = jax.random.normal(jax.random.key(1), (2, 4))
+    y = jax.random.normal(jax.random.key(2), (2, 4))
+
+    def factory():
+        return Emitting(rngs=nnx.Rngs(0))
+
+    ref = reference(factory, mse, (x, y))
+    p = auto.plan(mse, factory(), x, y, budget="100%", exact=False)
+    check_loops(p, factory, mse, (x, y), ref, looped=False)
