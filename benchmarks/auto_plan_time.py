@@ -6,9 +6,12 @@ the schedule runs are compiled for their temporary bytes) and prints the time of
 phase; target: under 30 s on a 2-core machine (``make bench`` runs ``--quick``). Without
 ``--quick`` it also plans without compiling kernels (``exact=False``: what
 ``value_and_grad`` does); ``--scan`` also plans the scanned transformer of the same
-depth and reports the compile time of its compiled step.
+depth and reports the XLA compile time of its compiled step with the scan runs kept as
+loops (``lower(..., loops=True)``, the default), unrolled (``loops=False``), and of
+plain ``jax.jit(nnx.value_and_grad(loss_fn))`` of the same model (which keeps the scan
+as one loop), in the same run, with their ratios.
 
-    PYTHONPATH=. python benchmarks/auto_plan_time.py [--quick] [--depth 24] [--scan]
+    PYTHONPATH=. python benchmarks/auto_plan_time.py [--quick] [--depth 24] [--scan | --only-scan]
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from auto_models import gpt, scanned  # noqa: E402
 
 from jax_exec import auto  # noqa: E402
+from jax_exec.auto.lowering import lower, scan_runs  # noqa: E402
 
 TARGET_SECONDS = 30.0
 
@@ -50,12 +54,43 @@ def report(name: str, make, depth: int, exact: bool, compile_step: bool) -> floa
         verdict = "within" if total < TARGET_SECONDS else "OVER"
         print(f"   {verdict} the target of {TARGET_SECONDS:.0f} s")
     if compile_step:
-        _, params, rest = nnx.split(model, nnx.Param, ...)
-        start = time.perf_counter()
-        step = jax.jit(jax.value_and_grad(p.lowered(), has_aux=True))
-        step.lower(params, rest, args).compile()
-        print(f"   compiled step: compiled in {time.perf_counter() - start:.1f} s")
+        print("   the plan at 50%:")
+        compile_times(p, factory, loss_fn, args)
+        print("   the plan at the store-all peak:")
+        compile_times(p.replan(p.store_all_peak), factory, loss_fn, args)
     return total
+
+
+def compile_times(p, factory, loss_fn, args) -> dict[str, tuple[float, float]]:
+    """``(trace and lower, XLA compile)`` seconds of the training step: plan ``p``'s
+    compiled step with its scan runs as loops and unrolled, and plain
+    ``jax.jit(nnx.value_and_grad)``."""
+    graphdef, params, rest = nnx.split(factory(), nnx.Param, ...)
+
+    def plain(params, rest, args):
+        return nnx.value_and_grad(loss_fn)(nnx.merge(graphdef, params, rest), *args)
+
+    steps = {
+        "loops": jax.value_and_grad(lower(p.model, p.schedule, loops=True), has_aux=True),
+        "unrolled": jax.value_and_grad(lower(p.model, p.schedule, loops=False), has_aux=True),
+        "plain": plain,
+    }
+    runs = scan_runs(p.model, p.schedule)
+    looped = sum(len(r.blocks) for r in runs.values())
+    print(f"   compiled step: {len(runs)} scan runs hold {looped} of {p.model.length} blocks")
+    times = {}
+    for name, step in steps.items():
+        start = time.perf_counter()
+        lowered = jax.jit(step).lower(params, rest, args)
+        traced = time.perf_counter() - start
+        lowered.compile()
+        times[name] = (traced, time.perf_counter() - start - traced)
+    line = ", ".join(f"{name} {t:.1f} + {c:.1f} s" for name, (t, c) in times.items())
+    (lt, lc), (ut, uc), (pt, pc) = times["loops"], times["unrolled"], times["plain"]
+    print(f"   trace + XLA compile: {line}; XLA compile unrolled / loops {uc / lc:.1f}x, "
+          f"loops / plain {lc / pc:.1f}x; in all unrolled / loops {(ut + uc) / (lt + lc):.1f}x, "
+          f"loops / plain {(lt + lc) / (pt + pc):.1f}x")  # fmt: skip
+    return times
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,11 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--depth", type=int, default=24)
     parser.add_argument("--quick", action="store_true", help="only plan's default settings")
     parser.add_argument("--scan", action="store_true", help="also the scanned transformer")
+    parser.add_argument("--only-scan", action="store_true", help="only the scanned transformer")
     ns = parser.parse_args(argv)
-    report("gpt", gpt, ns.depth, True, False)
-    if not ns.quick:
+    if not ns.only_scan:
+        report("gpt", gpt, ns.depth, True, False)
+    if not ns.quick and not ns.only_scan:
         report("gpt", gpt, ns.depth, False, False)
-    if ns.scan:
+    if ns.scan or ns.only_scan:
         report("scanned", scanned, ns.depth, False, True)
     return 0
 

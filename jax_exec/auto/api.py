@@ -125,17 +125,18 @@ class Plan:
             return err.min_budget
         return 0
 
-    def lowered(self) -> Callable:
+    def lowered(self, *, loops: bool = True) -> Callable:
         """``fn(params, rest, args) -> (loss, (aux, new_rest))`` following the schedule
-        (the compiled path, :func:`jax_exec.auto.lowering.lower`). Graph schedules
-        have no compiled path (they run op by op, :meth:`run`)."""
+        (the compiled path, :func:`jax_exec.auto.lowering.lower`; ``loops=False``
+        unrolls the scan runs it keeps as loops). Graph schedules have no compiled
+        path (they run op by op, :meth:`run`)."""
         if isinstance(self.schedule, GraphSchedule):
             raise ValueError(
                 f"method {self.method!r} makes a graph schedule, which runs op by op only "
                 f"(Plan.run); the compiled path follows block-chain schedules (method "
                 f"'auto', a JAX policy or a chain method)"
             )
-        return lower(self.model, self.schedule)
+        return lower(self.model, self.schedule, loops=loops)
 
     def run(self, model: Any, *args: Any) -> AutoRunResult:
         """Run the schedule op by op (measured memory) on ``model`` and ``args`` (same

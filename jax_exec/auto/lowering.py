@@ -13,7 +13,10 @@ The schedule's tree (:func:`jax_exec.chain.tree.parse_tree`) is lowered like a c
 - a **Segment** (``F_ck(i) F_n(i+1..j-1)``) runs blocks i..j-1 under
   ``jax.checkpoint(prevent_cse=True)`` with the subtree's structure inside (only its
   input is saved; its backward recomputes the segment);
-- the **loss stage** is a Record with plain autodiff.
+- the **loss stage** is a Record with plain autodiff;
+- a **scan run** (consecutive Records of an unrolled scan's repeated blocks,
+  :mod:`jax_exec.auto.loops`) runs as one ``lax.scan`` whose residuals are the
+  Records', stacked (``lower(..., loops=False)`` unrolls it).
 
 So the residuals JAX saves at the top level are the values the schedule holds right
 before its ``Loss`` op, plus the loss stage's own residuals
@@ -31,6 +34,15 @@ from typing import Any
 import jax
 
 from jax_exec.auto.kernels import BlockFunctions
+from jax_exec.auto.loops import (
+    ScanRun,
+    boundary,
+    inner_values,
+    looped,
+    run_stacks,
+    scan_runs,
+    stack_key,
+)
 from jax_exec.auto.model import BlockModel, global_values
 from jax_exec.auto.trace import Lit
 from jax_exec.chain.tree import Empty, LossNode, Record, Segment, parse_tree
@@ -66,10 +78,11 @@ def recorded(fns: BlockFunctions) -> Callable:
     return f
 
 
-def lower(model: BlockModel, schedule: Schedule) -> Callable:
+def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Callable:
     """``fn(params, rest, args) -> (loss, (aux, new_rest))``, differentiable, following
     ``schedule`` (module docstring). ``jax.value_and_grad(fn, has_aux=True)`` gives the
-    loss and the parameters' gradients."""
+    loss and the parameters' gradients. With ``loops`` the schedule's scan runs
+    (:func:`scan_runs`) are lowered as loops (:func:`looped`), else unrolled."""
     simulate_blocks(model.problem, schedule)
     options = schedule_options(model.problem, schedule)
     L = model.length
@@ -77,6 +90,8 @@ def lower(model: BlockModel, schedule: Schedule) -> Callable:
     cuts = model.blocks.cuts
     blocks = {k: recorded(model.functions(k, options[k])) for k in range(L)}
     loss_block = recorded(model.functions(L, 0))
+    runs = scan_runs(model, schedule) if loops else {}
+    run_fns = {k: looped(model, r, options) for k, r in runs.items()}
 
     def args_of(k: int, gv: dict, state: dict) -> tuple:
         lay = model.layouts[k]
@@ -86,7 +101,22 @@ def lower(model: BlockModel, schedule: Schedule) -> Callable:
             tuple(state[v] for v in lay.ins),
         )
 
-    def run(node: Any, gv: dict, state: dict, results: dict) -> Any:
+    def run_loop(r: ScanRun, gv: dict, stacks: dict, state: dict, results: dict) -> dict:
+        def operand(key: tuple) -> Any:
+            return gv[key[1]] if key[0] == "same" else stacks[key[1]]
+
+        p_keys, g_keys = r.keys()
+        c0 = tuple(state[v] for v in cuts[r.start])
+        P, G = tuple(map(operand, p_keys)), tuple(map(operand, g_keys))
+        cn, ys = run_fns[r.start](P, G, c0)
+        for t in range(r.length):
+            i = t if r.step > 0 else r.length - 1 - t
+            for j, per_block in enumerate(ys):
+                lay = model.layouts[r.start + t * r.period + j]
+                results.update(zip(lay.results, (y[i] for y in per_block), strict=True))
+        return dict(zip(cuts[r.blocks.stop], cn, strict=True))
+
+    def run(node: Any, gv: dict, stacks: dict, state: dict, results: dict) -> Any:
         """Runs ``node`` from the cut values ``state``; returns the state after its
         stages (or the loss), adding the blocks' results to ``results``."""
         if isinstance(node, Empty):
@@ -96,6 +126,13 @@ def lower(model: BlockModel, schedule: Schedule) -> Callable:
             (loss,), res = loss_block(*args_of(L, gv, state))
             results.update(zip(lay.results, res, strict=True))
             return loss
+        if isinstance(node, Record) and node.index in runs:
+            r = runs[node.index]
+            if all(v in state for v in cuts[r.start]):
+                nxt = run_loop(r, gv, stacks, state, results)
+                for _ in r.blocks:
+                    node = node.rest
+                return run(node, gv, stacks, nxt, results)
         if isinstance(node, Record):
             k = node.index
             lay = model.layouts[k]
@@ -103,18 +140,19 @@ def lower(model: BlockModel, schedule: Schedule) -> Callable:
             results.update(zip(lay.results, res, strict=True))
             nxt = {v: state[v] for v in cuts[k + 1] if v in state}
             nxt.update(zip(lay.outs, outs, strict=True))
-            return run(node.rest, gv, nxt, results)
+            return run(node.rest, gv, stacks, nxt, results)
         if isinstance(node, Segment):
 
-            def region(gv: dict, state: dict) -> tuple[dict, dict]:
+            def region(gv: dict, stacks: dict, state: dict) -> tuple[dict, dict]:
                 inner: dict = {}
-                out = run(node.inside, gv, state, inner)
+                out = run(node.inside, gv, stacks, state, inner)
                 return out, inner
 
             region_state = {v: state[v] for v in cuts[node.start]}
-            after_state, res = jax.checkpoint(region, prevent_cse=True)(gv, region_state)
+            checkpointed = jax.checkpoint(region, prevent_cse=True)
+            after_state, res = checkpointed(gv, stacks, region_state)
             results.update(res)
-            return run(node.after, gv, after_state, results)
+            return run(node.after, gv, stacks, after_state, results)
         raise TypeError(f"not a schedule tree node: {node!r}")  # pragma: no cover
 
     program = model.program
@@ -123,7 +161,7 @@ def lower(model: BlockModel, schedule: Schedule) -> Callable:
     def fn(params: Any, rest: Any, args: tuple) -> tuple:
         gv = global_values(model, params, rest, args)
         results: dict = {}
-        loss = run(tree, gv, {}, results)
+        loss = run(tree, gv, run_stacks(runs, gv), {}, results)
 
         def value(ref: Any) -> Any:
             if isinstance(ref, Lit):
@@ -137,12 +175,15 @@ def lower(model: BlockModel, schedule: Schedule) -> Callable:
     return fn
 
 
-def expected_residuals(model: BlockModel, schedule: Schedule) -> Counter:
-    """What the compiled step saves at the top level, as a multiset of
-    ``(shape, dtype)``: the values of the buffers resident right before ``Loss`` (each
-    value once; ``abar`` adds the option's new residuals) and the loss stage's (the
-    loss and its new residuals), and the slices of scanned stacks' parameters that the
-    blocks read. Compare with :func:`saved_residuals`."""
+def expected_residuals(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Counter:
+    """What the compiled step (:func:`lower` with the same ``loops``) saves at the top
+    level, as a multiset of ``(shape, dtype)``: the values of the buffers resident right
+    before ``Loss`` (each value once; ``abar`` adds the option's new residuals) and the
+    loss stage's (the loss and its new residuals), and the slices of scanned stacks'
+    parameters that the blocks read. A scan run (:func:`looped`) holds the same
+    arrays stacked: its inner carries as one ``(length - 1, ...)`` array per changing
+    carry position, its blocks' new residuals and parameter slices as ``(length, ...)``
+    arrays. Compare with :func:`saved_residuals`."""
     trace = simulate_blocks(model.problem, schedule, record_buffers=True)
     options = schedule_options(model.problem, schedule)
     at = next(i for i, op in enumerate(schedule.ops) if isinstance(op, Loss))
@@ -151,8 +192,12 @@ def expected_residuals(model: BlockModel, schedule: Schedule) -> Counter:
     values: set = set()
     found: Counter = Counter()
 
-    def key(spec: Any) -> tuple:
-        return (tuple(int(d) for d in spec.shape), str(spec.dtype))
+    def key(spec: Any, n: int | None = None) -> tuple:
+        shape = tuple(int(d) for d in spec.shape)
+        return ((n, *shape) if n is not None else shape, str(spec.dtype))
+
+    runs = scan_runs(model, schedule) if loops else {}
+    looped_blocks = {k for r in runs.values() if r.top for k in r.blocks}
 
     for name in names:
         kind, c = name.rstrip("]").split("[")
@@ -160,9 +205,25 @@ def expected_residuals(model: BlockModel, schedule: Schedule) -> Counter:
         if kind == "d":
             continue
         values.update(model.blocks.cuts[c])
-        if kind == "abar":
+        if kind == "abar" and c - 1 not in looped_blocks:
             for spec in model.functions(c - 1, options[c - 1]).recipe.new:
                 found[key(spec)] += 1
+    cuts = model.blocks.cuts
+    for r in runs.values():
+        if not r.top:
+            continue
+        for j, changes in enumerate(boundary(model, r)[2]):
+            if changes:
+                inner = [cuts[r.start + t * r.period][j] for t in range(1, r.length)]
+                values.difference_update(inner)
+                found[key(avals[inner[0]], r.length - 1)] += 1
+        for k, o in inner_values(model, r):
+            made = [model.layouts[k + t * r.period].outs[o] for t in range(r.length)]
+            values.difference_update(made)
+            found[key(avals[made[0]], r.length)] += 1
+        for k in range(r.start, r.start + r.period):
+            for spec in model.functions(k, options[k]).recipe.new:
+                found[key(spec, r.length)] += 1
     for v in values:
         found[key(avals[v])] += 1
     lay = model.layouts[model.length]  # the loss stage keeps its inputs, output, residuals
@@ -172,8 +233,19 @@ def expected_residuals(model: BlockModel, schedule: Schedule) -> Counter:
     # A scanned stack's per-iteration parameter slices are computed once per step from
     # the stacked parameters (global_values) and held for the whole step, by both
     # executors: JAX saves each slice a block reads; like parameters, not activations.
-    read = {v for lay in model.layouts for v in (*lay.params, *lay.others)}
+    # A run reads them as stacked slice ranges (run_stacks), one per distinct range.
+    read, stacks = set(), {}
+    for k, lay in enumerate(model.layouts):
+        r = next((r for r in runs.values() if k in r.blocks), None)
+        t = r.template(k) - r.start if r is not None else 0
+        links = (*r.params[t], *r.others[t]) if r is not None else ()
+        for j, v in enumerate((*lay.params, *lay.others)):
+            if r is not None and links[j][0] == "stack":
+                stacks[stack_key(links[j], r.length)] = (v, r.length)
+            else:
+                read.add(v)
     found.update(key(avals[v]) for v in model.program.derived if v in read)
+    found.update(key(avals[v], n) for v, n in stacks.values())
     return found
 
 

@@ -239,7 +239,11 @@ class _Builder:
                 else var.aval.update(shape=var.aval.shape[1:])
                 for r in parts
             ]
-            closed = jax.make_jaxpr(lambda *a: jax.numpy.stack(a))(*avals)
+            # concatenate of expanded slices, not jnp.stack: JAX >= 0.10 binds a
+            # `stack` primitive the analysis does not know
+            closed = jax.make_jaxpr(
+                lambda *a: jax.lax.concatenate([jax.lax.expand_dims(x, (0,)) for x in a], 0)
+            )(*avals)
             stacked.append(self.inline(closed.jaxpr, closed.consts, parts, where)[0])
         return [*carry, *stacked]
 

@@ -1,0 +1,428 @@
+"""Scan runs of a block-chain schedule kept as loops by the compiled path
+(docs/auto.md, "Compiled path"; :func:`jax_exec.auto.lowering.lower`).
+
+The tracer unrolls a ``scan`` into its iterations (:mod:`jax_exec.auto.trace`), so a
+scanned stack is a chain of identical blocks. A *scan run* is a chain of Records
+``Record(k) -> Record(k+1) -> ...`` of the schedule's tree whose blocks repeat with a
+period of ``m`` blocks (one or several blocks an iteration) ``n >= 2`` times: block
+``k + t*m + r`` is block ``k + r`` again (same kernels and option, its cut values in the
+same positions and shapes) reading the next slice of the same stacked globals. The run
+is lowered as one ``lax.scan`` over the slice index (:func:`looped`) whose residuals are
+the unrolled Records', stacked, so the compiled step saves the same bytes and XLA
+compiles the period once instead of ``n`` times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jax_exec.auto.model import BlockModel
+from jax_exec.chain.tree import Record, Segment, parse_tree
+from schedir import Schedule
+from schedir.blocks.problem import schedule_options
+
+MAX_PERIOD = 8  # blocks an iteration considered (a transformer layer is 2-4 blocks)
+
+
+@dataclass(frozen=True)
+class ScanRun:
+    """Blocks ``start .. start + period * length - 1`` of a schedule lowered as a loop.
+
+    Attributes:
+        start, period, length: the first block, the blocks a period (one iteration of
+            the loop) and the number of periods (>= 2).
+        params, others: per block of the first period, per position of its ``p`` /
+            ``g``: ``("same", vid)`` (one global for every period) or ``("stack", src,
+            lo)``: the slices ``src[lo .. lo + length - 1]`` of a stacked global, one
+            per period.
+        step: +1 if period t reads slice ``lo + t``, -1 if ``lo + length - 1 - t`` (a
+            reverse scan).
+        top: whether the run is on the tree's top level (its residuals are the step's).
+    """
+
+    start: int
+    period: int
+    length: int
+    params: tuple
+    others: tuple
+    step: int
+    top: bool
+
+    @property
+    def blocks(self) -> range:
+        return range(self.start, self.start + self.period * self.length)
+
+    def template(self, k: int) -> int:
+        """The block of the first period that block k repeats."""
+        return self.start + (k - self.start) % self.period
+
+    def keys(self) -> tuple[list, list]:
+        """The distinct operands of the loop, ``(params, others)``: ``("same", vid)``
+        or ``("stack", name)`` (:func:`stack_key`)."""
+        found: tuple[list, list] = ([], [])
+        for links, out in ((self.params, found[0]), (self.others, found[1])):
+            for row in links:
+                for ln in row:
+                    key = ln if ln[0] == "same" else ("stack", stack_key(ln, self.length))
+                    if key not in out:
+                        out.append(key)
+        return found
+
+
+def stack_key(link: tuple, n: int) -> str:
+    """Name of the stacked slice range ``src[lo .. lo + n - 1]`` of a run's operand."""
+    return f"{link[1]}:{link[2]}:{n}"
+
+
+def boundary(model: BlockModel, run: ScanRun) -> tuple[tuple, tuple, tuple[bool, ...]]:
+    """``(entering, leaving, changing)``: the cut values entering the first period and
+    leaving it (positionally alike), and per position whether it changes."""
+    cuts = model.blocks.cuts
+    entering, leaving = cuts[run.start], cuts[run.start + run.period]
+    return entering, leaving, tuple(u != v for u, v in zip(entering, leaving, strict=True))
+
+
+def inner_values(model: BlockModel, run: ScanRun) -> tuple[tuple[int, int], ...]:
+    """``(block of the first period, output index)`` of the outputs made inside a
+    period that do not leave it (the loop stacks them, one per period)."""
+    leaving = set(boundary(model, run)[1])
+    return tuple(
+        (k, o)
+        for k in range(run.start, run.start + run.period)
+        for o, v in enumerate(model.layouts[k].outs)
+        if v not in leaving
+    )
+
+
+def _scan_of(model: BlockModel, k: int) -> int | None:
+    start = model.blocks.blocks[k].start
+    for s, info in enumerate(model.program.scans):
+        if info.starts[0] <= start < info.starts[-1]:
+            return s
+    return None
+
+
+def _pattern(model: BlockModel, k: int) -> tuple | None:
+    """Block k's wiring by cut positions and shapes (alike for a repeated block):
+    where each value of ``cuts[k+1]`` comes from (``("out", o)`` or ``("keep", pos)``),
+    the positions it reads, which values are differentiated, the shapes."""
+    lay, here, nxt = model.layouts[k], model.blocks.cuts[k], model.blocks.cuts[k + 1]
+    avals = model.program.avals
+    origin = []
+    for v in nxt:
+        if v in lay.outs:
+            origin.append(("out", lay.outs.index(v)))
+        elif v in here:
+            origin.append(("keep", here.index(v)))
+        else:
+            return None
+    if len({o for o in origin if o[0] == "out"}) != len(lay.outs):
+        return None  # an output the next cut does not hold
+    if any(v not in here for v in lay.ins):
+        return None
+    shapes = tuple((avals[v].shape, avals[v].dtype) for v in (*here, *nxt))
+    active = tuple(v in model.analysis.active for v in (*here, *nxt))
+    return tuple(origin), tuple(here.index(v) for v in lay.ins), active, shapes
+
+
+def _links(model: BlockModel, k: int, j: int) -> tuple | None:
+    """How block j's globals follow block k's (``("same", vid)`` or ``("stack", src,
+    i_k, i_j)`` per position of ``p`` then ``g``); None if they do not."""
+    derived = model.program.derived
+    rows = []
+    for us, vs in (
+        (model.layouts[k].params, model.layouts[j].params),
+        (model.layouts[k].others, model.layouts[j].others),
+    ):
+        row = []
+        for u, v in zip(us, vs, strict=True):
+            du, dv = derived.get(u), derived.get(v)
+            if u == v and du is None:
+                row.append(("same", u))
+            elif du is not None and dv is not None and du[0] == dv[0]:
+                row.append(("stack", du[0], du[1], dv[1]))
+            else:
+                return None
+        rows.append(tuple(row))
+    return tuple(rows)
+
+
+def _repeats(model: BlockModel, options: tuple, k: int, j: int) -> tuple | None:
+    """Block j's links to block k (:func:`_links`) if it repeats it: same block and
+    option (so the same functions), same wiring, same unrolled scan; else None."""
+    blocks = model.blocks.blocks
+    if blocks[k].key != blocks[j].key or options[k] != options[j]:
+        return None
+    scan = _scan_of(model, k)
+    if scan is None or scan != _scan_of(model, j):
+        return None
+    fns = model.functions(k, options[k])
+    if fns is not model.functions(j, options[j]):
+        return None
+    if any(kind == "result" for kind, _ in fns.recipe.sources):
+        return None  # a backward reading a block's results (state): left unrolled
+    pattern = model.cached(("loop pattern", k), lambda: _pattern(model, k))
+    if pattern is None or pattern != model.cached(("loop pattern", j), lambda: _pattern(model, j)):
+        return None
+    return _links(model, k, j)
+
+
+def _grow(model: BlockModel, options: tuple, chain: list[int], m: int) -> tuple | None:
+    """``(length, step, links)`` of the run of period m at the start of ``chain`` (a
+    list of consecutive block indices reached by Records), or None."""
+    k0, t, step, first = chain[0], 1, 0, None
+    while (t + 1) * m <= len(chain):
+        diffs, rows = set(), []
+        for r in range(m):
+            links = _repeats(model, options, k0 + r, k0 + t * m + r)
+            if links is None:
+                break
+            diffs |= {ln[3] - ln[2] for row in links for ln in row if ln[0] == "stack"}
+            rows.append(links)
+        if len(rows) < m or len(diffs) != 1:
+            break
+        d = diffs.pop()
+        if t == 1:
+            if d not in (1, -1):
+                break
+            step, first = d, rows
+        elif d != step * t:
+            break
+        t += 1
+    if first is None:
+        return None
+    return t, step, first
+
+
+def _run_at(model: BlockModel, options: tuple, chain: list[int], top: bool) -> ScanRun | None:
+    """The scan run covering the most blocks at the start of ``chain`` (the shortest
+    period on ties), or None."""
+    best = None
+    cuts = model.blocks.cuts
+    for m in range(1, min(MAX_PERIOD, len(chain) // 2) + 1):
+        entering, leaving = cuts[chain[0]], cuts[chain[0] + m]
+        if len(entering) != len(leaving) or any(
+            u != v and v in entering for u, v in zip(entering, leaving, strict=True)
+        ):
+            continue  # a value moving to another position: the carry would hold it twice
+        found = _grow(model, options, chain, m)
+        if found is not None and (best is None or found[0] * m > best[0] * best[1]):
+            best = (found[0], m, found[1], found[2])
+    if best is None:
+        return None
+    n, m, step, rows = best
+
+    def stacked(row: tuple) -> tuple:
+        return tuple(
+            ln if ln[0] == "same" else ("stack", ln[1], ln[2] if step > 0 else ln[2] - (n - 1))
+            for ln in row
+        )
+
+    return ScanRun(
+        chain[0], m, n, tuple(stacked(r[0]) for r in rows), tuple(stacked(r[1]) for r in rows),
+        step, top,
+    )  # fmt: skip
+
+
+def scan_runs(model: BlockModel, schedule: Schedule) -> dict[int, ScanRun]:
+    """The scan runs of ``schedule``'s tree, by first block (:class:`ScanRun`), in the
+    Record chains at every level (the top, inside Segments)."""
+    options = schedule_options(model.problem, schedule)
+    found: dict[int, ScanRun] = {}
+
+    def walk(node: Any, top: bool) -> None:
+        while isinstance(node, Record | Segment):
+            if isinstance(node, Segment):
+                walk(node.inside, False)
+                node = node.after
+                continue
+            chain, cur = [node.index], node
+            while isinstance(cur.rest, Record) and cur.rest.index == chain[-1] + 1:
+                cur = cur.rest
+                chain.append(cur.index)
+            run = _run_at(model, options, chain, top)
+            skip = 1 if run is None else run.period * run.length
+            if run is not None:
+                found[node.index] = run
+            for _ in range(skip):
+                node = node.rest
+
+    walk(parse_tree(schedule, model.length), True)
+    return found
+
+
+def run_stacks(runs: dict, gv: dict) -> dict:
+    """The stacked slice ranges the runs read (:func:`stack_key` -> array), sliced from
+    the stacked globals once per step."""
+    stacks = {}
+    for r in runs.values():
+        for row in (*r.params, *r.others):
+            for ln in row:
+                if ln[0] == "stack":
+                    stacks[stack_key(ln, r.length)] = jax.lax.slice_in_dim(
+                        gv[ln[1]], ln[2], ln[2] + r.length, axis=0
+                    )
+    return stacks
+
+
+def _at(stack: Any, i: Any) -> Any:
+    return jax.lax.dynamic_index_in_dim(stack, i, 0, keepdims=False)
+
+
+def looped(model: BlockModel, run: ScanRun, options: tuple) -> Callable:
+    """``f(P, G, c0) -> (cn, ys)``: the run as one ``lax.scan`` over the slice index
+    (``reverse`` for a reverse scan) from ``c0``, the cut values entering it, to
+    ``cn``, those leaving it; ``ys`` per block of a period its results, stacked in
+    slice order. ``P``/``G``: the operands of :meth:`ScanRun.keys` (a stacked slice
+    range, or the global itself).
+
+    A ``jax.custom_vjp`` whose residuals are the unrolled Records' (so memory is the
+    plan's), stacked: ``c0`` and ``cn`` (held once with the neighbouring blocks), the
+    cut values between periods as one ``(length - 1, ...)`` array per changing
+    position, the outputs made and consumed inside a period and the options' new
+    residuals as ``(length, ...)`` arrays, and ``P``/``G``. The backward is a reverse
+    loop applying the blocks' backwards (``BlockFunctions.backward``), the cotangents
+    of values read by several blocks or passing through summed.
+    """
+    n, m, k0 = run.length, run.period, run.start
+    layouts = [model.layouts[k] for k in range(k0, k0 + m)]
+    fns = [model.functions(k, options[k]) for k in range(k0, k0 + m)]
+    entering, leaving, changing = boundary(model, run)
+    moving = [j for j, c in enumerate(changing) if c]
+    inner = [layouts[k - k0].outs[o] for k, o in inner_values(model, run)]
+    p_keys, g_keys = run.keys()
+    active = model.analysis.active
+    forward_reverse = run.step < 0
+
+    def time_of(i: Any) -> Any:  # the period (0 .. n-1 in execution order) reading slice i
+        return i if run.step > 0 else n - 1 - i
+
+    def operands(P: tuple, G: tuple, r: int, i: Any) -> tuple:
+        def pick(keys: list, values: tuple, row: tuple) -> tuple:
+            out = []
+            for ln in row:
+                key = ln if ln[0] == "same" else ("stack", stack_key(ln, n))
+                value = values[keys.index(key)]
+                out.append(value if ln[0] == "same" else _at(value, i))
+            return tuple(out)
+
+        return pick(p_keys, P, run.params[r]), pick(g_keys, G, run.others[r])
+
+    def period(P: tuple, G: tuple, c: tuple, i: Any, record: bool) -> tuple:
+        state = dict(zip(entering, c, strict=True))
+        results, news = [], []
+        for r in range(m):
+            p, g = operands(P, G, r, i)
+            x = tuple(state[v] for v in layouts[r].ins)
+            if record:
+                outs, res, new = fns[r].record(p, g, x)
+                news.append(new)
+            else:
+                outs, res = fns[r].forward(p, g, x)
+            state.update(zip(layouts[r].outs, outs, strict=True))
+            results.append(res)
+        c_next = tuple(state[v] for v in leaving)
+        return c_next, tuple(results), tuple(news), tuple(state[v] for v in inner)
+
+    @jax.custom_vjp
+    def f(P: tuple, G: tuple, c0: tuple) -> tuple:
+        def body(c: tuple, i: Any) -> tuple:
+            c_next, results, _, _ = period(P, G, c, i, False)
+            return c_next, results
+
+        return jax.lax.scan(body, c0, jnp.arange(n), reverse=forward_reverse)
+
+    def f_fwd(P: tuple, G: tuple, c0: tuple):
+        mids0 = tuple(jnp.broadcast_to(c0[j], (n - 1, *c0[j].shape)) for j in moving)
+
+        def body(carry: tuple, i: Any) -> tuple:
+            c, mids = carry
+            # the carry entering period t goes to slot t - 1 (period 0's is overwritten)
+            w = jnp.maximum(time_of(i) - 1, 0)
+            mids = tuple(
+                jax.lax.dynamic_update_index_in_dim(a, c[j], w, 0)
+                for a, j in zip(mids, moving, strict=True)
+            )
+            c_next, results, news, inside = period(P, G, c, i, True)
+            return (c_next, mids), (results, news, inside)
+
+        (cn, mids), (ys, news, inside) = jax.lax.scan(
+            body, (c0, mids0), jnp.arange(n), reverse=forward_reverse
+        )
+        return (cn, ys), (P, G, c0, cn, mids, news, inside)
+
+    def f_bwd(residuals: tuple, cts: tuple):
+        P, G, c0, cn, mids, news, inside = residuals
+        d_cn = cts[0]
+        act_in = [j for j, v in enumerate(entering) if v in active]
+        act_out = [j for j, v in enumerate(leaving) if v in active]
+        same_p = [q for q, key in enumerate(p_keys) if key[0] == "same"]
+        stack_p = [q for q, key in enumerate(p_keys) if key[0] == "stack"]
+
+        def body(carry: tuple, i: Any) -> tuple:
+            dc, d_same = carry
+            t = time_of(i)
+            c_in, c_out = list(c0), list(c0)
+            for a, j in zip(mids, moving, strict=True):
+                c_in[j] = jnp.where(t == 0, c0[j], _at(a, jnp.maximum(t - 1, 0)))
+                c_out[j] = jnp.where(t == n - 1, cn[j], _at(a, jnp.minimum(t, n - 2)))
+            state = dict(zip(entering, c_in, strict=True))
+            state.update(zip(inner, (_at(a, i) for a in inside), strict=True))
+            state.update(zip(leaving, c_out, strict=True))
+            d = dict(zip((leaving[j] for j in act_out), dc, strict=True))
+            d_P: list = [None] * len(P)
+            for r in reversed(range(m)):
+                lay = layouts[r]
+                p, g = operands(P, G, r, i)
+                x = tuple(state[v] for v in lay.ins)
+                outs = tuple(state[v] for v in lay.outs)
+                d_outs = tuple(
+                    d.pop(v) if v in d else jnp.zeros_like(state[v])
+                    for v, a in zip(lay.outs, lay.act_out, strict=True)
+                    if a
+                )
+                new = tuple(_at(a, i) for a in news[r])
+                n_act = sum(lay.act_in)
+                d_p, d_x = fns[r].backward(p, g, x, outs, (), new, d_outs, (None,) * n_act)
+                it = iter(d_x)
+                for v, a in zip(lay.ins, lay.act_in, strict=True):
+                    if a:
+                        dx = next(it)
+                        d[v] = d[v] + dx if v in d else dx
+                for ln, dp in zip(run.params[r], d_p, strict=True):
+                    key = ln if ln[0] == "same" else ("stack", stack_key(ln, n))
+                    q = p_keys.index(key)
+                    d_P[q] = dp if d_P[q] is None else d_P[q] + dp
+            d_P = [
+                jnp.zeros_like(P[q]) if dp is None and q in same_p else dp
+                for q, dp in enumerate(d_P)
+            ]
+            dc_next = tuple(
+                d.get(entering[j], jnp.zeros_like(c_in[j])) for j in act_in
+            )  # fmt: skip
+            d_same = tuple(s + d_P[q] for s, q in zip(d_same, same_p, strict=True))
+            ys = tuple(
+                d_P[q] if d_P[q] is not None else jnp.zeros_like(_at(P[q], i)) for q in stack_p
+            )
+            return (dc_next, d_same), ys
+
+        if act_in != act_out:  # pragma: no cover - the wiring check keeps them alike
+            raise AssertionError(f"scan run at block {k0}: its differentiated carry changed")
+        dc0 = tuple(d_cn[j] for j in act_out)
+        d_same0 = tuple(jnp.zeros_like(P[q]) for q in same_p)
+        (dc, d_same), d_stacked = jax.lax.scan(
+            body, (dc0, d_same0), jnp.arange(n), reverse=not forward_reverse
+        )
+        same_it, stack_it = iter(d_same), iter(d_stacked)
+        d_P = tuple(next(same_it) if key[0] == "same" else next(stack_it) for key in p_keys)
+        dc = dict(zip(act_in, dc, strict=True))
+        d_c0 = tuple(dc.get(j) for j in range(len(entering)))
+        return d_P, None, d_c0
+
+    f.defvjp(f_fwd, f_bwd)
+    return f

@@ -1,0 +1,166 @@
+"""The compiled path keeps a scanned stack as a loop (jax_exec.auto.lowering.scan_runs):
+consecutive Records of one unrolled scan's identical blocks become one ``lax.scan``
+with the unrolled residuals stacked. Against plain ``nnx.value_and_grad`` (loss,
+gradients, model state) and JAX's account of the saved residuals, at store-all and at
+tighter budgets where runs remain; the unrolled lowering (``loops=False``) alongside."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from auto_models import make_scan, mse
+from flax import nnx
+from test_auto_plan import assert_close, reference
+
+from jax_exec import auto
+from jax_exec.auto.loops import boundary, scan_runs
+from jax_exec.auto.lowering import expected_residuals, lower, saved_residuals
+
+
+def has_scan(fn, *args) -> bool:
+    jaxpr = jax.make_jaxpr(jax.value_and_grad(fn, has_aux=True))(*args)
+
+    def walk(j) -> bool:
+        for eqn in j.eqns:
+            if eqn.primitive.name == "scan":
+                return True
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                if walk(sub):
+                    return True
+        return False
+
+    return walk(jaxpr.jaxpr)
+
+
+class NormLayer(nnx.Module):
+    def __init__(self, width: int, *, rngs: nnx.Rngs):
+        self.lin = nnx.Linear(width, width, rngs=rngs)
+        self.ln = nnx.LayerNorm(width, rngs=rngs)
+
+
+class Context(nnx.Module):
+    """A reverse ``lax.scan`` over stacked weights, then an ``nnx.scan`` over layers
+    reading a value computed before it (``ctx``: passes through every block)."""
+
+    def __init__(self, width: int, depth: int, *, rngs: nnx.Rngs):
+        self.inp = nnx.Linear(6, width, rngs=rngs)
+        self.stack = nnx.Param(0.3 * jax.random.normal(rngs.params(), (depth, width, width)))
+
+        @nnx.split_rngs(splits=depth)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def create(rngs: nnx.Rngs):
+            return NormLayer(width, rngs=rngs)
+
+        self.layers = create(rngs)
+        self.out = nnx.Linear(width, 3, rngs=rngs)
+
+    def __call__(self, x):
+        h = self.inp(x)
+        ctx = jnp.tanh(h)
+
+        def mix(h, w):
+            return jnp.tanh(h @ w) + h, None
+
+        h, _ = jax.lax.scan(mix, h, self.stack[...], reverse=True)
+
+        @nnx.scan(in_axes=(0, nnx.Carry), out_axes=nnx.Carry)
+        def body(layer, h):
+            return h + jax.nn.relu(layer.ln(layer.lin(h))) * ctx
+
+        return self.out(body(self.layers, h))
+
+
+def make_context(width=8, depth=3, batch=4):
+    x = jax.random.normal(jax.random.key(1), (batch, 6))
+    y = jax.random.normal(jax.random.key(2), (batch, 3))
+    return (lambda: Context(width, depth, rngs=nnx.Rngs(0))), mse, (x, y)
+
+
+def budgets(p, fractions):
+    least = p.least_budget()
+    return [least + int(f * (p.store_all_peak - least)) for f in fractions]
+
+
+def check_loops(q, factory, loss_fn, args, ref, *, looped: bool) -> None:
+    """The plan's compiled step (loops on) against the oracles (as check_plan's compiled
+    half; the op-by-op run does not change with loops), the loop in its jaxpr iff the
+    schedule has runs; the unrolled step saves the same bytes, unstacked."""
+    _, params, rest = nnx.split(factory(), nnx.Param, ...)
+    fn = q.lowered()
+    (c_loss, (_, c_state)), c_grads = jax.jit(jax.value_and_grad(fn, has_aux=True))(
+        params, rest, args
+    )
+    loss, grads, state = ref
+    assert_close(c_loss, loss)
+    assert_close(c_grads, grads)
+    assert_close(c_state, state)
+    assert saved_residuals(fn, params, rest, args) == expected_residuals(q.model, q.schedule)
+    assert bool(scan_runs(q.model, q.schedule)) == looped
+    assert has_scan(fn, params, rest, args) == looped
+    unrolled = lower(q.model, q.schedule, loops=False)
+    assert not has_scan(unrolled, params, rest, args)
+    want = expected_residuals(q.model, q.schedule, loops=False)
+    assert saved_residuals(unrolled, params, rest, args) == want
+
+    def nbytes(counter) -> int:
+        return sum(int(np.prod(s)) * np.dtype(d).itemsize * c for (s, d), c in counter.items())
+
+    # the loop holds the unrolled residuals, stacked: the same bytes
+    assert nbytes(expected_residuals(q.model, q.schedule)) == nbytes(want)
+
+
+@pytest.mark.slow
+def test_scanned_stack_lowered_as_a_loop():
+    factory, loss_fn, args = make_scan(width=8, depth=3, batch=4)
+    ref = reference(factory, loss_fn, args)
+    p = auto.plan(loss_fn, factory(), *args, budget="100%", exact=False)
+    for budget in budgets(p, (1.0, 0.4)):
+        q = p.replan(budget)
+        check_loops(q, factory, loss_fn, args, ref, looped=True)
+    runs = scan_runs(p.model, p.schedule)
+    assert [(r.start, r.period, r.length, r.step) for r in runs.values()] == [(1, 1, 3, 1)]
+
+
+def test_reverse_scan_and_a_value_passing_through():
+    factory, loss_fn, args = make_context()
+    ref = reference(factory, loss_fn, args)
+    p = auto.plan(loss_fn, factory(), *args, budget="100%", exact=False)
+    runs = scan_runs(p.model, p.schedule)
+    assert sorted(r.step for r in runs.values()) == [-1, 1]  # both scans, one reversed
+    assert any(not c for r in runs.values() for c in boundary(p.model, r)[2])  # ctx
+    q = p.replan(budgets(p, (0.25,))[0])
+    assert {r.top for r in scan_runs(q.model, q.schedule).values()} == {True, False}
+    for plan in (p, q):  # a run inside a checkpointed Segment too
+        check_loops(plan, factory, loss_fn, args, ref, looped=True)
+
+
+class Emitting(nnx.Module):
+    """A scan whose iterations emit outputs (``ys``, stacked after the loop)."""
+
+    def __init__(self, *, rngs: nnx.Rngs):
+        self.stack = nnx.Param(0.3 * jax.random.normal(rngs.params(), (3, 4, 4)))
+
+    def __call__(self, x):
+        def layer(h, w):
+            h = jnp.tanh(h @ w)
+            return h, h.sum(axis=-1)
+
+        h, ys = jax.lax.scan(layer, x, self.stack[...])
+        return h + ys.mean(axis=0)[:, None]
+
+
+def test_scan_emitting_outputs_is_planned_unrolled():
+    """JAX >= 0.10 stacks ``ys`` with a ``stack`` primitive; the tracer stacks them
+    with known operations. Such a scan's cuts grow (every ys passes through), so it
+    stays unrolled; the compiled step equals the plain one."""
+    x = jax.random.normal(jax.random.key(1), (2, 4))
+    y = jax.random.normal(jax.random.key(2), (2, 4))
+
+    def factory():
+        return Emitting(rngs=nnx.Rngs(0))
+
+    ref = reference(factory, mse, (x, y))
+    p = auto.plan(mse, factory(), x, y, budget="100%", exact=False)
+    check_loops(p, factory, mse, (x, y), ref, looped=False)
