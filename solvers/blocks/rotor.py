@@ -271,6 +271,37 @@ def store_all(p: BlockChain) -> tuple[tuple, list[int]]:
     return tuple(ops), options
 
 
+def uniform_options(p: BlockChain, ops: tuple, options: list[int], budget: int) -> list[int]:
+    """``options`` with ties broken towards one option per kind of stage.
+
+    The DP is indifferent between options of equal cost, so identical blocks (a
+    transformer's layers, a scan's iterations) may alternate between them, and the
+    compiled path keeps a run of identical blocks as one loop only where they share an
+    option (:mod:`jax_exec.auto.loops`). Each stage whose option differs from the most
+    common one among stages with the same options takes it when the schedule still fits
+    ``budget`` and is no slower (a tie)."""
+    groups: dict = {}
+    for k, stage in enumerate(p.stages):
+        groups.setdefault((stage.options, stage.fwd_time, stage.fwd_tmp), []).append(k)
+    options = list(options)
+    trace = simulate_blocks(p, Schedule(ops, {"block_options": options}))
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        counts: dict[int, int] = {}
+        for k in members:
+            counts[options[k]] = counts.get(options[k], 0) + 1
+        common = max(counts, key=lambda o: (counts[o], -o))
+        for k in members:
+            if options[k] == common:
+                continue
+            trial = options[:k] + [common] + options[k + 1 :]
+            new = simulate_blocks(p, Schedule(ops, {"block_options": trial}))
+            if new.peak_memory <= budget and new.makespan <= trace.makespan:
+                options, trace = trial, new
+    return options
+
+
 @register(
     "block_rotor",
     problem=BlockChain,
@@ -301,6 +332,7 @@ def block_rotor(
         table = _Table(problem, M, slot)
         if math.isfinite(table.value(M)):
             ops, options = _ops(problem.length, table.choose, M)
+            options = uniform_options(problem, ops, options, budget)
             ops_meta: dict = {
                 "block_options": options,
                 "exact": slot == 1,

@@ -221,3 +221,32 @@ def test_discretized_dp_fits_and_reports():
     assert not s.meta["exact"] and ("discretization" in s.meta or "fallback" in s.meta)
     assert s.meta["makespan"] >= exact.meta["makespan"] - 1e-9
     assert math.isfinite(s.meta["makespan"])
+
+
+def test_ties_are_broken_towards_one_option_per_kind_of_stage():
+    """Identical stages whose options tie take the same one (the compiled path keeps
+    such a run as one loop); a change that would not fit or be slower is not made."""
+    from solvers.blocks.rotor import uniform_options
+
+    def chain(*options):
+        stages = tuple(
+            BlockStage(f"s{k}", 1.0, 0, (k - 1,) if k else (), options) for k in range(4)
+        )
+        return BlockChain(
+            (10,) * 5, (10,) * 5, ((),) + tuple((k,) for k in range(4)), stages, 1.0, 0
+        )
+
+    ops = tuple([F_all(k) for k in range(4)] + [Loss()] + [B(k) for k in range(3, -1, -1)])
+
+    def run(p, options):
+        return simulate_blocks(p, Schedule(ops, {"block_options": list(options)}))
+
+    tie = chain(opt("small", saved=2), opt("large", saved=6))
+    roomy = run(tie, [1] * 4).peak_memory
+    assert uniform_options(tie, ops, [0, 1, 0, 1], roomy) == [0] * 4
+    assert run(tie, [0] * 4).makespan == run(tie, [0, 1, 0, 1]).makespan
+    budget = run(tie, [1, 1, 0, 1]).peak_memory  # all "large" would not fit
+    assert run(tie, [1] * 4).peak_memory > budget
+    assert uniform_options(tie, ops, [1, 1, 0, 1], budget) == [1, 1, 0, 1]
+    trade = chain(opt("fast", saved=6, rec_time=1.0), opt("slow", saved=2, rec_time=3.0))
+    assert uniform_options(trade, ops, [0, 1, 1, 1], 10**6) == [0, 1, 1, 1]  # not a tie
