@@ -16,9 +16,15 @@ every test folder (this file puts tests/ on ``sys.path``):
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 TESTS = str(Path(__file__).resolve().parent)
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
+
+from xla_env import suite_flags  # noqa: E402  (needs tests/ on the path)
+
+# Before anything imports jax (tests/xla_env.py says why the suite compiles this way).
+os.environ["XLA_FLAGS"] = suite_flags()

@@ -101,21 +101,36 @@ def test_mlp_budgets():
     assert makespans == sorted(makespans)  # less memory never makes it faster
 
 
+def at_policy_peak(factory, loss_fn, args, **kw):
+    """The plan at the peak of JAX's ``nothing_saveable`` on every block: a tight budget
+    (much recomputation) found without the least feasible one, which compiles every
+    option's kernels (``least_budget`` and ``min_budget`` are tested by the sweeps of
+    ``test_mlp_budgets`` and, for every model, ``test_every_budget``)."""
+    ref = reference(factory, loss_fn, args)
+    p = auto.plan(loss_fn, factory(), *args, budget="100%")
+    policy = p.replan(10**15, method="nothing_saveable")
+    q = p.replan(policy.schedule.meta["peak_memory"])
+    assert q.budget < p.store_all_peak
+    assert q.overhead <= policy.overhead + 1e-12  # never slower than the policy at its memory
+    check_plan(q, factory, loss_fn, args, ref, **kw)
+    return q
+
+
 def test_gpt_tied_embeddings_dropout_integer_tokens():
     """Dropout draws from nnx.Rngs: recomputed forwards must use the same bits (the
     loss, gradients and RNG counters equal the plain step's)."""
     factory, loss_fn, args = make_gpt(vocab=32, dim=16, heads=2, depth=1, length=8, batch=2)
-    sweep(factory, loss_fn, args, (0.2,))
+    at_policy_peak(factory, loss_fn, args)
 
 
 def test_resnet_batchnorm_statistics_updated_once():
     factory, loss_fn, args = make_resnet(width=4, size=8)
-    sweep(factory, loss_fn, args, (0.0,))
+    at_policy_peak(factory, loss_fn, args)
 
 
 def test_unet_skip_concatenations():
     factory, loss_fn, args = make_unet(width=4, size=8)
-    sweep(factory, loss_fn, args, (0.0,), compiled=False)
+    at_policy_peak(factory, loss_fn, args, compiled=False)
 
 
 @pytest.mark.slow

@@ -20,9 +20,11 @@ POLICIES = ["eager", "dmda", "dmdas", "heft", "guided"]
 
 
 def test_every_policy_trains_exactly_within_the_memory_caps():
+    from xla_env import device_flags  # tests/ is not on the child's path
+
     env = dict(
         os.environ,
-        XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        XLA_FLAGS=device_flags(4),
         JAX_PLATFORMS="cpu",
         PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
     )

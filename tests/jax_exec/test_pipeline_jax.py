@@ -18,7 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_multi_device_execution_matches_the_single_device_model():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+    from xla_env import device_flags  # tests/ is not on the child's path
+
+    env = dict(os.environ, XLA_FLAGS=device_flags(4),
                JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))  # fmt: skip
     proc = subprocess.run([sys.executable, __file__], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=600)  # fmt: skip

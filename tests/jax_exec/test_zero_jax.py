@@ -32,7 +32,9 @@ DEVICES = 8
 
 @pytest.fixture(scope="module")
 def report() -> dict:
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}",
+    from xla_env import device_flags  # tests/ is not on the child's path
+
+    env = dict(os.environ, XLA_FLAGS=device_flags(DEVICES),
                JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))  # fmt: skip
     proc = subprocess.run([sys.executable, __file__], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=900)  # fmt: skip
