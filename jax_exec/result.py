@@ -149,17 +149,23 @@ class OpMeter:
     def stop(self) -> None:
         self.total = time.perf_counter() - self.started
 
+    def figures(self) -> dict[str, Any]:
+        """The recorded device figures, as the result fields every runtime shares."""
+        return {
+            "peak_bytes": max([self.initial_bytes, *self.peak]),
+            "initial_bytes": self.initial_bytes,
+            "resident_bytes": tuple(self.resident),
+            "op_peak_bytes": tuple(self.peak),
+            "op_temp_bytes": tuple(self.temp),
+            "op_times": tuple(self.times),
+            "total_time": self.total,
+        }
+
     def result(self, **fields: Any) -> RunResult:
         """The :class:`RunResult` of the recorded ops plus ``fields`` (loss, grads, ...)."""
         return RunResult(
-            peak_bytes=max([self.initial_bytes, *self.peak]),
-            initial_bytes=self.initial_bytes,
-            resident_bytes=tuple(self.resident),
+            **self.figures(),
             host_bytes=tuple(self.host),
-            op_peak_bytes=tuple(self.peak),
-            op_temp_bytes=tuple(self.temp),
-            op_times=tuple(self.times),
             op_kernels=tuple(self.kernels),
-            total_time=self.total,
             **fields,
         )
