@@ -23,13 +23,14 @@ from jax_exec.auto.lowering import lower
 from jax_exec.auto.model import BlockModel, block_model, build_problem
 from jax_exec.auto.runtime import AutoRunResult, run_schedule
 from jax_exec.auto.trace import split_model
+from jax_exec.auto.whole import WHOLE_GRAPH_VARIABLES, fallback, small_enough, whole_plan
 from schedir import Chain, Graph, GraphSchedule, Schedule, simulate
 from schedir.blocks.graph import block_graph
 from schedir.blocks.problem import BlockChain
 from solvers.blocks.policies import POLICIES, policy_schedule
 from solvers.blocks.rotor import least_memory_ops
 
-BLOCK_METHODS = ("auto", "block_rotor", *POLICIES)
+BLOCK_METHODS = ("auto", "block_rotor", "whole_milp", *POLICIES)
 CHAIN_METHODS = tuple(m.name for m in solvers.available(Chain))
 GRAPH_METHODS = tuple(m.name for m in solvers.available(Graph))
 
@@ -77,6 +78,10 @@ class Plan:
         plan_time: seconds spent planning (tracing, options, kernels, solving).
         exact: whether the figures of the schedule are those of compiled kernels (the
             op-by-op runtime measures exactly them); else temporaries are estimated.
+        whole_graph: the ``whole_graph`` limit its replans use (:func:`plan`).
+        base: the traced model with its blocks' own options, which replans start from
+            (``model`` is it, or a copy whose blocks also offer the save sets of the
+            whole-graph MILP, :mod:`jax_exec.auto.whole`).
     """
 
     model: BlockModel = field(repr=False)
@@ -88,6 +93,8 @@ class Plan:
     store_all_time: float
     plan_time: float
     exact: bool = True
+    whole_graph: int = WHOLE_GRAPH_VARIABLES
+    base: BlockModel | None = field(default=None, repr=False)
 
     @property
     def overhead(self) -> float:
@@ -100,19 +107,24 @@ class Plan:
 
     def replan(
         self, budget: int | str, method: str | None = None, exact: bool | None = None,
-        **options: Any,
+        whole_graph: int | None = None, **options: Any,
     ) -> Plan:  # fmt: skip
         """A plan of the same model for another budget or method (no new tracing;
         kernels compiled so far are reused)."""
         method = method or self.method
         exact = self.exact if exact is None else exact
+        whole_graph = self.whole_graph if whole_graph is None else whole_graph
         start = time.perf_counter()
         solver = _solver(method)
-        schedule, nbytes, reference, rounds = _solve(self.model, budget, solver, options, exact)
+        whole = whole_graph if method == "auto" else 0
+        base = self.base or self.model
+        schedule, nbytes, reference, rounds, model = _solve(
+            base, budget, solver, options, exact, whole
+        )
         schedule.meta["compile_rounds"] = rounds
-        return Plan(self.model, _solved(self.model, schedule), schedule, method, nbytes,
+        return Plan(model, _solved(model, schedule), schedule, method, nbytes,
                     reference.peak_memory, reference.makespan,
-                    time.perf_counter() - start, exact)  # fmt: skip
+                    time.perf_counter() - start, exact, whole_graph, base)  # fmt: skip
 
     def least_budget(self) -> int:
         """The least budget (bytes) at which the method finds a schedule (exact for the
@@ -146,6 +158,7 @@ class Plan:
         if not self.exact:
             exact = self.replan(self.budget, exact=True)
             self.schedule, self.exact, self.problem = exact.schedule, True, exact.problem
+            self.model = exact.model
         _, params, rest = split_model(model)
         if isinstance(self.schedule, GraphSchedule):
             return run_graph_schedule(self.model, self.schedule, params, rest, args)
@@ -209,6 +222,7 @@ def plan(
     max_anchors: int = 4,
     activation_tolerance: float = 0.0,
     activation_storages: tuple[str, ...] | None = None,
+    whole_graph: int = WHOLE_GRAPH_VARIABLES,
     **options: Any,
 ) -> Plan:
     """Plan a training step of ``loss_fn(model, *args)`` under ``budget``.
@@ -234,6 +248,10 @@ def plan(
     ``graph_option``, the option every block's graph nodes use (default
     ``"store_all"``: what XLA keeps; or a JAX policy's name such as
     ``"nothing_saveable"``: no residual nodes, each backward recomputes its block).
+    ``whole_graph``: ``"auto"`` also solves the whole-graph MILP
+    (:mod:`jax_exec.auto.whole`, ``method="whole_milp"`` alone) when it has at most
+    this many binary variables, and keeps it when it is faster
+    (``schedule.meta["whole_milp"]`` says what it found); 0: never.
 
     Raises:
         solvers.Infeasible: the budget is below the least feasible one (``min_budget``).
@@ -258,11 +276,14 @@ def plan(
         from jax_exec.auto.lowbit import with_lowbit
 
         bm = with_lowbit(bm, args, activation_tolerance, activation_storages)
-    schedule, nbytes, reference, rounds = _solve(bm, budget, solver, options, exact)
+    if isinstance(whole_graph, bool) or not isinstance(whole_graph, int) or whole_graph < 0:
+        raise ValueError(f"whole_graph = {whole_graph!r}: expected an int >= 0 (variables)")
+    whole = whole_graph if method == "auto" and not activation_tolerance else 0
+    schedule, nbytes, reference, rounds, solved = _solve(bm, budget, solver, options, exact, whole)
     schedule.meta["compile_rounds"] = rounds
     return Plan(
-        model=bm,
-        problem=_solved(bm, schedule),
+        model=solved,
+        problem=_solved(solved, schedule),
         schedule=schedule,
         method=method,
         budget=nbytes,
@@ -270,6 +291,8 @@ def plan(
         store_all_time=reference.makespan,
         plan_time=time.perf_counter() - start,
         exact=exact,
+        whole_graph=whole_graph,
+        base=bm,
     )
 
 
@@ -373,23 +396,27 @@ def _solve_fixed(bm: BlockModel, nbytes: int, family: str, name: str, options: d
     return schedule
 
 
-def _solve(bm: BlockModel, budget: Any, solver: tuple, options: dict, exact: bool):
+def _solve(bm: BlockModel, budget: Any, solver: tuple, options: dict, exact: bool, whole: int = 0):
     """:func:`_solve_lazily`; with low-bit storage, until the schedule's measured
     gradient error is within the tolerance (:func:`jax_exec.auto.lowbit.within_tolerance`)."""
     if getattr(bm, "tolerance", 0.0) > 0:
         from jax_exec.auto.lowbit import within_tolerance
 
         return within_tolerance(bm, lambda: _solve_lazily(bm, budget, solver, options, exact))
-    return _solve_lazily(bm, budget, solver, options, exact)
+    return _solve_lazily(bm, budget, solver, options, exact, whole)
 
 
-def _solve_lazily(bm: BlockModel, budget: Any, solver: tuple, options: dict, exact: bool):
+def _solve_lazily(
+    bm: BlockModel, budget: Any, solver: tuple, options: dict, exact: bool, whole: int = 0
+):
     """Solve; with ``exact``, compile the kernels the answer runs and solve again until
     it runs only compiled kernels, so that its predicted figures are those the op-by-op
     runtime measures (kernels not compiled yet are priced with estimated temporaries).
     The same for the store-all reference (percentage budgets); for ``min_budget``, every
     option's kernels are compiled first (the least budget is then exact). Chain and
-    graph methods compile every kernel of the store-all options first and solve once."""
+    graph methods compile every kernel of the store-all options first and solve once.
+    ``whole`` > 0: the block DP's answer competes with the whole-graph MILP's when that
+    has at most ``whole`` variables (:func:`jax_exec.auto.whole.fallback`)."""
     family, solver = solver
     rounds = 0
     while True:  # the store-all reference: every block keeps what XLA would
@@ -405,7 +432,11 @@ def _solve_lazily(bm: BlockModel, budget: Any, solver: tuple, options: dict, exa
         chosen = fixed_options(bm, options.get("graph_option", "store_all"))
         if exact and bm.compile(_every_kernel(bm, chosen)):
             bm.problem = build_problem(bm)
-        return _solve_fixed(bm, nbytes, family, solver, options), nbytes, reference, 1
+        return _solve_fixed(bm, nbytes, family, solver, options), nbytes, reference, 1, bm
+    if solver == "whole_milp":
+        found = whole_plan(bm, nbytes, list(ref.meta["block_options"]), exact=exact, **options)
+        rounds = found.schedule.meta["whole_milp"]["rounds"]
+        return found.schedule, nbytes, reference, rounds, found.model
     while True:
         rounds += 1
         try:
@@ -425,7 +456,31 @@ def _solve_lazily(bm: BlockModel, budget: Any, solver: tuple, options: dict, exa
             bm.problem = build_problem(bm)
             continue
         if not exact or bm.compile_used(schedule) == 0:
-            return schedule, nbytes, reference, rounds
+            if whole and small_enough(bm, whole):
+                model, schedule = fallback(
+                    bm, schedule, nbytes, list(ref.meta["block_options"]), exact
+                )
+                if model is not bm:  # the DP may do better still with the new save sets
+                    mixed = _block_dp(model, nbytes, exact)
+                    if mixed.meta["makespan"] < schedule.meta["makespan"]:
+                        info = schedule.meta["whole_milp"]
+                        mixed.meta["whole_milp"] = dict(info, chosen=False, mixed=True)
+                        mixed.meta["dp_makespan"] = schedule.meta.get(
+                            "dp_makespan", schedule.meta["makespan"]
+                        )
+                        schedule = mixed
+                return schedule, nbytes, reference, rounds, model
+            return schedule, nbytes, reference, rounds, bm
+        bm.problem = build_problem(bm)
+
+
+def _block_dp(bm: BlockModel, nbytes: int, exact: bool) -> Schedule:
+    """``block_rotor`` on ``bm`` at a budget where it is feasible, solved again until it
+    runs compiled kernels only (``exact``)."""
+    while True:
+        schedule = solvers.solve(bm.problem, nbytes, method="block_rotor")
+        if not exact or bm.compile_used(schedule) == 0:
+            return schedule
         bm.problem = build_problem(bm)
 
 

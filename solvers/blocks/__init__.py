@@ -1,5 +1,5 @@
 """Solvers of ``schedir.blocks.BlockChain`` (docs/auto.md); importing registers them."""
 
-from solvers.blocks import options, policies, rotor
+from solvers.blocks import options, policies, rotor, whole_milp
 
-__all__ = ["options", "policies", "rotor"]
+__all__ = ["options", "policies", "rotor", "whole_milp"]

@@ -109,7 +109,7 @@ def read_values(graph: OptionGraph, saved: set[int]) -> set[int]:
     return {r for r in reads if r >= 0 and r in saved}
 
 
-def _milp_matrices(graph: OptionGraph):
+def consistency_rows(graph: OptionGraph):
     """Constraint rows over x = (s_0..s_{nv-1}, r_0..r_{n-1}): ``A x >= lb`` rows."""
     nv, n = len(graph.values), len(graph.cost)
     rows, cols, vals, lbs = [], [], [], []
@@ -144,7 +144,7 @@ def pareto_save_sets(
     nv, n = len(graph.values), len(graph.cost)
     if nv == 0 or max_points <= 0:
         return []
-    A, lb = _milp_matrices(graph)
+    A, lb = consistency_rows(graph)
     sizes = np.asarray(graph.value_sizes, dtype=float)
     total = float(sizes.sum()) or 1.0
     scale = float(sum(graph.cost)) or 1.0

@@ -77,8 +77,9 @@ def test_every_chain_and_graph_method_runs_as_predicted(small):
 def test_half_budget_planner_vs_policies_and_milp():
     """At 50% of the store-all peak (a model where it is feasible): the planner's
     predicted overhead is no worse than the best JAX policy that fits, and its makespan
-    within 5% of the whole-graph MILP's, solved to optimality (Checkmate's MILP on the
-    block graph, each block recomputed from its input in its backward)."""
+    within 5% of the whole-graph MILPs', solved to optimality: Checkmate's MILP on the
+    block graph (each block recomputed from its input in its backward) and the
+    equation-level save-set MILP (``whole_milp``), which ``auto`` also solves here."""
     factory, loss_fn, args = make_mlp(depth=4)
     p = jax_exec.plan(loss_fn, factory(), *args, budget="50%")
     policies = []
@@ -93,3 +94,7 @@ def test_half_budget_planner_vs_policies_and_milp():
                     time_limit=60)  # fmt: skip
     assert milp.schedule.meta["status"] == "optimal" and milp.schedule.meta["exact"]
     assert p.schedule.meta["makespan"] <= 1.05 * milp.schedule.meta["makespan"]
+    whole = p.replan(p.budget, method="whole_milp", time_limit=60)
+    assert whole.schedule.meta["whole_milp"]["optimal"]
+    assert p.schedule.meta["whole_milp"]["found"]  # the fallback ran (a small graph)
+    assert p.schedule.meta["makespan"] <= 1.05 * whole.schedule.meta["makespan"]

@@ -1,0 +1,251 @@
+"""The whole-graph MILP on a traced model, and ``auto``'s fallback to it on small graphs
+(docs/auto.md, "The whole-graph MILP").
+
+:func:`whole_plan` builds the :class:`~solvers.blocks.whole_milp.SaveSetChain` of a
+:class:`~jax_exec.auto.model.BlockModel`: per block, its save-set graph
+(:func:`jax_exec.auto.options.option_graph`) and the bytes its backward holds per
+recomputed equation (its materialized outputs the block does not return); the bases
+are calibrated on a reference choice of options priced exactly by the block chain's
+simulator (each step's need less the reference's saved residuals and recomputed bytes).
+It solves the MILP, adds the save sets found as options of their blocks, compiles
+their kernels (``exact``) and prices the schedule "every block recorded, then the
+backward" exactly; when the exact peak exceeds the budget (the MILP's model is linear,
+an estimate), it solves again with the budget lowered by the excess and the answer as
+the new reference, at most ``rounds`` times.
+
+Blocks of one scanned loop that are the same block share their save set, so that
+the loop lowering (:mod:`jax_exec.auto.loops`) still runs them as one loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from jax_exec.auto.kernels import SaveOption
+from jax_exec.auto.model import BlockModel, build_problem
+from jax_exec.auto.options import option_graph
+from schedir import B, F_all, Loss, Schedule, simulate
+from solvers.blocks.options import read_values, recompute_set
+from solvers.blocks.whole_milp import SaveSetChain, WholeAnswer, whole_save_sets
+from solvers.registry import Infeasible
+
+# auto solves the whole-graph MILP too when it has at most this many binary variables
+WHOLE_GRAPH_VARIABLES = 4_000
+
+
+@dataclass(frozen=True)
+class WholeResult:
+    """A whole-graph plan: ``model`` (``model.options`` extended by the save sets found),
+    ``schedule`` (every block recorded, then the backward; ``meta`` as every block-chain
+    schedule's, plus ``meta["whole_milp"]``), and the last MILP answer."""
+
+    model: BlockModel
+    schedule: Schedule
+    answer: WholeAnswer
+
+
+def groups(bm: BlockModel) -> tuple[int, ...]:
+    """Per block, the id of its save set: blocks of one scan that are the same block
+    share one, every other block has its own."""
+    ids, out = {}, []
+    for k in range(bm.length):
+        block = bm.blocks.blocks[k]
+        scan = next(
+            (s for s, info in enumerate(bm.program.scans)
+             if info.starts[0] <= block.start < info.starts[-1]),
+            None,
+        )  # fmt: skip
+        key = ("scan", scan, block.key) if scan is not None else ("block", k)
+        out.append(ids.setdefault(key, len(ids)))
+    return tuple(out)
+
+
+def node_bytes(bm: BlockModel, k: int) -> tuple[int, ...]:
+    """Per equation of block k, bytes its backward holds when it recomputes it."""
+    program, block, lay = bm.program, bm.blocks.blocks[k], bm.layouts[k]
+    returned = set(lay.outs) | set(lay.results)
+    materialized = bm.analysis.materialized
+    return tuple(
+        sum(program.nbytes(v) for v in program.eqns[i].outs
+            if v in materialized and v not in returned)
+        for i in range(block.start, block.stop)
+    )  # fmt: skip
+
+
+def candidates(bm: BlockModel, k: int, option: SaveOption) -> frozenset[int]:
+    """The candidates of block k's graph that ``option`` saves (every one for plain
+    autodiff and ``xla_fused``, which save more than values)."""
+    graph, keys = option_graph(bm, k)
+    if option.kind in ("everything", "fused"):
+        return frozenset(range(len(keys)))
+    if option.kind == "dots":
+        block = bm.blocks.blocks[k]
+        names = {
+            (i - block.start, j)
+            for i in range(block.start, block.stop)
+            if bm.program.eqns[i].name == "dot_general"
+            for j in range(len(bm.program.eqns[i].outs))
+        }
+    else:
+        names = option.names
+    return frozenset(read_values(graph, {c for c, key in enumerate(keys) if key in names}))
+
+
+def recorded(L: int, options) -> Schedule:
+    """Every block recorded with its option, the loss, then the backward."""
+    ops = [F_all(k) for k in range(L)] + [Loss()] + [B(k) for k in range(L - 1, -1, -1)]
+    return Schedule(tuple(ops), {"block_options": list(options)})
+
+
+def save_set_chain(bm: BlockModel, reference: list[int]) -> SaveSetChain:
+    """The MILP's data, bases calibrated on ``reference`` (an option per block)."""
+    L, p = bm.length, bm.problem
+    trace = simulate(p, recorded(L, reference))
+    graphs = [option_graph(bm, k)[0] for k in range(L)]
+    nodes = [node_bytes(bm, k) for k in range(L)]
+    fwd, bwd, prefix = [], [], 0
+    for k in range(L):
+        prefix += p.stages[k].options[reference[k]].saved
+        option = bm.options[k][reference[k]]
+        rec = recompute_set(graphs[k], candidates(bm, k, option))
+        if option.kind in ("everything", "fused"):
+            rec = set()
+        fwd.append(trace.op_peak[k] - prefix)
+        bwd.append(trace.op_peak[2 * L - k] - prefix - sum(nodes[k][i] for i in rec))
+    return SaveSetChain(
+        graphs=tuple(graphs),
+        groups=groups(bm),
+        node_bytes=tuple(nodes),
+        fwd_base=tuple(fwd),
+        bwd_base=tuple(bwd),
+        loss_base=trace.op_peak[L] - prefix,
+    )
+
+
+def with_save_sets(
+    bm: BlockModel, sets: tuple[frozenset[int], ...]
+) -> tuple[BlockModel, list[int]]:
+    """A copy of ``bm`` whose blocks also offer these save sets (one per block; kernels
+    and caches shared), and the option index of each."""
+    by_key: dict = {}
+    for k in range(bm.length):
+        key = bm.blocks.blocks[k].key
+        by_key.setdefault(key, list(bm.options[k]))
+    chosen = []
+    for k, saved in enumerate(sets):
+        key = bm.blocks.blocks[k].key
+        _, keys = option_graph(bm, k)
+        names = frozenset(keys[c] for c in saved)
+        options = by_key[key]
+        o = next((o for o, opt in enumerate(options)
+                  if opt.kind == "names" and opt.names == names), None)  # fmt: skip
+        if o is None:
+            options.append(SaveOption("names", names, f"whole {len(names)}/{len(keys)}"))
+            o = len(options) - 1
+        chosen.append(o)
+    new = tuple(tuple(by_key[bm.blocks.blocks[k].key]) for k in range(bm.length))
+    if new == bm.options:
+        return bm, chosen
+    model = dataclasses.replace(bm, options=new, problem=None)
+    model.problem = build_problem(model)
+    return model, chosen
+
+
+def whole_plan(
+    bm: BlockModel,
+    budget: int,
+    reference: list[int],
+    *,
+    exact: bool = True,
+    time_limit: float = 20.0,
+    rounds: int = 3,
+) -> WholeResult:
+    """Solve the whole-graph MILP for ``budget`` bytes (module docstring).
+
+    Raises:
+        solvers.Infeasible: no answer fits the exact simulator within ``rounds`` (no
+            least budget is claimed).
+    """
+    start = time.perf_counter()
+    target, model, ref = budget, bm, list(reference)
+    solve_time, tries, best = 0.0, [], None
+    for _ in range(rounds):
+        try:
+            answer = whole_save_sets(save_set_chain(model, ref), target, time_limit=time_limit)
+        except Infeasible as err:
+            if best is not None:
+                break
+            raise Infeasible("whole_milp", budget, None, err.detail) from None
+        solve_time += answer.solve_time
+        model, chosen = with_save_sets(model, answer.save_sets)
+        schedule = recorded(model.length, chosen)
+        if exact and model.compile_used(schedule):
+            model.problem = build_problem(model)
+        trace = simulate(model.problem, schedule)
+        tries.append(trace.peak_memory)
+        if trace.peak_memory <= budget:
+            if best is None or trace.makespan < best[1].makespan:
+                best = (model, trace, schedule, answer, target)
+            if budget - trace.peak_memory <= budget // 100:
+                break
+        # the linear model was off by this much: aim again, calibrated on this answer
+        target += budget - trace.peak_memory
+        ref = chosen
+    if best is None:
+        raise Infeasible(
+            "whole_milp", budget, None,
+            f"its answers' exact peaks were {', '.join(f'{t:,}' for t in tries)} B "
+            f"after {len(tries)} rounds of the linear model",
+        )  # fmt: skip
+    model, trace, schedule, answer, target = best
+    schedule.meta.update(
+        peak_memory=trace.peak_memory,
+        makespan=trace.makespan,
+        exact=False,  # optimal at most for the MILP's linear model, not the block chain
+        whole_milp={
+            "optimal": answer.optimal,
+            "variables": answer.variables,
+            "solve_time": solve_time,
+            "time": time.perf_counter() - start,
+            "rounds": len(tries),
+            "model_budget": target,
+        },
+    )
+    return WholeResult(model, schedule, answer)
+
+
+def small_enough(bm: BlockModel, limit: int = WHOLE_GRAPH_VARIABLES) -> bool:
+    """Whether the whole-graph MILP of ``bm`` has at most ``limit`` binary variables."""
+    if limit <= 0:
+        return False
+    seen: dict[int, int] = {}
+    for k, g in enumerate(groups(bm)):
+        graph = option_graph(bm, k)[0]
+        seen.setdefault(g, len(graph.values) + len(graph.cost))
+    return sum(seen.values()) <= limit
+
+
+def fallback(
+    bm: BlockModel, schedule: Schedule, budget: int, reference: list[int], exact: bool, **kw: Any
+):
+    """``auto`` on a small graph: ``(model, schedule)``, the model extended by the save
+    sets of the whole-graph plan (calibrated on ``reference``, the store-all options, as
+    ``method="whole_milp"`` is; ``bm`` when it found none) and the faster of that plan
+    and the block DP's ``schedule``; ``schedule.meta["whole_milp"]`` says what the MILP
+    found and whether it was ``chosen``."""
+    try:
+        found = whole_plan(bm, budget, reference, exact=exact, **kw)
+    except Infeasible as err:
+        schedule.meta["whole_milp"] = {"found": False, "why": err.detail}
+        return bm, schedule
+    info = dict(found.schedule.meta["whole_milp"], found=True,
+                makespan=found.schedule.meta["makespan"])  # fmt: skip
+    if found.schedule.meta["makespan"] < schedule.meta["makespan"]:
+        found.schedule.meta["whole_milp"] = dict(info, chosen=True)
+        found.schedule.meta["dp_makespan"] = schedule.meta["makespan"]
+        return found.model, found.schedule
+    schedule.meta["whole_milp"] = dict(info, chosen=False)
+    return found.model, schedule
