@@ -7,8 +7,10 @@ plan the training step at budgets from the least feasible one to the store-all p
 predicted peak is the op-by-op runtime's), and print the predicted activation peak and
 time overhead of each, next to JAX's policies ``checkpoint_dots``,
 ``nothing_saveable`` and ``everything_saveable`` applied to every block, rotor on the
-chain of the store-all options (``method="rotor"``), DTR and Checkmate's MILP on the
-block graph (``method="dtr"``, ``"checkmate_milp"``: 10 s each, at the middle budget),
+chain of the store-all options (``method="rotor"``), the whole-graph save-set MILP
+that ``auto`` falls back to on small graphs (``method="whole_milp"``), DTR and
+Checkmate's MILP on the block graph (``method="dtr"``, ``"checkmate_milp"``: 10 s
+each, at the middle budget),
 all priced by the exact simulators of the op-by-op runtime. One PNG per model plots
 all of them (``--out``).
 
@@ -36,7 +38,7 @@ from auto_models import MODELS, budget_sweep, policy_plans  # noqa: E402
 import solvers  # noqa: E402
 from jax_exec import auto  # noqa: E402
 
-SWEPT = ("rotor", "dtr")  # other methods planned at every budget of the sweep
+SWEPT = ("whole_milp", "rotor", "dtr")  # other methods planned at every budget of the sweep
 
 KIB = 1024
 
