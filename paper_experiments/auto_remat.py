@@ -104,6 +104,15 @@ def run_model(name: str, quick: bool, milp_limit: float) -> list[dict]:
     return rows
 
 
+def _within(half: dict | None, milp: dict, limit: str = "") -> str:
+    """Whether auto's makespan at 50% is within 5% of an optimal MILP's."""
+    if milp["status"] != "optimal":
+        return f"n/a (MILP {milp['status']}{limit})"
+    if half is None:
+        return "auto infeasible"
+    return "yes" if half["makespan"] <= 1.05 * milp["makespan"] else "NO"
+
+
 def summary(rows: list[dict], models: list[str], milp_limit: float) -> str:
     lines = [
         "# auto_remat: activation memory vs overhead",
@@ -149,22 +158,12 @@ def summary(rows: list[dict], models: list[str], milp_limit: float) -> str:
             gap = milp["mip_gap"]
             gap = f", gap {gap:.1%}" if isinstance(gap, float) else ""
             milp_cell = f"{pct(milp)} ({milp['method'][16:-1]}; {milp['status']}{gap})"
-            if milp["status"] != "optimal":
-                vs_milp = f"n/a (MILP {milp['status']} at {milp_limit:.0f} s)"
-            elif half is None:
-                vs_milp = "auto infeasible"
-            else:
-                vs_milp = "yes" if half["makespan"] <= 1.05 * milp["makespan"] else "NO"
+            vs_milp = _within(half, milp, f" at {milp_limit:.0f} s")
         if whole is None:
             whole_cell, vs_whole = "infeasible", "n/a (MILP found none)"
         else:
             whole_cell = f"{pct(whole)} ({whole['status']})"
-            if whole["status"] != "optimal":
-                vs_whole = f"n/a (MILP {whole['status']})"
-            elif half is None:
-                vs_whole = "auto infeasible"
-            else:
-                vs_whole = "yes" if half["makespan"] <= 1.05 * whole["makespan"] else "NO"
+            vs_whole = _within(half, whole)
         if half is not None and half["whole_milp"]:
             whole_cell += f"; auto: {half['whole_milp']}"
         reductions = []
