@@ -128,11 +128,16 @@ def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Calla
             return loss
         if isinstance(node, Record) and node.index in runs:
             r = runs[node.index]
-            if all(v in state for v in cuts[r.start]):
-                nxt = run_loop(r, gv, stacks, state, results)
-                for _ in r.blocks:
-                    node = node.rest
-                return run(node, gv, stacks, nxt, results)
+            missing = [v for v in cuts[r.start] if v not in state]
+            if missing:  # expected_residuals assumes the loop: never unroll silently
+                raise RuntimeError(
+                    f"scan run at block {r.start}: its entering cut values {missing} are "
+                    f"not computed; lower(..., loops=False) unrolls it"
+                )
+            nxt = run_loop(r, gv, stacks, state, results)
+            for _ in r.blocks:
+                node = node.rest
+            return run(node, gv, stacks, nxt, results)
         if isinstance(node, Record):
             k = node.index
             lay = model.layouts[k]
