@@ -116,7 +116,7 @@ class Plan:
         whole_graph = self.whole_graph if whole_graph is None else whole_graph
         start = time.perf_counter()
         solver = _solver(method)
-        whole = whole_graph if method == "auto" else 0
+        whole = _whole_limit(method, whole_graph)
         base = self.base or self.model
         schedule, nbytes, reference, rounds, model = _solve(
             base, budget, solver, options, exact, whole
@@ -276,9 +276,7 @@ def plan(
         from jax_exec.auto.lowbit import with_lowbit
 
         bm = with_lowbit(bm, args, activation_tolerance, activation_storages)
-    if isinstance(whole_graph, bool) or not isinstance(whole_graph, int) or whole_graph < 0:
-        raise ValueError(f"whole_graph = {whole_graph!r}: expected an int >= 0 (variables)")
-    whole = whole_graph if method == "auto" and not activation_tolerance else 0
+    whole = _whole_limit(method, whole_graph)  # low-bit storage plans by the DP alone
     schedule, nbytes, reference, rounds, solved = _solve(bm, budget, solver, options, exact, whole)
     schedule.meta["compile_rounds"] = rounds
     return Plan(
@@ -336,6 +334,13 @@ def _solver(method: str) -> tuple[str, str]:
     names = (*BLOCK_METHODS, *CHAIN_METHODS, *(m for m in GRAPH_METHODS if m not in CHAIN_METHODS),
              *(f"graph:{m}" for m in GRAPH_METHODS if m in CHAIN_METHODS))  # fmt: skip
     raise ValueError(f"method = {method!r}: expected one of {', '.join(names)}")
+
+
+def _whole_limit(method: str, whole_graph: int) -> int:
+    """The ``whole_graph`` limit ``method`` plans with: ``"auto"``'s, 0 for the rest."""
+    if isinstance(whole_graph, bool) or not isinstance(whole_graph, int) or whole_graph < 0:
+        raise ValueError(f"whole_graph = {whole_graph!r}: expected an int >= 0 (variables)")
+    return whole_graph if method == "auto" else 0
 
 
 def _solved(bm: BlockModel, schedule: Schedule) -> BlockChain | Graph:
@@ -461,7 +466,7 @@ def _solve_lazily(
                     bm, schedule, nbytes, list(ref.meta["block_options"]), exact
                 )
                 if model is not bm:  # the DP may do better still with the new save sets
-                    mixed = _block_dp(model, nbytes, exact)
+                    mixed = _solve_lazily(model, nbytes, (family, solver), {}, exact)[0]
                     if mixed.meta["makespan"] < schedule.meta["makespan"]:
                         info = schedule.meta["whole_milp"]
                         mixed.meta["whole_milp"] = dict(info, chosen=False, mixed=True)
@@ -471,16 +476,6 @@ def _solve_lazily(
                         schedule = mixed
                 return schedule, nbytes, reference, rounds, model
             return schedule, nbytes, reference, rounds, bm
-        bm.problem = build_problem(bm)
-
-
-def _block_dp(bm: BlockModel, nbytes: int, exact: bool) -> Schedule:
-    """``block_rotor`` on ``bm`` at a budget where it is feasible, solved again until it
-    runs compiled kernels only (``exact``)."""
-    while True:
-        schedule = solvers.solve(bm.problem, nbytes, method="block_rotor")
-        if not exact or bm.compile_used(schedule) == 0:
-            return schedule
         bm.problem = build_problem(bm)
 
 

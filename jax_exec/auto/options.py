@@ -98,6 +98,23 @@ def block_options(model: Any, k: int, max_pareto: int = MAX_PARETO) -> list[Save
     return options
 
 
+def saved_candidates(model: Any, k: int, option: SaveOption) -> set[int]:
+    """The candidates of block k's graph (:func:`option_graph`) that a save set
+    (``"names"``) or ``checkpoint_dots`` (``"dots"``: the matmul results) keeps."""
+    graph, keys = option_graph(model, k)
+    if option.kind == "dots":
+        program, block = model.program, model.blocks.blocks[k]
+        names = {
+            (i - block.start, j)
+            for i in range(block.start, block.stop)
+            if program.eqns[i].name == "dot_general"
+            for j in range(len(program.eqns[i].outs))
+        }
+    else:
+        names = option.names
+    return {c for c, key in enumerate(keys) if key in names}
+
+
 def recompute_cost(model: Any, k: int, option: SaveOption) -> float:
     """Roofline seconds the block's backward spends recomputing under ``option`` (and
     encoding and decoding low-bit residuals, :mod:`jax_exec.auto.lowbit`)."""
@@ -110,7 +127,7 @@ def recompute_cost(model: Any, k: int, option: SaveOption) -> float:
 def _recompute_cost(model: Any, k: int, option: SaveOption) -> float:
     if option.kind == "everything":
         return 0.0
-    graph, keys = option_graph(model, k)
+    graph, _ = option_graph(model, k)
     if option.kind == "fused":  # cheap elementwise work only, inside consumers
         program, block = model.program, model.blocks.blocks[k]
         cheap = [
@@ -119,19 +136,7 @@ def _recompute_cost(model: Any, k: int, option: SaveOption) -> float:
             if program.eqns[i].name in FUSED and model.analysis.infos[i].has_backward
         ]
         return sum(graph.cost[n] for n in cheap)
-    if option.kind == "dots":
-        program = model.program
-        block = model.blocks.blocks[k]
-        dots = {
-            (i - block.start, j)
-            for i in range(block.start, block.stop)
-            if program.eqns[i].name == "dot_general"
-            for j in range(len(program.eqns[i].outs))
-        }
-        saved = {c for c, key in enumerate(keys) if key in dots}
-    else:
-        saved = {c for c, key in enumerate(keys) if key in option.names}
-    return sum(graph.cost[i] for i in recompute_set(graph, saved))
+    return sum(graph.cost[i] for i in recompute_set(graph, saved_candidates(model, k, option)))
 
 
 def temp_estimate(model: Any, kind: str, k: int, option: SaveOption | None) -> int:
@@ -244,15 +249,6 @@ def _saved_estimate(model: Any, k: int, option: SaveOption) -> int:
         return new + sum(
             program.nbytes(v) for v in values if not isinstance(v, Lit) and v not in free
         )
-    graph, keys = option_graph(model, k)
-    if option.kind == "dots":
-        names = {
-            (i - block.start, j)
-            for i in range(block.start, block.stop)
-            if program.eqns[i].name == "dot_general"
-            for j in range(len(program.eqns[i].outs))
-        }
-    else:
-        names = option.names
-    saved = {c for c, key in enumerate(keys) if key in names}
+    graph, _ = option_graph(model, k)
+    saved = saved_candidates(model, k, option)
     return sum(graph.value_sizes[c] for c in read_values(graph, saved))

@@ -9,9 +9,10 @@ are calibrated on a reference choice of options priced exactly by the block chai
 simulator (each step's need less the reference's saved residuals and recomputed bytes).
 It solves the MILP, adds the save sets found as options of their blocks, compiles
 their kernels (``exact``) and prices the schedule "every block recorded, then the
-backward" exactly; when the exact peak exceeds the budget (the MILP's model is linear,
-an estimate), it solves again with the budget lowered by the excess and the answer as
-the new reference, at most ``rounds`` times.
+backward" exactly. The MILP's model is linear, an estimate: when the exact peak misses
+the budget by more than 1% (above or below), it solves again with the model's budget
+moved by the difference and the answer as the new reference, at most ``rounds``
+times, and keeps the fastest answer that fits.
 
 Blocks of one scanned loop that are the same block share their save set, so that
 the loop lowering (:mod:`jax_exec.auto.loops`) still runs them as one loop.
@@ -26,10 +27,11 @@ from typing import Any
 
 from jax_exec.auto.kernels import SaveOption
 from jax_exec.auto.model import BlockModel, build_problem
-from jax_exec.auto.options import option_graph
-from schedir import B, F_all, Loss, Schedule, simulate
-from solvers.blocks.options import read_values, recompute_set
-from solvers.blocks.whole_milp import SaveSetChain, WholeAnswer, whole_save_sets
+from jax_exec.auto.options import option_graph, saved_candidates
+from schedir import Schedule, simulate
+from solvers.blocks.options import recompute_set
+from solvers.blocks.policies import recorded
+from solvers.blocks.whole_milp import SaveSetChain, WholeAnswer, variables, whole_save_sets
 from solvers.registry import Infeasible
 
 # auto solves the whole-graph MILP too when it has at most this many binary variables
@@ -75,44 +77,19 @@ def node_bytes(bm: BlockModel, k: int) -> tuple[int, ...]:
     )  # fmt: skip
 
 
-def candidates(bm: BlockModel, k: int, option: SaveOption) -> frozenset[int]:
-    """The candidates of block k's graph that ``option`` saves (every one for plain
-    autodiff and ``xla_fused``, which save more than values)."""
-    graph, keys = option_graph(bm, k)
-    if option.kind in ("everything", "fused"):
-        return frozenset(range(len(keys)))
-    if option.kind == "dots":
-        block = bm.blocks.blocks[k]
-        names = {
-            (i - block.start, j)
-            for i in range(block.start, block.stop)
-            if bm.program.eqns[i].name == "dot_general"
-            for j in range(len(bm.program.eqns[i].outs))
-        }
-    else:
-        names = option.names
-    return frozenset(read_values(graph, {c for c, key in enumerate(keys) if key in names}))
-
-
-def recorded(L: int, options) -> Schedule:
-    """Every block recorded with its option, the loss, then the backward."""
-    ops = [F_all(k) for k in range(L)] + [Loss()] + [B(k) for k in range(L - 1, -1, -1)]
-    return Schedule(tuple(ops), {"block_options": list(options)})
-
-
 def save_set_chain(bm: BlockModel, reference: list[int]) -> SaveSetChain:
     """The MILP's data, bases calibrated on ``reference`` (an option per block)."""
     L, p = bm.length, bm.problem
-    trace = simulate(p, recorded(L, reference))
+    trace = simulate(p, recorded(reference))
     graphs = [option_graph(bm, k)[0] for k in range(L)]
     nodes = [node_bytes(bm, k) for k in range(L)]
     fwd, bwd, prefix = [], [], 0
     for k in range(L):
         prefix += p.stages[k].options[reference[k]].saved
         option = bm.options[k][reference[k]]
-        rec = recompute_set(graphs[k], candidates(bm, k, option))
-        if option.kind in ("everything", "fused"):
-            rec = set()
+        # plain autodiff and xla_fused recompute no value (fused: cheap work in consumers)
+        fixed = option.kind in ("everything", "fused")
+        rec = set() if fixed else recompute_set(graphs[k], saved_candidates(bm, k, option))
         fwd.append(trace.op_peak[k] - prefix)
         bwd.append(trace.op_peak[2 * L - k] - prefix - sum(nodes[k][i] for i in rec))
     return SaveSetChain(
@@ -181,7 +158,7 @@ def whole_plan(
             raise Infeasible("whole_milp", budget, None, err.detail) from None
         solve_time += answer.solve_time
         model, chosen = with_save_sets(model, answer.save_sets)
-        schedule = recorded(model.length, chosen)
+        schedule = recorded(chosen)
         if exact and model.compile_used(schedule):
             model.problem = build_problem(model)
         trace = simulate(model.problem, schedule)
@@ -221,11 +198,8 @@ def small_enough(bm: BlockModel, limit: int = WHOLE_GRAPH_VARIABLES) -> bool:
     """Whether the whole-graph MILP of ``bm`` has at most ``limit`` binary variables."""
     if limit <= 0:
         return False
-    seen: dict[int, int] = {}
-    for k, g in enumerate(groups(bm)):
-        graph = option_graph(bm, k)[0]
-        seen.setdefault(g, len(graph.values) + len(graph.cost))
-    return sum(seen.values()) <= limit
+    graphs = tuple(option_graph(bm, k)[0] for k in range(bm.length))
+    return variables(graphs, groups(bm)) <= limit
 
 
 def fallback(

@@ -17,6 +17,14 @@ from solvers.registry import Infeasible, fixed_schedule, register
 POLICIES = ("everything_saveable", "checkpoint_dots", "nothing_saveable")
 
 
+def recorded(options: list[int]) -> Schedule:
+    """Every block recorded once with its option (``options[k]`` for block k), the loss,
+    then the backward: what ``jax.checkpoint`` with a policy around each block runs."""
+    L = len(options)
+    ops = [F_all(k) for k in range(L)] + [Loss()] + [B(k) for k in range(L - 1, -1, -1)]
+    return Schedule(tuple(ops), {"block_options": list(options)})
+
+
 def policy_schedule(problem: BlockChain, policy: str) -> Schedule:
     """Every block recorded with the option called ``policy``, then the backward."""
     options = []
@@ -25,9 +33,9 @@ def policy_schedule(problem: BlockChain, policy: str) -> Schedule:
         if policy not in names:
             raise Infeasible(policy, 0, None, f"stage {k} ({stage.name}) has no option {policy!r}")
         options.append(names.index(policy))
-    L = problem.length
-    ops = [F_all(k) for k in range(L)] + [Loss()] + [B(k) for k in range(L - 1, -1, -1)]
-    return Schedule(tuple(ops), {"block_options": options, "exact": True, "policy": policy})
+    schedule = recorded(options)
+    schedule.meta.update(exact=True, policy=policy)
+    return schedule
 
 
 def _register(policy: str) -> None:

@@ -93,12 +93,13 @@ class SaveSetChain:
     def length(self) -> int:
         return len(self.graphs)
 
-    def variables(self) -> int:
-        """Binary variables of the MILP (one save set per group)."""
-        seen = {}
-        for k, g in enumerate(self.groups):
-            seen.setdefault(g, len(self.graphs[k].values) + len(self.graphs[k].cost))
-        return sum(seen.values())
+
+def variables(graphs: tuple[OptionGraph, ...], groups: tuple[int, ...]) -> int:
+    """Binary variables of the MILP over these positions (one save set per group)."""
+    seen: dict[int, int] = {}
+    for g, group in zip(graphs, groups, strict=True):
+        seen.setdefault(group, len(g.values) + len(g.cost))
+    return sum(seen.values())
 
 
 @dataclass(frozen=True)
@@ -148,31 +149,25 @@ def whole_save_sets(chain: SaveSetChain, budget: int, *, time_limit: float = 20.
         if chain.groups[k] not in col0:
             col0[chain.groups[k]] = ncols
             ncols += len(chain.graphs[k].values) + len(chain.graphs[k].cost)
-    blocks, lbs, costs, done = [], [], np.zeros(ncols), set()
+    costs, lower, upper = np.zeros(ncols), np.zeros(ncols), np.ones(ncols)
+    saved = np.zeros((L, ncols))  # row k: bytes position k saves
+    rec = np.zeros((L, ncols))  # row k: bytes position k's backward holds when recomputing
+    blocks, lbs, done = [], [], set()
     for k in range(L):
         g, c0 = chain.graphs[k], col0[chain.groups[k]]
-        nv = len(g.values)
-        costs[c0 + nv : c0 + nv + len(g.cost)] += g.cost  # every position recomputes
+        nv, r = len(g.values), slice(c0 + len(g.values), c0 + len(g.values) + len(g.cost))
+        costs[r] += g.cost  # every position recomputes
+        saved[k, c0 : c0 + nv] = g.value_sizes
+        rec[k, r] = chain.node_bytes[k]
         if chain.groups[k] in done:
-            continue
+            continue  # the group's variables and rows are there already
         done.add(chain.groups[k])
+        lower[r] = np.asarray(g.self_recompute, dtype=float)
         A, lb = consistency_rows(g)
         A = A.tocoo()
         blocks.append(sp.csr_matrix((A.data, (A.row, A.col + c0)), shape=(A.shape[0], ncols)))
         lbs.append(lb)
-    lower, upper = np.zeros(ncols), np.ones(ncols)
-    for k in range(L):
-        g, c0 = chain.graphs[k], col0[chain.groups[k]]
-        nv = len(g.values)
-        lower[c0 + nv : c0 + nv + len(g.cost)] = np.asarray(g.self_recompute, dtype=float)
-    # memory rows: saved bytes of positions 0..k, per position
-    saved = np.zeros((L, ncols))
-    rec = np.zeros((L, ncols))
-    for k in range(L):
-        g, c0 = chain.graphs[k], col0[chain.groups[k]]
-        nv = len(g.values)
-        saved[k, c0 : c0 + nv] = g.value_sizes
-        rec[k, c0 + nv : c0 + nv + len(g.cost)] = chain.node_bytes[k]
+    # memory rows: the saved bytes of positions 0..k (+ what k recomputes), and the loss
     prefix = np.cumsum(saved, axis=0)
     mem = np.vstack([prefix, prefix + rec, prefix[-1:] if L else np.zeros((1, ncols))])
     room = budget - np.asarray([*chain.fwd_base, *chain.bwd_base, chain.loss_base], dtype=float)
