@@ -22,7 +22,7 @@ from jax_exec.auto.graph_run import run_graph_schedule
 from jax_exec.auto.lowering import lower
 from jax_exec.auto.model import BlockModel, block_model, build_problem
 from jax_exec.auto.runtime import AutoRunResult, run_schedule
-from jax_exec.auto.trace import split_model
+from jax_exec.auto.trace import graph_difference, same, split_model
 from jax_exec.auto.whole import WHOLE_GRAPH_VARIABLES, fallback, small_enough, whole_plan
 from schedir import Chain, Graph, GraphSchedule, Schedule, simulate
 from schedir.blocks.graph import block_graph
@@ -159,7 +159,13 @@ class Plan:
             exact = self.replan(self.budget, exact=True)
             self.schedule, self.exact, self.problem = exact.schedule, True, exact.problem
             self.model = exact.model
-        _, params, rest = split_model(model)
+        graphdef, params, rest = split_model(model)
+        difference = graph_difference(self.model.traced.graphdef, graphdef)
+        if difference is not None:
+            raise ValueError(
+                f"model: {difference}; the plan follows the planned model's computation, "
+                f"plan this model (e.g. after eval() or train()) on its own"
+            )
         if isinstance(self.schedule, GraphSchedule):
             return run_graph_schedule(self.model, self.schedule, params, rest, args)
         return run_schedule(self.model, self.schedule, params, rest, args)
@@ -487,6 +493,31 @@ def _shape_key(tree: Any) -> tuple:
     return (treedef, shapes)
 
 
+class PlanCache:
+    """Plans by what determines them: the model's graph definition (its classes,
+    structure and static attributes, compared by equality: configurations held as
+    unhashable dataclasses or lists are fine) and the shapes and dtypes of its state and
+    of the arguments (hashed)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple, list[tuple[Any, Any]]] = {}
+
+    def get(self, graphdef: Any, key: tuple) -> Any:
+        for planned, value in self.entries.get(key, ()):
+            if same(planned, graphdef):
+                return value
+        return None
+
+    def put(self, graphdef: Any, key: tuple, value: Any) -> None:
+        self.entries.setdefault(key, []).append((graphdef, value))
+
+    def values(self) -> list:
+        return [value for entries in self.entries.values() for _, value in entries]
+
+    def __len__(self) -> int:
+        return sum(len(e) for e in self.entries.values())
+
+
 def value_and_grad(
     loss_fn: Callable,
     *,
@@ -497,32 +528,36 @@ def value_and_grad(
 ) -> Callable:
     """``f(model, *args) -> (loss, grads)`` (``((loss, aux), grads)`` with ``has_aux``),
     like ``nnx.value_and_grad(loss_fn, has_aux=has_aux)``, following a plan made on the
-    first call for each structure, shapes and dtypes of the model and arguments (like
-    ``jax.jit``'s cache; ``f.plans`` holds them). The model's state (BatchNorm
-    statistics, RNG counters) is updated in place as the plain call would. Composes
-    with ``nnx.jit`` / ``jax.jit`` and optax. Plans use estimated temporaries unless
-    ``exact=True`` is passed (the compiled path's memory is XLA's, not the op-by-op
-    runtime's).
+    first call for each model (its graph definition: classes, structure, static
+    attributes) and shapes and dtypes of its state and the arguments (like
+    ``jax.jit``'s cache). ``f.plans`` holds them, ``f.plan`` is the last one used. The
+    model's state (BatchNorm statistics, RNG counters) is updated in place as the plain
+    call would. Called eagerly, the step runs compiled (one ``jax.jit`` per plan); it
+    composes with ``nnx.jit`` / ``jax.jit`` and optax. Plans are made as :func:`plan`
+    makes them (``exact=True`` unless ``plan_options`` say otherwise), so a budget means
+    the same bytes here and there.
     """
     if _solver(method)[0] == "graph":
         raise ValueError(
             f"method = {method!r}: value_and_grad runs the compiled step, which follows "
             f"block-chain schedules; a graph method's schedule runs op by op (plan(...).run)"
         )
-    plans: dict = {}
+    plans = PlanCache()
 
     def f(model: Any, *args: Any):
         graphdef, params, rest = split_model(model)
-        key = (graphdef, _shape_key(params), _shape_key(rest), _shape_key(args))
-        if key not in plans:
-            options = {"exact": False, **plan_options}
+        key = (_shape_key(params), _shape_key(rest), _shape_key(args))
+        found = plans.get(graphdef, key)
+        if found is None:
             p = plan(loss_fn, model, *args, budget=budget, method=method, has_aux=has_aux,
-                     **options)  # fmt: skip
-            plans[key] = (p, p.lowered())
-        _, fn = plans[key]
-        (loss, (aux, new_rest)), grads = jax.value_and_grad(fn, has_aux=True)(params, rest, args)
+                     **plan_options)  # fmt: skip
+            found = (p, jax.jit(jax.value_and_grad(p.lowered(), has_aux=True)))
+            plans.put(graphdef, key, found)
+        f.plan, step = found
+        (loss, (aux, new_rest)), grads = step(params, rest, args)
         nnx.update(model, new_rest)
         return ((loss, aux), grads) if has_aux else (loss, grads)
 
     f.plans = plans  # type: ignore[attr-defined]
+    f.plan = None  # type: ignore[attr-defined]
     return f

@@ -182,7 +182,7 @@ def build_blocks(program: Program, analysis: Analysis, positions: list[int]) -> 
     """The blocks between ``positions`` (ascending cut positions, 0 < p < n)."""
     n = len(program.eqns)
     bounds = [0, *positions, n]
-    if any(b >= a for a, b in zip(bounds[1:], bounds[:-1], strict=True)):
+    if any(not 0 < p < n for p in positions) or positions != sorted(set(positions)):
         raise ValueError(f"cut positions {positions} must be increasing inside (0, {n})")
     globals_ = set(program.input_ids)
     last = _last_reads(program)
@@ -217,7 +217,10 @@ def build_blocks(program: Program, analysis: Analysis, positions: list[int]) -> 
             wiring.append((analysis.infos[i].key, tuple(refs)))
         is_loss = stop == n
         if is_loss and not isinstance(program.loss, Lit) and program.loss not in local:
-            if program.loss not in globals_ and program.loss not in ins:
+            if program.loss in globals_:  # the loss is an input or a constant
+                if program.loss not in gls:
+                    gls.append(program.loss)
+            elif program.loss not in ins:
                 ins.append(program.loss)  # the loss was computed earlier: it crosses
         outs = tuple(v for v in produced if last.get(v, -1) >= stop)
         results = tuple(v for v in produced if v in outputs)

@@ -223,6 +223,10 @@ def _classify(leaves: list, known: dict[str, tuple]) -> tuple[list, list, list]:
     return sources, new, consts
 
 
+def _sources_text(sources: tuple) -> str:
+    return ", ".join(f"{kind} {j}" for kind, j in sources)
+
+
 def block_functions(
     program: Program, block: Block, lay: Layout, option: SaveOption, specs: tuple
 ) -> BlockFunctions:
@@ -247,13 +251,27 @@ def block_functions(
         return outs, results, vjp_fn
 
     def record(p: tuple, g: tuple, x: tuple) -> tuple:
+        if not all(isinstance(a, jax.core.Tracer) for a in jax.tree_util.tree_leaves((p, x))):
+            return traced_record(p, g, x)  # eager: classify the closure's tracers (below)
         outs, results, vjp_fn = linearize(p, g, x)
         leaves, treedef = jax.tree_util.tree_flatten(vjp_fn)
         known = {"param": p, "other": g, "in": x, "out": outs, "result": results}
         sources, new, consts = _classify(leaves, known)
-        found["recipe"] = (treedef, tuple(sources), tuple(consts))
+        if "recipe" not in found:
+            found["recipe"] = (treedef, tuple(sources), tuple(consts))
+        elif tuple(sources) != found["recipe"][1]:
+            # the backward rebuilds the closure from the first trace's recipe: a closure
+            # made of other pieces would be rebuilt from the wrong arrays
+            raise RuntimeError(
+                f"a block's vjp closure is made of other pieces than when it was planned "
+                f"({_sources_text(sources)} vs {_sources_text(found['recipe'][1])}): "
+                f"call with the planned shapes and dtypes"
+            )
         return outs, results, tuple(new)
 
+    # Concrete arrays (an eager call) are no tracers, so classifying their closure would
+    # take every new residual for a constant: an eager call runs record traced.
+    traced_record = jax.jit(record)
     closed = jax.make_jaxpr(record)(*specs)
     treedef, sources, consts = found["recipe"]
     new_specs = tuple(

@@ -167,6 +167,7 @@ def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Calla
         gv = global_values(model, params, rest, args)
         results: dict = {}
         loss = run(tree, gv, run_stacks(runs, gv), {}, results)
+        results[program.loss] = loss  # aux may hold the loss itself (metrics)
 
         def value(ref: Any) -> Any:
             if isinstance(ref, Lit):

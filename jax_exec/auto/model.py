@@ -419,16 +419,29 @@ def _distinct(model: BlockModel, k: int) -> tuple[SaveOption, ...]:
 
 
 def global_values(model: BlockModel, params: Any, rest: Any, args: tuple) -> dict:
-    """value id -> array for the program's inputs and constants."""
+    """value id -> array for the program's inputs and constants. Each leaf must have
+    the planned shape and dtype (else ``ValueError`` naming it); a weakly typed leaf (a
+    parameter made from a Python scalar) is made strongly typed, as planned: the blocks'
+    recipes were traced at the planned types."""
     program = model.program
-    leaves = jax.tree_util.tree_leaves((params, rest, tuple(args)))
+    flat = jax.tree_util.tree_flatten_with_path((params, rest, tuple(args)))[0]
     ids = program.param_ids + program.rest_ids + program.arg_ids
-    if len(leaves) != len(ids):
+    if len(flat) != len(ids):
         raise ValueError(
-            f"the call has {len(leaves)} array leaves (parameters, state, arguments), the "
+            f"the call has {len(flat)} array leaves (parameters, state, arguments), the "
             f"traced model {len(ids)}: call with the same model and argument structure"
         )
-    values = dict(zip(ids, leaves, strict=True))
+    values = {}
+    for (path, leaf), vid in zip(flat, ids, strict=True):
+        aval, planned = jax.typeof(leaf), program.avals[vid]
+        if tuple(aval.shape) != tuple(planned.shape) or aval.dtype != planned.dtype:
+            group = ("params", "state", "args")[path[0].idx]
+            raise ValueError(
+                f"{group}{jax.tree_util.keystr(path[1:])} is {aval.str_short()}, the plan "
+                f"was made for {planned.dtype}{list(planned.shape)}: plan again for these "
+                f"shapes and dtypes"
+            )
+        values[vid] = jax.lax.convert_element_type(leaf, planned.dtype) if aval.weak_type else leaf
     values.update(program.consts)
     for vid, (src, i) in sorted(program.derived.items()):  # slices of stacked globals
         values[vid] = values[src][i]

@@ -38,7 +38,7 @@ import jax
 import numpy as np
 
 from jax_exec.auto.blocks import eqn_has_anchor
-from jax_exec.auto.trace import Eqn, FlatJaxpr, Lit, aval_bytes, evaluate, flatten
+from jax_exec.auto.trace import CHECKPOINTS, Eqn, FlatJaxpr, Lit, aval_bytes, evaluate, flatten
 
 MAX_PHASES = 2  # more phases compile more kernels for no measured gain on the examples
 GROUPS = ("p", "g", "x", "outs", "results", "new", "d_outs", "through")
@@ -133,7 +133,7 @@ def phased_backward(
     """Trace ``backward(*args)`` (``args``: the shapes of its eight argument groups,
     ``GROUPS``) and cut it into phases (module docstring)."""
     closed = jax.make_jaxpr(backward)(*args)
-    flat = flatten(closed, inline=("checkpoint", "remat", "remat2"))
+    flat = flatten(closed, inline=CHECKPOINTS)
     groups = tuple(
         (name, i)
         for name, group in zip(GROUPS, args, strict=True)

@@ -286,6 +286,7 @@ def step_result(
         buf.drop(name)
     params, rest, args = call
     program = model.program
+    results[program.loss] = loss  # aux may hold the loss itself (metrics)
     for vid, (src, i) in sorted(program.derived.items(), reverse=True):
         if vid in grads:  # a slice of a stacked parameter: into its stack
             base = grads.get(src, jnp.zeros(program.avals[src].shape, program.avals[src].dtype))

@@ -29,6 +29,10 @@ from flax import nnx
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
 INLINED = ("jit", "pjit", "closed_call", "core_call")
+# A model's own rematerialization (``nnx.remat``, ``jax.checkpoint``) is planned from its
+# inside: its equations become the program's and the plan decides what is saved (the
+# user's policy is not kept; the values are the same).
+CHECKPOINTS = ("checkpoint", "remat", "remat2")
 
 
 class UnsupportedModel(TypeError):
@@ -109,7 +113,7 @@ class Program:
         param_ids, rest_ids, arg_ids: value ids of the flattened parameters, other
             model state and call arguments (the program's inputs).
         consts: value id -> constant array (closed-over constants of the jaxpr).
-        loss: the loss (a value id or a literal).
+        loss: the loss (a value id; a constant loss is one of ``consts``).
         aux: the flattened auxiliary outputs (``has_aux``).
         new_rest: the flattened model state after the call.
         treedefs: ``(params, rest, args, aux)`` tree structures.
@@ -121,7 +125,7 @@ class Program:
     rest_ids: tuple[int, ...]
     arg_ids: tuple[int, ...]
     consts: dict
-    loss: Ref
+    loss: int
     aux: tuple[Ref, ...]
     new_rest: tuple[Ref, ...]
     treedefs: tuple
@@ -182,7 +186,7 @@ class _Builder:
         self.derived: dict[int, tuple[int, int]] = {}
         self.scans: list[ScanInfo] = []
         self.unroll = True
-        self.inlined = INLINED
+        self.inlined = INLINED + CHECKPOINTS
 
     def slice_of(self, ref: Ref, i: int, where: str) -> Ref:
         """``ref[i]``: a global slice (no equation) for stacked globals, else traced."""
@@ -374,6 +378,36 @@ def split_model(model: Any) -> tuple[Any, Any, Any]:
     return nnx.split(model, nnx.Param, ...)
 
 
+def same(a: Any, b: Any) -> bool:
+    """``a == b`` where equality may fail or be ambiguous (static attributes holding
+    arrays): then only identity counts, which may plan again but never reuses a plan
+    for another computation."""
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - any failing __eq__ or __bool__ means "not known equal"
+        return a is b
+
+
+def graph_difference(planned: Any, given: Any) -> str | None:
+    """What differs between two ``nnx`` graph definitions (the planned model's and a
+    model passed later), in words; None when they are equal: the same module classes,
+    structure and static attributes (configuration, ``deterministic`` flags...)."""
+    if same(planned, given):
+        return None
+    types = [type(n).__name__ + ":" + str(getattr(n, "type", "")) for n in planned.nodes]
+    given_types = [type(n).__name__ + ":" + str(getattr(n, "type", "")) for n in given.nodes]
+    for a, b in zip(types, given_types, strict=False):
+        if a != b:
+            return f"a {b.split(':')[1]} where the planned model has a {a.split(':')[1]}"
+    if len(types) != len(given_types):
+        return f"{len(given_types)} graph nodes where the planned model has {len(types)}"
+    for (name, a), (_, b) in zip(planned.attributes, given.attributes, strict=False):
+        va, vb = getattr(a, "value", a), getattr(b, "value", b)
+        if not same(va, vb):
+            return f"attribute {name!r} is {vb!r} where the planned model has {va!r}"
+    return "its graph definition differs from the planned model's"
+
+
 def pure_function(graphdef: Any, loss_fn: Callable, has_aux: bool) -> Callable:
     """``f(params, rest, args) -> (loss, aux, new_rest)``: one call of ``loss_fn`` on the
     merged model, with the model state after the call split back out."""
@@ -432,10 +466,23 @@ def trace(loss_fn: Callable, model: Any, args: tuple, *, has_aux: bool = False) 
     outs = builder.inline(jaxpr, closed.consts, inputs)
     n_aux, n_par = len(aux_leaves), len(p_leaves)
     loss, aux = outs[0], tuple(outs[1 : 1 + n_aux])
+    if isinstance(loss, Lit):  # a constant loss: a constant of the program
+        loss = builder.new(loss_shape)
+        builder.consts[loss] = np.asarray(outs[0].value, loss_shape.dtype)
+        builder.globals.add(loss)
     new_params = outs[1 + n_aux : 1 + n_aux + n_par]
     new_rest = tuple(outs[1 + n_aux + n_par :])
     param_ids = tuple(inputs[: counts[0]])
     if list(new_params) != list(param_ids):
+        made = {vid: e for e in builder.eqns for vid in e.outs}
+        through = next((made[v] for v in new_params if v in made), None)
+        if through is not None and _closed(through) is not None:
+            raise UnsupportedModel(
+                f"the model's nnx.Param variables pass through operation {through.name} "
+                f"at {through.source}, a region the planner keeps whole (nnx.cond, "
+                f"nnx.while_loop...): it cannot tell they come out unchanged; keep the "
+                f"parameters outside the region (close over the values it reads)"
+            )
         raise TypeError(
             "loss_fn writes to the model's nnx.Param variables; the planner (like a "
             "gradient step) needs them unchanged during the call"
@@ -488,7 +535,7 @@ def flatten(closed: ClosedJaxpr, inline: tuple[str, ...] = ()) -> FlatJaxpr:
     ``checkpoint``) inlined and scans kept whole: a :class:`FlatJaxpr`."""
     builder = _Builder()
     builder.unroll = False
-    builder.inlined = INLINED + tuple(inline)
+    builder.inlined = INLINED + tuple(inline)  # checkpoints only where asked for
     ins = [builder.new(v.aval) for v in closed.jaxpr.invars]
     outs = builder.inline(closed.jaxpr, closed.consts, ins)
     return FlatJaxpr(

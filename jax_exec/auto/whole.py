@@ -29,7 +29,7 @@ from jax_exec.auto.kernels import SaveOption
 from jax_exec.auto.model import BlockModel, build_problem
 from jax_exec.auto.options import option_graph, saved_candidates
 from schedir import Schedule, simulate
-from solvers.blocks.options import recompute_set
+from solvers.blocks.options import NODE_LIMIT, recompute_set
 from solvers.blocks.policies import recorded
 from solvers.blocks.whole_milp import SaveSetChain, WholeAnswer, variables, whole_save_sets
 from solvers.registry import Infeasible
@@ -137,7 +137,8 @@ def whole_plan(
     reference: list[int],
     *,
     exact: bool = True,
-    time_limit: float = 20.0,
+    node_limit: int = NODE_LIMIT,
+    time_limit: float | None = None,
     rounds: int = 3,
 ) -> WholeResult:
     """Solve the whole-graph MILP for ``budget`` bytes (module docstring).
@@ -151,7 +152,9 @@ def whole_plan(
     solve_time, tries, best = 0.0, [], None
     for _ in range(rounds):
         try:
-            answer = whole_save_sets(save_set_chain(model, ref), target, time_limit=time_limit)
+            answer = whole_save_sets(
+                save_set_chain(model, ref), target, node_limit=node_limit, time_limit=time_limit
+            )
         except Infeasible as err:
             if best is not None:
                 break

@@ -136,11 +136,30 @@ def consistency_rows(graph: OptionGraph):
     return A, np.asarray(lbs)
 
 
+# HiGHS stops after this many branch-and-bound nodes: a deterministic work limit, so that
+# an answer depends on the problem alone, never on the machine's load (a wall-clock limit
+# would). The save-set MILPs of the example models close in a few hundred nodes.
+NODE_LIMIT = 20_000
+
+
+def milp_options(node_limit: int = NODE_LIMIT, time_limit: float | None = None) -> dict:
+    """``scipy.optimize.milp`` options: the deterministic node limit, and a wall-clock
+    limit only when asked for (an answer stopped by it depends on the machine's load)."""
+    if isinstance(node_limit, bool) or not isinstance(node_limit, int) or node_limit < 1:
+        raise ValueError(f"node_limit = {node_limit!r}: expected an int >= 1 (HiGHS nodes)")
+    options: dict = {"node_limit": node_limit}
+    if time_limit is not None:
+        options["time_limit"] = float(time_limit)
+    return options
+
+
 def pareto_save_sets(
-    graph: OptionGraph, max_points: int = 4, *, time_limit: float = 10.0
+    graph: OptionGraph, max_points: int = 4, *, node_limit: int = NODE_LIMIT
 ) -> list[frozenset[int]]:
     """Up to ``max_points`` Pareto-optimal save sets strictly between "all" and "none"
-    (module docstring), most saved first. Solved with HiGHS (``scipy.optimize.milp``)."""
+    (module docstring), most saved first. Solved with HiGHS (``scipy.optimize.milp``)
+    within ``node_limit`` nodes (deterministic; a save set found at the limit is kept
+    although not proven Pareto-optimal)."""
     nv, n = len(graph.values), len(graph.cost)
     if nv == 0 or max_points <= 0:
         return []
@@ -160,7 +179,7 @@ def pareto_save_sets(
     for _ in range(3 * max_points):
         constraints = [LinearConstraint(A, lb, np.inf), LinearConstraint(cap_row, -np.inf, limit)]
         res = milp(c, constraints=constraints, integrality=np.ones(nv + n), bounds=bounds,
-                   options={"time_limit": time_limit})  # fmt: skip
+                   options=milp_options(node_limit))  # fmt: skip
         if res.x is None:
             break
         saved = read_values(graph, {j for j in range(nv) if res.x[j] > 0.5})

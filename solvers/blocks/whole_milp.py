@@ -39,7 +39,14 @@ import scipy.sparse as sp
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from schedir import InvalidProblem
-from solvers.blocks.options import OptionGraph, consistency_rows, read_values, recompute_set
+from solvers.blocks.options import (
+    NODE_LIMIT,
+    OptionGraph,
+    consistency_rows,
+    milp_options,
+    read_values,
+    recompute_set,
+)
 from solvers.registry import Infeasible
 
 
@@ -134,12 +141,18 @@ def model_needs(chain: SaveSetChain, save_sets, recompute_sets) -> tuple[list[in
     return fwd, bwd, chain.loss_base + (prefix[-1] if prefix else 0)
 
 
-def whole_save_sets(chain: SaveSetChain, budget: int, *, time_limit: float = 20.0) -> WholeAnswer:
-    """Solve the whole-graph MILP (module docstring) with HiGHS.
+def whole_save_sets(
+    chain: SaveSetChain, budget: int, *, node_limit: int = NODE_LIMIT,
+    time_limit: float | None = None,
+) -> WholeAnswer:  # fmt: skip
+    """Solve the whole-graph MILP (module docstring) with HiGHS, within ``node_limit``
+    branch-and-bound nodes (deterministic) and, only if given, ``time_limit`` seconds
+    (an answer stopped by the clock depends on the machine's load). ``optimal`` says
+    whether HiGHS proved the answer optimal.
 
     Raises:
         solvers.Infeasible: no save sets fit the model under ``budget`` (no least budget
-            is claimed: the model is an estimate), or the time limit passed before any
+            is claimed: the model is an estimate), or a limit was reached before any
             answer was found.
     """
     L = chain.length
@@ -180,13 +193,15 @@ def whole_save_sets(chain: SaveSetChain, budget: int, *, time_limit: float = 20.
     constraints = [LinearConstraint(sp.csr_matrix(mem), -np.inf, room)]
     if blocks:
         constraints.append(LinearConstraint(sp.vstack(blocks).tocsr(), np.concatenate(lbs), np.inf))
+    if ncols == 0:  # nothing to decide (no block has a value to save or recompute)
+        return WholeAnswer(tuple(frozenset() for _ in range(L)), 0.0, True, 0.0, 0)
     start = time.perf_counter()
     res = milp(c, constraints=constraints, integrality=np.ones(ncols), bounds=Bounds(lower, upper),
-               options={"time_limit": time_limit})  # fmt: skip
+               options=milp_options(node_limit, time_limit))  # fmt: skip
     solve_time = time.perf_counter() - start
     if res.x is None:
         why = {
-            1: f"time limit of {time_limit} s reached without an answer",
+            1: f"node limit {node_limit} or time limit {time_limit} s reached without an answer",
             2: "no save sets fit its linear model under the budget",
         }.get(res.status, res.message)
         raise Infeasible("whole_milp", budget, None, why)
