@@ -48,7 +48,7 @@ def report(name: str, make, depth: int, exact: bool, compile_step: bool) -> floa
           f"({distinct} distinct), exact={exact}: planned in {total:.1f} s "
           f"(predicted overhead {p.overhead:+.1%})")  # fmt: skip
     rounds = p.schedule.meta["compile_rounds"]
-    counts = f"; {len(bm._temps)} kernels compiled, {rounds} rounds"
+    counts = f"; {phases.pop('compiled', 0)} kernels compiled, {rounds} rounds"
     print("   " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()) + counts)
     if exact:
         verdict = "within" if total < TARGET_SECONDS else "OVER"

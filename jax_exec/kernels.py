@@ -132,7 +132,13 @@ class NodeKernels:
 def compile_kernel(fn: Callable, *args: Any) -> Kernel:
     """Compile ``fn`` for ``args`` (arrays or shapes) and read its temporary bytes and
     FLOPs from XLA."""
-    compiled = jax.jit(fn).lower(*args).compile()
+    return lowered_kernel(jax.jit(fn).lower(*args))
+
+
+def lowered_kernel(lowered: Any, options: dict | None = None) -> Kernel:
+    """Compile a lowered function (``jax.jit(fn).lower(...)``) with XLA ``options``
+    and read its temporary bytes and FLOPs."""
+    compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
     stats = compiled.memory_analysis()
     temp = int(stats.temp_size_in_bytes) if stats is not None else 0
     cost = compiled.cost_analysis()

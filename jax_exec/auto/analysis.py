@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,16 +41,20 @@ ELEMENTWISE = frozenset(
     integer_pow is_finite le lgamma log log1p logistic lt max min mul ne neg nextafter not
     or polygamma population_count pow real reduce_precision rem round rsqrt select_n
     shift_left shift_right_arithmetic shift_right_logical sign sin sinh sqrt square sub tan
-    tanh xor zeta stop_gradient name""".split()
+    tanh xor zeta stop_gradient name eq_to le_to lt_to mulhi igamma_grad_a random_gamma_grad
+    regularized_incomplete_beta platform_index""".split()
 )
 EXPENSIVE = frozenset(
     """exp exp2 expm1 log log1p logistic tanh sin cos tan atan2 asin acos atan sinh cosh
-    asinh acosh atanh pow sqrt rsqrt cbrt erf erfc erf_inv lgamma digamma""".split()
+    asinh acosh atanh pow sqrt rsqrt cbrt erf erfc erf_inv lgamma digamma igamma igammac
+    igamma_grad_a random_gamma_grad regularized_incomplete_beta polygamma zeta bessel_i0e
+    bessel_i1e""".split()
 )
 LAYOUT = frozenset(
     """broadcast_in_dim reshape squeeze expand_dims transpose iota rev slice dynamic_slice
     pad concatenate split sharding_constraint random_wrap random_unwrap device_put
-    optimization_barrier iota_2x32_shape""".split()
+    optimization_barrier iota_2x32_shape tile stack unstack random_clone reshard
+    mesh_cast""".split()
 )
 HEAVY = frozenset(
     """dot_general conv_general_dilated reduce_sum reduce_max reduce_min reduce_prod
@@ -60,7 +65,7 @@ HEAVY = frozenset(
     approx_top_k fft random_bits random_fold_in random_split random_seed threefry2x32
     rng_bit_generator rng_uniform random_gamma cholesky eigh eig lu qr svd
     triangular_solve tridiagonal_solve householder_product schur hessenberg tridiagonal
-    custom_linear_solve""".split()
+    custom_linear_solve scaled_dot ragged_dot ragged_dot_general symmetric_product""".split()
 )
 OPAQUE = frozenset("custom_jvp_call custom_vjp_call cond while checkpoint remat2 scan".split())
 COLLECTIVE = frozenset(
@@ -93,27 +98,42 @@ class CostModel:
         return max(flops / self.flops_per_second, nbytes / self.bytes_per_second)
 
 
+def classified(name: str) -> str | None:
+    """The category of a primitive the planner knows, by name; None for others."""
+    for cat, names in (("elementwise", ELEMENTWISE), ("layout", LAYOUT), ("heavy", HEAVY),
+                       ("opaque", OPAQUE)):  # fmt: skip
+        if name in names:
+            return cat
+    return None
+
+
+_WARNED: set[str] = set()
+
+
 def category(eqn: Eqn) -> str:
-    """``"elementwise"``, ``"layout"``, ``"heavy"`` or ``"opaque"``; raises for others."""
+    """``"elementwise"``, ``"layout"``, ``"heavy"`` or ``"opaque"``. Collectives are
+    refused; a primitive the planner does not know is charged conservatively, as heavy
+    (XLA stores its result: a save option may keep it, and the figures count it), with a
+    warning naming it (higher-order ones as opaque: differentiated by JAX as a whole)."""
     name = eqn.name
-    if name in ELEMENTWISE:
-        return "elementwise"
-    if name in LAYOUT:
-        return "layout"
-    if name in HEAVY:
-        return "heavy"
-    if name in OPAQUE:
-        return "opaque"
+    found = classified(name)
+    if found is not None:
+        return found
     if name in COLLECTIVE or name in MULTI_DEVICE:
         raise UnsupportedModel(
             f"collective or multi-device operation {name} at {eqn.source}: the planner "
             f"schedules one device's program (plan the per-device function, outside "
             f"shard_map / pmap)"
         )
-    raise UnsupportedModel(
-        f"operation {name} at {eqn.source} is not known to the planner: it cannot tell "
-        f"whether XLA stores its result, so it refuses rather than guess"
-    )
+    if name not in _WARNED:
+        _WARNED.add(name)
+        warnings.warn(
+            f"operation {name} at {eqn.source} is not known to the planner: its result is "
+            f"charged as stored by XLA (conservative for memory); the plan stays exact for "
+            f"the op-by-op runtime",
+            stacklevel=3,
+        )
+    return "opaque" if _sub_jaxprs(eqn.params) else "heavy"
 
 
 def _size(aval: Any) -> int:
@@ -284,7 +304,7 @@ def analyze(program: Program, eqn: Eqn, active: set[int], model: CostModel) -> E
     shapes = tuple((tuple(a.shape), str(a.dtype)) for a in in_avals + out_avals)
     params = tuple(sorted((k, _canonical(v)) for k, v in eqn.params.items()))
     simple = all(v is not None or eqn.params[k] is None for k, v in params)
-    key = (eqn.name, params, shapes, lits, diff) if simple else None
+    key = (eqn.name, params, shapes, lits, diff, model) if simple else None
     if key is not None and key in _CACHE:
         return _CACHE[key]
     info = _trace_vjp(eqn, cat, in_avals, out_avals, diff, model)

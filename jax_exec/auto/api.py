@@ -417,24 +417,51 @@ def _solve(bm: BlockModel, budget: Any, solver: tuple, options: dict, exact: boo
     return _solve_lazily(bm, budget, solver, options, exact, whole)
 
 
+# Exact planning compiles the kernels each answer runs and solves again; after this many
+# solves, the fastest answer priced exactly so far that fits is kept (every one of them
+# is exact: its kernels were compiled). Deterministic: a count, not a clock.
+MAX_ROUNDS = 3
+
+
+def _priced(bm: BlockModel, schedule: Schedule) -> Schedule:
+    """``schedule`` with its ``peak_memory`` and ``makespan`` from ``bm.problem``."""
+    trace = simulate(bm.problem, schedule)
+    schedule.meta.update(peak_memory=trace.peak_memory, makespan=trace.makespan)
+    return schedule
+
+
+def _faster(best: Schedule | None, other: Schedule | None) -> Schedule | None:
+    if other is None or (best is not None and best.meta["makespan"] <= other.meta["makespan"]):
+        return best
+    return other
+
+
 def _solve_lazily(
     bm: BlockModel, budget: Any, solver: tuple, options: dict, exact: bool, whole: int = 0
 ):
-    """Solve; with ``exact``, compile the kernels the answer runs and solve again until
-    it runs only compiled kernels, so that its predicted figures are those the op-by-op
-    runtime measures (kernels not compiled yet are priced with estimated temporaries).
-    The same for the store-all reference (percentage budgets); for ``min_budget``, every
-    option's kernels are compiled first (the least budget is then exact). Chain and
-    graph methods compile every kernel of the store-all options first and solve once.
-    ``whole`` > 0: the block DP's answer competes with the whole-graph MILP's when that
-    has at most ``whole`` variables (:func:`jax_exec.auto.whole.fallback`)."""
+    """Solve; with ``exact``, compile the kernels the answer runs and solve again, so
+    that the predicted figures are those the op-by-op runtime measures (kernels not
+    compiled yet are priced with estimated temporaries): until the answer runs only
+    compiled kernels, or after :data:`MAX_ROUNDS` solves, the fastest exactly priced
+    answer that fits (the store-all reference among them). The reference's kernels are
+    compiled first, together with those of the answer at the estimated budget (one
+    round fewer). For ``min_budget``, every option's kernels are compiled (the least
+    budget is then exact). Chain and graph methods compile every kernel of the
+    store-all options first and solve once. ``whole`` > 0: the block DP's answer
+    competes with the whole-graph MILP's when that has at most ``whole`` variables
+    (:func:`jax_exec.auto.whole.fallback`)."""
     family, solver = solver
-    rounds = 0
-    while True:  # the store-all reference: every block keeps what XLA would
-        ref = reference_schedule(bm)
-        if not exact or bm.compile_used(ref) == 0:
-            break
-        bm.problem = build_problem(bm)
+    ref = reference_schedule(bm)
+    if exact:  # the reference's kernels, and a first answer's at the estimated budget
+        guess = []
+        if family == "blocks" and solver == "block_rotor":
+            try:
+                estimated = parse_budget(budget, simulate(bm.problem, ref).peak_memory)
+                guess = bm.used_kernels(solvers.solve(bm.problem, estimated, method=solver))
+            except solvers.Infeasible:
+                pass
+        if bm.compile(bm.used_kernels(ref) + guess):
+            bm.problem = build_problem(bm)
     reference = simulate(bm.problem, ref)
     plain = simulate(bm.problem, policy_schedule(bm.problem, "everything_saveable"))
     reference = StoreAll(reference.peak_memory, plain.makespan)
@@ -448,6 +475,32 @@ def _solve_lazily(
         found = whole_plan(bm, nbytes, list(ref.meta["block_options"]), exact=exact, **options)
         rounds = found.schedule.meta["whole_milp"]["rounds"]
         return found.schedule, nbytes, reference, rounds, found.model
+    schedule, rounds = _solve_rounds(bm, nbytes, solver, options, exact, ref)
+    if whole and small_enough(bm, whole):
+        model, schedule = fallback(bm, schedule, nbytes, list(ref.meta["block_options"]), exact)
+        if model is not bm:  # the DP may do better still with the new save sets
+            mixed = _solve_rounds(model, nbytes, solver, {}, exact, ref)[0]
+            if mixed.meta["makespan"] < schedule.meta["makespan"]:
+                info = schedule.meta["whole_milp"]
+                mixed.meta["whole_milp"] = dict(info, chosen=False, mixed=True)
+                mixed.meta["dp_makespan"] = schedule.meta.get(
+                    "dp_makespan", schedule.meta["makespan"]
+                )
+                schedule = mixed
+        return schedule, nbytes, reference, rounds, model
+    return schedule, nbytes, reference, rounds, bm
+
+
+def _solve_rounds(
+    bm: BlockModel, nbytes: int, solver: str, options: dict, exact: bool, ref: Schedule
+) -> tuple[Schedule, int]:
+    """The block method's answer for ``nbytes`` and the number of solves
+    (:func:`_solve_lazily`): the store-all reference ``ref`` competes when it fits."""
+    best = None
+    if solver == "block_rotor":  # the DP discretizes sizes: store-all may beat it
+        fits = _priced(bm, Schedule(ref.ops, dict(ref.meta, method=solver, exact=True)))
+        best = fits if fits.meta["peak_memory"] <= nbytes else None
+    rounds = 0
     while True:
         rounds += 1
         try:
@@ -466,23 +519,15 @@ def _solve_lazily(
                 raise
             bm.problem = build_problem(bm)
             continue
-        if not exact or bm.compile_used(schedule) == 0:
-            if whole and small_enough(bm, whole):
-                model, schedule = fallback(
-                    bm, schedule, nbytes, list(ref.meta["block_options"]), exact
-                )
-                if model is not bm:  # the DP may do better still with the new save sets
-                    mixed = _solve_lazily(model, nbytes, (family, solver), {}, exact)[0]
-                    if mixed.meta["makespan"] < schedule.meta["makespan"]:
-                        info = schedule.meta["whole_milp"]
-                        mixed.meta["whole_milp"] = dict(info, chosen=False, mixed=True)
-                        mixed.meta["dp_makespan"] = schedule.meta.get(
-                            "dp_makespan", schedule.meta["makespan"]
-                        )
-                        schedule = mixed
-                return schedule, nbytes, reference, rounds, model
-            return schedule, nbytes, reference, rounds, bm
-        bm.problem = build_problem(bm)
+        compiled = bm.compile_used(schedule) if exact else 0
+        if compiled:
+            bm.problem = build_problem(bm)
+            priced = _priced(bm, Schedule(schedule.ops, dict(schedule.meta)))
+            best = _faster(best, priced if priced.meta["peak_memory"] <= nbytes else None)
+        else:  # every figure of this answer is exact (or estimates are asked for)
+            best = _faster(best, schedule)
+        if not compiled or (rounds >= MAX_ROUNDS and best is not None):
+            return best, rounds
 
 
 def _shape_key(tree: Any) -> tuple:

@@ -173,7 +173,7 @@ class LowBitModel(BlockModel):
     def option_functions(self, k: int, option: SaveOption) -> BlockFunctions:
         """Functions of block k under ``option`` (a low-bit one compresses its base's)."""
         block = self.blocks.blocks[k]
-        key = (block.key, option)
+        key = (self.identity(k), option)
         if key not in self._functions:
             if isinstance(option, LowBitOption):
                 base = self.option_functions(k, option.base)

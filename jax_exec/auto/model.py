@@ -13,7 +13,9 @@ schedule uses, :func:`jax_exec.auto.api.plan`). Times come from the roofline mod
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +36,7 @@ from jax_exec.auto.kernels import (
 )
 from jax_exec.auto.phases import PhasedBackward, phased_backward
 from jax_exec.auto.trace import Program, Traced, trace
-from jax_exec.kernels import Kernel, compile_kernel
+from jax_exec.kernels import Kernel, lowered_kernel
 from schedir.blocks.problem import BlockChain, BlockOption, BlockStage
 
 
@@ -61,11 +63,13 @@ class BlockModel:
     value_index: dict
     problem: BlockChain | None = None
     cost_model: CostModel = field(default_factory=CostModel)
-    _functions: dict = field(default_factory=dict)
-    _kernels: dict = field(default_factory=dict)
-    _temps: dict = field(default_factory=dict)  # kernel key -> temporary bytes (planning)
-    _phases: dict = field(default_factory=dict)  # backward kernel key -> PhasedBackward
-    _cache: dict = field(default_factory=dict)
+    # Functions, phases and kernels by what they compute (BlockModel.identity): shared by
+    # identical blocks and, through these process-wide tables, by every plan of the
+    # process (another budget, value_and_grad's plans, the same layers in another model).
+    _functions: dict = field(default_factory=lambda: _SHARED["functions"])
+    _kernels: dict = field(default_factory=lambda: _SHARED["kernels"])
+    _phases: dict = field(default_factory=lambda: _SHARED["phases"])  # -> PhasedBackward
+    _cache: dict = field(default_factory=dict)  # this model's analyses (its cost model...)
     timings: dict = field(default_factory=dict)  # seconds per planning phase
 
     def cached(self, key: Any, compute: Callable[[], Any]) -> Any:
@@ -91,12 +95,17 @@ class BlockModel:
             tuple(avals[v] for v in lay.ins),
         )
 
+    def identity(self, k: int) -> tuple:
+        """What block k computes, as a key: its equations, shapes and wiring
+        (``Block.key``) and the values it names (materialized values and outputs)."""
+        return (self.blocks.blocks[k].key, self.layouts[k].named)
+
     def functions(self, k: int, o: int) -> BlockFunctions:
         """Traceable functions of block k under its option o (shared by identical
         blocks; the loss stage has one option: plain autodiff)."""
         block = self.blocks.blocks[k]
         option = self.option(k, o)
-        key = (block.key, option)
+        key = (self.identity(k), option)
         if key not in self._functions:
             self._functions[key] = block_functions(
                 self.program, block, self.layouts[k], option, self.specs(k)
@@ -110,30 +119,21 @@ class BlockModel:
 
     def kernel_key(self, kind: str, k: int, o: int = 0) -> tuple:
         """Cache key of a kernel: identical blocks share it."""
-        block = self.blocks.blocks[k]
         option = self.option(k, o) if kind in ("record", "backward") else None
         flags = through_flags(self, k) if kind == "backward" else ()
-        return (kind, block.key, option, flags)
+        return (kind, self.identity(k), option, flags)
 
     def kernel(self, kind: str, k: int, o: int = 0) -> Kernel:
         """A compiled kernel of block k (cached): ``"forward"``, ``"record"`` (option o)
-        or ``"loss"`` (the backward runs as phases: :meth:`backward_kernels`)."""
+        or ``"loss"`` (the backward runs as phases: :meth:`backward_kernels`). The
+        op-by-op runtime runs the very executables the planner read the temporary bytes
+        of (:func:`kernel_of`), so its measured memory is the plan's by construction."""
         if kind == "backward":
             raise ValueError("the backward of a block runs as phases: use backward_kernels")
         key = self.kernel_key(kind, k, o)
         if key not in self._kernels:
-            kernel = compile_kernel(*self.kernel_source(kind, k, o))
-            self._check(kind, k, o, self._temps.get(key), kernel)
-            self._kernels[key] = kernel
+            self._kernels[key] = kernel_of(*self.kernel_source(kind, k, o))
         return self._kernels[key]
-
-    def _check(self, kind: str, k: int, o: int, planned: int | None, kernel: Kernel) -> None:
-        if planned is not None and planned != kernel.temp_bytes:
-            raise RuntimeError(
-                f"the {kind} kernel of block {k} (option {o}) has {kernel.temp_bytes} "
-                f"temporary bytes optimized and {planned} as planned (compiled with "
-                f"{PLANNING_OPTIONS}): the plan's memory figures would be wrong"
-            )
 
     def phased(self, k: int, o: int) -> PhasedBackward:
         """Block k's backward under option o as phases (:mod:`jax_exec.auto.phases`;
@@ -148,14 +148,10 @@ class BlockModel:
         """The phases of block k's backward under option o and their compiled kernels."""
         key = self.kernel_key("backward", k, o)
         pb = self.phased(k, o)
-        if key not in self._kernels:
-            kernels = []
-            for j in range(len(pb.phases)):
-                kernel = compile_kernel(pb.function(j), *pb.specs(j))
-                self._check(f"backward phase {j}", k, o, self._temps.get((*key, j)), kernel)
-                kernels.append(kernel)
-            self._kernels[key] = tuple(kernels)
-        return pb, self._kernels[key]
+        for j in range(len(pb.phases)):
+            if (*key, j) not in self._kernels:
+                self._kernels[(*key, j)] = kernel_of(pb.function(j), *pb.specs(j))
+        return pb, tuple(self._kernels[(*key, j)] for j in range(len(pb.phases)))
 
     def kernel_source(self, kind: str, k: int, o: int = 0) -> tuple:
         """``(function, *shapes)`` of a kernel, to compile with
@@ -190,12 +186,9 @@ class BlockModel:
         key = self.kernel_key("backward", k, o)
         if key in self._phases:
             pb = self._phases[key]
-            if key in self._kernels:
-                temps = tuple(kernel.temp_bytes for kernel in self._kernels[key])
-            else:
-                temps = tuple(self._temps.get((*key, j)) for j in range(len(pb.phases)))
-            if None not in temps:
-                return (*pb.effective(temps), True)
+            kernels = [self._kernels.get((*key, j)) for j in range(len(pb.phases))]
+            if None not in kernels:
+                return (*pb.effective(tuple(kn.temp_bytes for kn in kernels)), True)
         return temp_estimate(self, "backward", k, self.option(k, o)), 0, False
 
     def temp_bytes(self, kind: str, k: int, o: int = 0) -> tuple[int, bool]:
@@ -210,8 +203,6 @@ class BlockModel:
         key = self.kernel_key(kind, k, o)
         if key in self._kernels:
             return self._kernels[key].temp_bytes, True
-        if key in self._temps:
-            return self._temps[key], True
         option = self.option(k, o) if kind in ("record", "backward") else None
         return temp_estimate(self, kind, k, option), False
 
@@ -221,7 +212,7 @@ class BlockModel:
         estimate (:func:`jax_exec.auto.options.saved_estimate`)."""
         from jax_exec.auto.options import saved_estimate
 
-        key = (self.blocks.blocks[k].key, self.option(k, o))
+        key = (self.identity(k), self.option(k, o))
         if key in self._functions:
             return self._functions[key].recipe.new_bytes, True
         return saved_estimate(self, k, self.option(k, o)), False
@@ -249,44 +240,63 @@ class BlockModel:
         return self.compile(self.used_kernels(schedule))
 
     def compile(self, kernels: list[tuple[str, int, int]]) -> int:
-        """Compile these ``(kind, block, option)`` kernels for their temporary bytes (XLA
-        compiles them in parallel threads, :func:`planning_temp_bytes`; a backward is
-        one kernel per phase); the number compiled now."""
+        """Compile these ``(kind, block, option)`` kernels (XLA compiles them in parallel
+        threads, :func:`kernel_of`; a backward is one kernel per phase), for their
+        temporary bytes and for the op-by-op runtime; the number compiled now."""
         start = time.perf_counter()
         todo: dict = {}
         for kind, k, o in kernels:
             key = self.kernel_key(kind, k, o)
-            if key in self._kernels:
-                continue
             if kind == "backward":  # one kernel per phase
                 pb = self.phased(k, o)
                 for j in range(len(pb.phases)):
-                    if (*key, j) not in self._temps:
+                    if (*key, j) not in self._kernels:
                         todo[(*key, j)] = (pb.function(j), *pb.specs(j))
-            elif key not in self._temps and key not in todo:
+            elif key not in self._kernels and key not in todo:
                 todo[key] = self.kernel_source(kind, k, o)
         if todo:
             workers = min(len(todo), os.cpu_count() or 1)
             with ThreadPoolExecutor(max_workers=workers) as pool:
-                temps = list(pool.map(lambda source: planning_temp_bytes(*source), todo.values()))
-            self._temps.update(zip(todo, temps, strict=True))
+                compiled = list(pool.map(lambda source: kernel_of(*source), todo.values()))
+            self._kernels.update(zip(todo, compiled, strict=True))
         self.timings["kernels"] = self.timings.get("kernels", 0.0) + time.perf_counter() - start
+        self.timings["compiled"] = self.timings.get("compiled", 0) + len(todo)
         return len(todo)
 
 
-# Planning needs a kernel's temporary bytes (XLA's buffer assignment), not fast code, so
-# it compiles without the backend's (LLVM's) optimizations: several times faster on CPU.
-# Buffer assignment runs before code generation, so the bytes are those of the optimized
-# kernel the runtime compiles (BlockModel.kernel checks it).
-PLANNING_OPTIONS = {"xla_backend_optimization_level": 0}
+_SHARED: dict[str, dict] = {"functions": {}, "kernels": {}, "phases": {}}
 
 
-def planning_temp_bytes(fn: Callable, *args: Any) -> int:
-    """XLA's temporary bytes of ``jax.jit(fn)`` at ``args`` (compiled with
-    :data:`PLANNING_OPTIONS`)."""
-    compiled = jax.jit(fn).lower(*args).compile(compiler_options=PLANNING_OPTIONS)
-    stats = compiled.memory_analysis()
-    return int(stats.temp_size_in_bytes) if stats is not None else 0
+def clear_caches() -> None:
+    """Forget every block's functions, phases and compiled kernels (the process-wide
+    tables :class:`BlockModel` shares); later plans compile again."""
+    for table in _SHARED.values():
+        table.clear()
+    _KERNELS.clear()
+
+
+# The op-by-op runtime's kernels measure memory; they need not be fast. Compiled without
+# the backend's (LLVM's) optimizations and with XLA CPU's simpler fusion code generator,
+# they compile about 3x faster on CPU. The planner reads their temporary bytes and the
+# runtime runs the same executables, so predicted and measured bytes agree by
+# construction. (The compiled path, Plan.lowered, is compiled by the user's jax.jit.)
+KERNEL_OPTIONS = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+
+# Kernels by their lowered program's text and argument and result trees, for the whole
+# process: kernels of different blocks (or plans) that lower alike compile once.
+_KERNELS: dict[str, Kernel] = {}
+
+
+def kernel_of(fn: Callable, *args: Any) -> Kernel:
+    """``jax.jit(fn)`` compiled for ``args`` with :data:`KERNEL_OPTIONS` (cached by the
+    lowered program), its temporary bytes and FLOPs."""
+    lowered = jax.jit(fn).lower(*args)
+    text = re.sub(r"^module @\S+", "module @kernel", lowered.as_text(), count=1)  # its name
+    trees = f"{lowered.in_tree} -> {lowered.out_tree}"  # the executable's calling convention
+    key = hashlib.sha256((trees + text).encode()).hexdigest()
+    if key not in _KERNELS:
+        _KERNELS[key] = lowered_kernel(lowered, KERNEL_OPTIONS)
+    return _KERNELS[key]
 
 
 def through_flags(model: BlockModel, k: int) -> tuple[bool, ...]:

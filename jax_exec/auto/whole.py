@@ -140,8 +140,10 @@ def whole_plan(
     node_limit: int = NODE_LIMIT,
     time_limit: float | None = None,
     rounds: int = 3,
+    to_beat: float | None = None,
 ) -> WholeResult:
-    """Solve the whole-graph MILP for ``budget`` bytes (module docstring).
+    """Solve the whole-graph MILP for ``budget`` bytes (module docstring). ``to_beat``:
+    a makespan (the block DP's); an answer no faster is not compiled and ends the search.
 
     Raises:
         solvers.Infeasible: no answer fits the exact simulator within ``rounds`` (no
@@ -162,6 +164,8 @@ def whole_plan(
         solve_time += answer.solve_time
         model, chosen = with_save_sets(model, answer.save_sets)
         schedule = recorded(chosen)
+        if to_beat is not None and simulate(model.problem, schedule).makespan >= to_beat:
+            break  # times need no kernel: an answer no faster is not compiled
         if exact and model.compile_used(schedule):
             model.problem = build_problem(model)
         trace = simulate(model.problem, schedule)
@@ -174,6 +178,8 @@ def whole_plan(
         # the linear model was off by this much: aim again, calibrated on this answer
         target += budget - trace.peak_memory
         ref = chosen
+    if best is None and not tries:
+        raise Infeasible("whole_milp", budget, None, "its answer is no faster than the block DP's")
     if best is None:
         raise Infeasible(
             "whole_milp", budget, None,
@@ -214,7 +220,9 @@ def fallback(
     and the block DP's ``schedule``; ``schedule.meta["whole_milp"]`` says what the MILP
     found and whether it was ``chosen``."""
     try:
-        found = whole_plan(bm, budget, reference, exact=exact, **kw)
+        found = whole_plan(
+            bm, budget, reference, exact=exact, to_beat=schedule.meta["makespan"], **kw
+        )
     except Infeasible as err:
         schedule.meta["whole_milp"] = {"found": False, "why": err.detail}
         return bm, schedule

@@ -1,0 +1,153 @@
+"""A seeded generator of random Flax NNX models for the automatic planner's tests.
+
+``random_case(seed)`` draws a chain of 3-15 operations over a ``(batch, width)``
+activation, mixing what models are made of: Linear layers (some changing the width),
+LayerNorm, RMSNorm and BatchNorm (training mode), dropout, activations, residual adds and
+concatenations with earlier activations (skips across several blocks), a learnable
+scale, a softmax over a small attention-like product, a max reduction (whose ties split
+the gradient), integer masks. The loss is one of a mean squared error, a cross-entropy
+against integer labels, or a weighted sum with a learnable loss weight read by the loss
+function after the model call. Models are tiny (widths 4-12) so that hundreds plan and
+run in a test.
+
+Each case is a ``RandomCase``: ``factory()`` builds the same model every call,
+``loss_fn(model, x, y)``, ``aux_loss_fn`` returning ``(loss, {"loss": loss, ...})``,
+``args``, ``ops`` (the drawn operations, for messages) and ``fraction``, a random point
+between the least budget (0) and the store-all peak (1) for the test to plan at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+KINDS = ("linear", "resize", "layernorm", "rmsnorm", "batchnorm", "dropout", "act",
+         "residual", "concat", "scale", "attention", "max", "mask")  # fmt: skip
+ACTS = ("gelu", "relu", "tanh", "silu")
+
+
+@dataclass(frozen=True)
+class RandomCase:
+    seed: int
+    ops: tuple
+    factory: Callable
+    loss_fn: Callable
+    aux_loss_fn: Callable
+    args: tuple
+    fraction: float
+
+
+class RandomModel(nnx.Module):
+    def __init__(self, ops: tuple, width: int, *, rngs: nnx.Rngs):
+        self.ops = list(ops)  # the drawn operations, held as a (list) attribute
+        layers = []
+        w = width
+        for kind, arg in ops:
+            if kind == "linear":
+                layers.append(nnx.Linear(w, w, rngs=rngs))
+            elif kind == "resize":
+                layers.append(nnx.Linear(w, arg, rngs=rngs))
+                w = arg
+            elif kind == "layernorm":
+                layers.append(nnx.LayerNorm(w, rngs=rngs))
+            elif kind == "rmsnorm":
+                layers.append(nnx.RMSNorm(w, rngs=rngs))
+            elif kind == "batchnorm":
+                layers.append(nnx.BatchNorm(w, use_running_average=False, rngs=rngs))
+            elif kind == "dropout":
+                layers.append(nnx.Dropout(arg, rngs=rngs))
+            elif kind == "concat":
+                layers.append(nnx.Linear(2 * w, w, rngs=rngs))
+            elif kind == "scale":
+                layers.append(nnx.Param(jnp.full((w,), 1.5)))
+            elif kind == "attention":
+                layers.append(nnx.Linear(w, 2 * w, use_bias=False, rngs=rngs))
+            else:
+                layers.append(None)
+        self.layers = nnx.List(layers)
+        self.out_width = w
+        self.head = nnx.Linear(w, 3, rngs=rngs)
+        self.loss_weight = nnx.Param(jnp.array(0.5))  # weakly typed, as users write it
+
+    def __call__(self, x, mask):
+        seen = [x]
+        for (kind, arg), layer in zip(self.ops, self.layers, strict=True):
+            if kind in ("linear", "resize", "layernorm", "rmsnorm", "batchnorm", "dropout"):
+                x = layer(x)
+            elif kind == "act":
+                x = getattr(jax.nn, arg)(x)
+            elif kind in ("residual", "concat"):
+                same = [s for s in seen[:-1] if s.shape == x.shape] or [x]
+                skip = same[arg % len(same)]
+                x = x + skip if kind == "residual" else layer(jnp.concatenate([x, skip], -1))
+            elif kind == "scale":
+                x = x * layer[...]
+            elif kind == "attention":
+                q, k = jnp.split(layer(x), 2, axis=-1)
+                weights = jax.nn.softmax(q @ k.T / np.sqrt(x.shape[-1]), axis=-1)
+                x = weights @ x
+            elif kind == "max":  # ties in the maximum split its gradient
+                x = x - jnp.max(jnp.round(x * 2) / 2, axis=-1, keepdims=True)
+            elif kind == "mask":
+                x = jnp.where(mask[:, None] > 0, x, 0.0)
+            seen.append(x)
+        return self.head(x)
+
+
+def draw_ops(rng: np.random.Generator, width: int) -> tuple:
+    ops = []
+    w = width
+    for _ in range(int(rng.integers(3, 16))):
+        kind = KINDS[int(rng.integers(len(KINDS)))]
+        if kind == "resize":
+            arg = int(rng.choice([4, 8, 12]))
+            w = arg
+        elif kind == "dropout":
+            arg = float(rng.choice([0.1, 0.5]))
+        elif kind == "act":
+            arg = ACTS[int(rng.integers(len(ACTS)))]
+        elif kind in ("residual", "concat"):
+            arg = int(rng.integers(4))
+        else:
+            arg = None
+        ops.append((kind, arg))
+    if not any(k in ("linear", "resize", "concat", "attention") for k, _ in ops):
+        ops.insert(int(rng.integers(len(ops) + 1)), ("linear", None))
+    return tuple(ops)
+
+
+def random_case(seed: int) -> RandomCase:
+    rng = np.random.default_rng(seed)
+    width = int(rng.choice([4, 8]))
+    batch = int(rng.choice([2, 4]))
+    ops = draw_ops(rng, width)
+    loss_kind = ("mse", "xent", "weighted")[int(rng.integers(3))]
+    x = jnp.asarray(rng.standard_normal((batch, width)), jnp.float32)
+    mask = jnp.asarray(rng.integers(0, 2, (batch,)), jnp.int32)
+    labels = jnp.asarray(rng.integers(0, 3, (batch,)), jnp.int32)
+    target = jnp.asarray(rng.standard_normal((batch, 3)), jnp.float32)
+
+    def loss_fn(model, x, mask, labels, target):
+        out = model(x, mask)
+        if loss_kind == "mse":
+            return jnp.mean((out - target) ** 2)
+        logp = jax.nn.log_softmax(out)
+        xent = -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=-1))
+        if loss_kind == "xent":
+            return xent
+        return xent * model.loss_weight[...] + jnp.mean(out**2)
+
+    def aux_loss_fn(model, *args):
+        loss = loss_fn(model, *args)
+        return loss, {"loss": loss, "scaled": 2 * loss}
+
+    def factory():
+        return RandomModel(ops, width, rngs=nnx.Rngs(seed))
+
+    return RandomCase(seed, ops, factory, loss_fn, aux_loss_fn, (x, mask, labels, target),
+                      float(rng.random()))  # fmt: skip
