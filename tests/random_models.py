@@ -99,14 +99,12 @@ class RandomModel(nnx.Module):
         return self.head(x)
 
 
-def draw_ops(rng: np.random.Generator, width: int) -> tuple:
+def draw_ops(rng: np.random.Generator) -> tuple:
     ops = []
-    w = width
     for _ in range(int(rng.integers(3, 16))):
         kind = KINDS[int(rng.integers(len(KINDS)))]
         if kind == "resize":
             arg = int(rng.choice([4, 8, 12]))
-            w = arg
         elif kind == "dropout":
             arg = float(rng.choice([0.1, 0.5]))
         elif kind == "act":
@@ -125,7 +123,7 @@ def random_case(seed: int) -> RandomCase:
     rng = np.random.default_rng(seed)
     width = int(rng.choice([4, 8]))
     batch = int(rng.choice([2, 4]))
-    ops = draw_ops(rng, width)
+    ops = draw_ops(rng)
     loss_kind = ("mse", "xent", "weighted")[int(rng.integers(3))]
     x = jnp.asarray(rng.standard_normal((batch, width)), jnp.float32)
     mask = jnp.asarray(rng.integers(0, 2, (batch,)), jnp.int32)
