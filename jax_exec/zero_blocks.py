@@ -93,6 +93,9 @@ class CollectiveBlocks:
         self._model = model
         self._placement = placement
         self._devices = devices
+        # the step receives each device's shard of a sharded parameter (gathered inside
+        # the blocks): global_values checks dtypes, not the parameters' shapes
+        self.param_shards = placement.params == "sharded"
         self._axes = {
             v: shard_axis(tuple(program.avals[v].shape), devices) for v in program.param_ids
         }

@@ -6,8 +6,10 @@ Both follow Flax NNX's calling convention: ``loss_fn(model, *args)`` returns a s
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -166,6 +168,7 @@ class Plan:
                 f"model: {difference}; the plan follows the planned model's computation, "
                 f"plan this model (e.g. after eval() or train()) on its own"
             )
+        params, rest, args = _on_one_device((params, rest, tuple(args)))
         if isinstance(self.schedule, GraphSchedule):
             return run_graph_schedule(self.model, self.schedule, params, rest, args)
         return run_schedule(self.model, self.schedule, params, rest, args)
@@ -198,6 +201,25 @@ class Plan:
             "temporaries less what it frees of its own buffers before its peak."
         )
         return "\n".join(lines)
+
+
+def _on_one_device(tree: Any) -> Any:
+    """``tree`` with arrays sharded over several devices gathered on the first of them,
+    with a warning: the op-by-op runtime measures one device's program (the compiled
+    path, ``Plan.lowered`` under ``jax.jit``, keeps the shardings)."""
+    leaves = jax.tree.leaves(tree)
+    spread = [x for x in leaves if isinstance(x, jax.Array) and len(x.sharding.device_set) > 1]
+    if not spread:
+        return tree
+    device = sorted(spread[0].sharding.device_set, key=lambda d: d.id)[0]
+    warnings.warn(
+        f"Plan.run: {len(spread)} arrays are sharded over several devices; the op-by-op "
+        f"runtime runs on one device ({device}) and measures its memory",
+        stacklevel=3,
+    )
+    return jax.tree.map(
+        lambda x: jax.device_put(x, device) if isinstance(x, jax.Array) else x, tree
+    )
 
 
 def _record_counts(model: BlockModel, schedule: Schedule) -> list[int]:
@@ -528,6 +550,31 @@ def _solve_rounds(
             best = _faster(best, schedule)
         if not compiled or (rounds >= MAX_ROUNDS and best is not None):
             return best, rounds
+        if rounds >= MAX_ROUNDS:  # estimates keep misleading: what is compiled only
+            found = _compiled_only(bm, nbytes, solver, options)
+            if found is not None:
+                return _faster(found, best), rounds + 1
+
+
+def _compiled_only(bm: BlockModel, nbytes: int, solver: str, options: dict) -> Schedule | None:
+    """The method's answer among the options whose kernels are compiled (every forward
+    kernel compiled first): exact by construction; None when none fits."""
+    if bm.compile([("forward", k, 0) for k in range(bm.length)]):
+        bm.problem = build_problem(bm)
+    p = bm.problem
+    keep = [[o for o in range(len(stage.options)) if bm.option_exact(k, o)]
+            for k, stage in enumerate(p.stages)]  # fmt: skip
+    stages = tuple(
+        dataclasses.replace(stage, options=tuple(stage.options[o] for o in keep[k]))
+        for k, stage in enumerate(p.stages)
+    )
+    try:
+        schedule = solvers.solve(dataclasses.replace(p, stages=stages), nbytes, method=solver,
+                                 **options)  # fmt: skip
+    except solvers.Infeasible:
+        return None
+    chosen = [keep[k][o] for k, o in enumerate(schedule.meta["block_options"])]
+    return _priced(bm, Schedule(schedule.ops, dict(schedule.meta, block_options=chosen)))
 
 
 def _shape_key(tree: Any) -> tuple:

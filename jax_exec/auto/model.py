@@ -217,6 +217,15 @@ class BlockModel:
             return self._functions[key].recipe.new_bytes, True
         return saved_estimate(self, k, self.option(k, o)), False
 
+    def option_exact(self, k: int, o: int) -> bool:
+        """Whether every figure of block k's option o is exact (its recording traced,
+        its record and backward kernels compiled)."""
+        return (
+            self.saved_bytes(k, o)[1]
+            and self.temp_bytes("record", k, o)[1]
+            and self.backward_bytes(k, o)[2]
+        )
+
     def used_kernels(self, schedule: Any) -> list[tuple[str, int, int]]:
         """``(kind, block, option)`` of every kernel the op-by-op runtime runs for
         ``schedule`` (a block-chain schedule of this model)."""
@@ -430,7 +439,8 @@ def _distinct(model: BlockModel, k: int) -> tuple[SaveOption, ...]:
 
 def global_values(model: BlockModel, params: Any, rest: Any, args: tuple) -> dict:
     """value id -> array for the program's inputs and constants. Each leaf must have
-    the planned shape and dtype (else ``ValueError`` naming it); a weakly typed leaf (a
+    the planned shape and dtype (else ``ValueError`` naming it; ``model.param_shards``:
+    parameters arrive as shards, as a ZeRO-3 step's do); a weakly typed leaf (a
     parameter made from a Python scalar) is made strongly typed, as planned: the blocks'
     recipes were traced at the planned types."""
     program = model.program
@@ -442,9 +452,11 @@ def global_values(model: BlockModel, params: Any, rest: Any, args: tuple) -> dic
             f"traced model {len(ids)}: call with the same model and argument structure"
         )
     values = {}
+    shards = frozenset(program.param_ids) if getattr(model, "param_shards", False) else ()
     for (path, leaf), vid in zip(flat, ids, strict=True):
         aval, planned = jax.typeof(leaf), program.avals[vid]
-        if tuple(aval.shape) != tuple(planned.shape) or aval.dtype != planned.dtype:
+        shape_differs = vid not in shards and tuple(aval.shape) != tuple(planned.shape)
+        if shape_differs or aval.dtype != planned.dtype:
             group = ("params", "state", "args")[path[0].idx]
             raise ValueError(
                 f"{group}{jax.tree_util.keystr(path[1:])} is {aval.str_short()}, the plan "

@@ -204,6 +204,16 @@ class _Builder:
         closed = jax.make_jaxpr(lambda x: x[i])(aval)
         return self.inline(closed.jaxpr, closed.consts, [ref], where)[0]
 
+    def unsliced(self, parts: list[Ref]) -> int | None:
+        """The stacked global whose slices 0, 1, ... are ``parts``, if they are."""
+        found = [self.derived.get(r) if not isinstance(r, Lit) else None for r in parts]
+        if not found or any(f is None for f in found):
+            return None
+        src = found[0][0]
+        if [f for f in found] != [(src, i) for i in range(len(parts))]:
+            return None
+        return src if self.avals[src].shape[0] == len(parts) else None
+
     def unroll_scan(self, eqn: Any, ins: list[Ref], where: str) -> list[Ref]:
         """A ``scan`` as its iterations one after another (each one the body's
         equations); the stacked inputs are sliced, the stacked outputs stacked."""
@@ -237,6 +247,10 @@ class _Builder:
         stacked = []
         for j, var in enumerate(eqn.outvars[n_carry:]):
             parts = [y[j] for y in ys]
+            whole = self.unsliced(parts)
+            if whole is not None:  # the slices of a stacked global, back in order (nnx.scan
+                stacked.append(whole)  # returns the stack's parameters): that global
+                continue
             avals = [
                 self.avals[r]
                 if not isinstance(r, Lit)
@@ -394,13 +408,18 @@ def graph_difference(planned: Any, given: Any) -> str | None:
     structure and static attributes (configuration, ``deterministic`` flags...)."""
     if same(planned, given):
         return None
-    types = [type(n).__name__ + ":" + str(getattr(n, "type", "")) for n in planned.nodes]
-    given_types = [type(n).__name__ + ":" + str(getattr(n, "type", "")) for n in given.nodes]
-    for a, b in zip(types, given_types, strict=False):
+
+    def kinds(graphdef: Any) -> list:
+        return [(type(n).__name__, getattr(n, "type", None)) for n in graphdef.nodes]
+
+    def name(kind: Any) -> str:
+        return getattr(kind, "__qualname__", str(kind))
+
+    for (_, a), (_, b) in zip(kinds(planned), kinds(given), strict=False):
         if a != b:
-            return f"a {b.split(':')[1]} where the planned model has a {a.split(':')[1]}"
-    if len(types) != len(given_types):
-        return f"{len(given_types)} graph nodes where the planned model has {len(types)}"
+            return f"a {name(b)} where the planned model has a {name(a)}"
+    if len(planned.nodes) != len(given.nodes):
+        return f"{len(given.nodes)} graph nodes where the planned model has {len(planned.nodes)}"
     for (name, a), (_, b) in zip(planned.attributes, given.attributes, strict=False):
         va, vb = getattr(a, "value", a), getattr(b, "value", b)
         if not same(va, vb):

@@ -1,0 +1,88 @@
+"""The drop-in on the model zoo (tests/zoo: tiny models written as the public Flax NNX
+implementations of well-known architectures are). Per family, at a budget: ``plan`` run
+op by op (measured peak = predicted <= budget) and compiled (``Plan.lowered``), and
+``jax_exec.value_and_grad`` eagerly, under ``nnx.jit`` and with ``has_aux`` (metrics
+holding the loss) under ``nnx.jit``: loss, gradients and state equal plain
+``nnx.value_and_grad`` (tests/plain_reference.py). The default run covers one budget per
+family (store-all, 80% or 65% of it by turns; the least budget where that is below it);
+``-m slow`` covers store-all, the least budget and two between, on every path."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+import zoo
+from flax import nnx
+from plain_reference import assert_matches, model_state, plain
+
+import jax_exec
+import solvers
+
+FAMILIES = sorted(zoo.FAMILIES)
+TURNS = ("100%", "80%", "65%")
+
+
+def planned(case, budget):
+    """A plan at ``budget``, or at the least budget when that is above it."""
+    try:
+        return jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget=budget)
+    except solvers.Infeasible as err:
+        return jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget=err.min_budget)
+
+
+def check_plan(case, p, reference, what: str) -> None:
+    result = p.run(case.factory(), *case.args)
+    assert result.peak_bytes == p.schedule.meta["peak_memory"] <= p.budget, what
+    assert_matches(result.loss, result.grads, result.new_state, reference, f"{what}, op by op")
+    _, params, rest = nnx.split(case.factory(), nnx.Param, ...)
+    step = jax.jit(jax.value_and_grad(p.lowered(), has_aux=True))
+    (loss, (_, new_rest)), grads = step(params, rest, case.args)
+    assert_matches(loss, grads, new_rest, reference, f"{what}, compiled")
+
+
+def check_drop_in(case, budget, reference, what: str) -> None:
+    """value_and_grad at ``budget`` (a plan's bytes: one meaning of a budget on every
+    path) eagerly, under nnx.jit, and with has_aux under nnx.jit."""
+    vg = jax_exec.value_and_grad(case.loss_fn, budget=budget)
+    model = case.factory()
+    loss, grads = vg(model, *case.args)  # eager
+    assert_matches(loss, grads, model_state(model), reference, f"{what}, eager")
+    model = case.factory()
+    loss, grads = nnx.jit(vg)(model, *case.args)
+    assert_matches(loss, grads, model_state(model), reference, f"{what}, nnx.jit")
+    assert len(vg.plans) == 1 and vg.plan.budget == budget  # one plan, reused
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_at_one_budget(family):
+    case = zoo.case(family)
+    reference = plain(case.factory, case.loss_fn, case.args)
+    p = planned(case, TURNS[FAMILIES.index(family) % len(TURNS)])
+    what = f"{family} at {p.budget:,} B ({p.budget / p.store_all_peak:.0%})"
+    check_plan(case, p, reference, what)
+    check_drop_in(case, p.budget, reference, what)
+    vg = jax_exec.value_and_grad(case.aux_loss_fn, budget=p.budget, has_aux=True)
+    model = case.factory()
+    try:  # its metrics may need more memory than the loss alone
+        (loss, aux), grads = nnx.jit(vg)(model, *case.args)
+    except solvers.Infeasible as err:
+        vg = jax_exec.value_and_grad(case.aux_loss_fn, budget=err.min_budget, has_aux=True)
+        (loss, aux), grads = nnx.jit(vg)(model, *case.args)
+    aux_reference = plain(case.factory, case.aux_loss_fn, case.args, has_aux=True)
+    assert_matches(loss, grads, model_state(model), aux_reference, f"{what}, has_aux", aux)
+    assert float(aux["loss"]) == float(loss)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_from_store_all_to_the_least_budget(family):
+    case = zoo.case(family)
+    reference = plain(case.factory, case.loss_fn, case.args)
+    top = jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget="100%")
+    least = top.least_budget()
+    budgets = sorted({top.budget, least, *(least + (top.budget - least) * i // 3 for i in (1, 2))})
+    for budget in budgets:
+        p = top.replan(budget)
+        what = f"{family} at {budget:,} B ({budget / top.store_all_peak:.0%})"
+        check_plan(case, p, reference, what)
+        check_drop_in(case, budget, reference, what)

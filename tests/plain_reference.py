@@ -1,0 +1,76 @@
+"""Plain ``nnx.value_and_grad``, the reference every executed schedule is checked against,
+and the comparison it is checked with.
+
+Gradients are compared with a tolerance relative to the largest gradient leaf's norm,
+not to each leaf's own: a leaf whose exact gradient is zero by symmetry (an attention
+key bias, a bias ahead of a normalization) holds rounding noise of the size of the other
+leaves' rounding, which a per-leaf relative test would call an error. float32 sums
+reassociated by another schedule (recomputation, loops, other fusions) differ by a few
+ulps of the largest terms: 1e-5 of the largest norm is what rounding explains on these
+tiny models (the largest difference seen on the zoo and the random models is 2e-6)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+RTOL = 1e-5
+
+
+def plain(factory, loss_fn, args, has_aux: bool = False):
+    """``(loss, aux, grads, state)`` of plain ``nnx.value_and_grad`` under ``nnx.jit``
+    on a fresh model (``state``: :func:`model_state` after the call)."""
+    model = factory()
+    out, grads = nnx.jit(nnx.value_and_grad(loss_fn, has_aux=has_aux))(model, *args)
+    loss, aux = out if has_aux else (out, None)
+    return loss, aux, grads, model_state(model)
+
+
+def model_state(model):
+    """The model's variables other than its parameters (BatchNorm statistics, RNG
+    counters...): what a training step updates besides the gradients."""
+    return nnx.split(model, nnx.Param, ...)[2]
+
+
+def scale_of(tree) -> float:
+    norms = [float(jnp.linalg.norm(jnp.asarray(x, jnp.float32))) for x in jax.tree.leaves(tree)]
+    return max(norms, default=0.0) or 1.0
+
+
+def assert_tree_close(got, want, what: str, rtol: float = RTOL) -> None:
+    """Same structure; every leaf within ``rtol`` of the largest leaf's norm."""
+    gl, wl = jax.tree.leaves(got), jax.tree.leaves(want)
+    assert len(gl) == len(wl), f"{what}: {len(gl)} leaves, expected {len(wl)}"
+    scale = scale_of(want)
+    for i, (g, w) in enumerate(zip(gl, wl, strict=True)):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.shape == w.shape and g.dtype == w.dtype, f"{what}: leaf {i} {g.shape} {w.shape}"
+        if not np.issubdtype(w.dtype, np.inexact):
+            np.testing.assert_array_equal(g, w, err_msg=f"{what}: leaf {i}")
+            continue
+        err = float(np.linalg.norm((g - w).astype(np.float64)))
+        assert err <= rtol * scale, f"{what}: leaf {i} off by {err / scale:.2e} of the scale"
+
+
+def state_arrays(state) -> list:
+    """The arrays of an ``nnx.State`` (RNG keys as their key data)."""
+    out = []
+    for leaf in jax.tree.leaves(state):
+        if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            leaf = jax.random.key_data(leaf)
+        out.append(leaf)
+    return out
+
+
+def assert_matches(got_loss, got_grads, got_state, reference, what: str, got_aux=None) -> None:
+    """Loss, gradients, state (and aux) equal plain autodiff's (``reference`` from
+    :func:`plain`)."""
+    loss, aux, grads, state = reference
+    np.testing.assert_allclose(float(got_loss), float(loss), rtol=RTOL, err_msg=f"{what}: loss")
+    assert_tree_close(got_grads, grads, f"{what}: gradients")
+    if got_state is not None:
+        assert_tree_close(state_arrays(got_state), state_arrays(state), f"{what}: state")
+    if aux is not None:
+        assert_tree_close(got_aux, aux, f"{what}: aux")
