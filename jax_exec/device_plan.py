@@ -435,7 +435,15 @@ def plan_device(
         room = nbytes - held.fixed
         key = (room if precise else min(room, cap), precise)
         if key not in plans:
-            plans[key] = act.replan(key[0], exact=precise)
+            try:
+                plans[key] = act.replan(key[0], exact=precise)
+            except solvers.Infeasible:
+                if precise:
+                    raise
+                # estimated temporaries may not fit where the exact least budget does
+                key = (room, True)
+                plans[key] = plans.get(key) or act.replan(room, exact=True)
+                precise = True
         p = plans[key]
         s = device_step(simulate(p.problem, p.schedule), groups, params_t, opt_t, strategy, n,
                         platform, costs)  # fmt: skip

@@ -175,7 +175,8 @@ class Plan:
 
     def summary(self) -> str:
         """A readable table: per block, what it saves and recomputes, and the totals."""
-        p, meta = self.model.problem, self.schedule.meta
+        p = self.problem if isinstance(self.problem, BlockChain) else self.model.problem
+        meta = self.schedule.meta
         lines = [
             f"plan: method {self.method}, budget {self.budget:,} B "
             f"({self.budget / self.store_all_peak:.0%} of store-all {self.store_all_peak:,} B)",
@@ -473,6 +474,9 @@ def _solve_lazily(
     competes with the whole-graph MILP's when that has at most ``whole`` variables
     (:func:`jax_exec.auto.whole.fallback`)."""
     family, solver = solver
+    if bm.known:  # a solve of its own: what earlier solves compiled is not known to it
+        bm.known.clear()
+        bm.problem = build_problem(bm)
     ref = reference_schedule(bm)
     if exact:  # the reference's kernels, and a first answer's at the estimated budget
         guess = []

@@ -70,6 +70,10 @@ class BlockModel:
     _kernels: dict = field(default_factory=lambda: _SHARED["kernels"])
     _phases: dict = field(default_factory=lambda: _SHARED["phases"])  # -> PhasedBackward
     _cache: dict = field(default_factory=dict)  # this model's analyses (its cost model...)
+    # The kernels (and recorded options) this solve has asked for: only their figures are
+    # exact, even where the process compiled more, so that a plan never depends on what
+    # was planned before it (cold and warm caches give the same plan).
+    known: set = field(default_factory=set)
     timings: dict = field(default_factory=dict)  # seconds per planning phase
 
     def cached(self, key: Any, compute: Callable[[], Any]) -> Any:
@@ -186,9 +190,9 @@ class BlockModel:
         key = self.kernel_key("backward", k, o)
         if key in self._phases:
             pb = self._phases[key]
-            kernels = [self._kernels.get((*key, j)) for j in range(len(pb.phases))]
-            if None not in kernels:
-                return (*pb.effective(tuple(kn.temp_bytes for kn in kernels)), True)
+            phases = [(*key, j) for j in range(len(pb.phases))]
+            if all(j in self.known for j in phases):
+                return (*pb.effective(tuple(self._kernels[j].temp_bytes for j in phases)), True)
         return temp_estimate(self, "backward", k, self.option(k, o)), 0, False
 
     def temp_bytes(self, kind: str, k: int, o: int = 0) -> tuple[int, bool]:
@@ -201,7 +205,7 @@ class BlockModel:
             tmp, release, exact = self.backward_bytes(k, o)
             return tmp - release, exact
         key = self.kernel_key(kind, k, o)
-        if key in self._kernels:
+        if key in self.known:
             return self._kernels[key].temp_bytes, True
         option = self.option(k, o) if kind in ("record", "backward") else None
         return temp_estimate(self, kind, k, option), False
@@ -213,7 +217,7 @@ class BlockModel:
         from jax_exec.auto.options import saved_estimate
 
         key = (self.identity(k), self.option(k, o))
-        if key in self._functions:
+        if key in self.known:
             return self._functions[key].recipe.new_bytes, True
         return saved_estimate(self, k, self.option(k, o)), False
 
@@ -249,36 +253,46 @@ class BlockModel:
         return self.compile(self.used_kernels(schedule))
 
     def compile(self, kernels: list[tuple[str, int, int]]) -> int:
-        """Compile these ``(kind, block, option)`` kernels (XLA compiles them in parallel
-        threads, :func:`kernel_of`; a backward is one kernel per phase), for their
-        temporary bytes and for the op-by-op runtime; the number compiled now."""
+        """Make these ``(kind, block, option)`` kernels' figures exact: compile those not
+        compiled in this process yet (XLA compiles them in parallel threads,
+        :func:`kernel_of`; a backward is one kernel per phase), for their temporary bytes
+        and for the op-by-op runtime. Returns how many became known to this solve
+        (:attr:`known`), compiled now or before."""
         start = time.perf_counter()
         todo: dict = {}
+        new: list = []
         for kind, k, o in kernels:
             key = self.kernel_key(kind, k, o)
+            if kind in ("record", "backward"):
+                new.append((self.identity(k), self.option(k, o)))  # its recording, traced
             if kind == "backward":  # one kernel per phase
                 pb = self.phased(k, o)
-                for j in range(len(pb.phases)):
-                    if (*key, j) not in self._kernels:
-                        todo[(*key, j)] = (pb.function(j), *pb.specs(j))
-            elif key not in self._kernels and key not in todo:
-                todo[key] = self.kernel_source(kind, k, o)
+                keys = [(*key, j) for j in range(len(pb.phases))]
+                sources = [(pb.function(j), *pb.specs(j)) for j in range(len(pb.phases))]
+            else:
+                keys, sources = [key], [None]
+            for key, source in zip(keys, sources, strict=True):
+                new.append(key)
+                if key not in self._kernels and key not in todo:
+                    todo[key] = source or self.kernel_source(kind, k, o)
         if todo:
             workers = min(len(todo), os.cpu_count() or 1)
             with ThreadPoolExecutor(max_workers=workers) as pool:
                 compiled = list(pool.map(lambda source: kernel_of(*source), todo.values()))
             self._kernels.update(zip(todo, compiled, strict=True))
+        fresh = set(new) - self.known
+        self.known.update(fresh)
         self.timings["kernels"] = self.timings.get("kernels", 0.0) + time.perf_counter() - start
         self.timings["compiled"] = self.timings.get("compiled", 0) + len(todo)
-        return len(todo)
+        return sum(1 for key in fresh if key[0] in ("forward", "record", "backward", "loss"))
 
 
-_SHARED: dict[str, dict] = {"functions": {}, "kernels": {}, "phases": {}}
+_SHARED: dict[str, dict] = {"functions": {}, "kernels": {}, "phases": {}, "options": {}}
 
 
 def clear_caches() -> None:
-    """Forget every block's functions, phases and compiled kernels (the process-wide
-    tables :class:`BlockModel` shares); later plans compile again."""
+    """Forget every block's options, functions, phases and compiled kernels (the
+    process-wide tables :class:`BlockModel` shares); later plans compile again."""
     for table in _SHARED.values():
         table.clear()
     _KERNELS.clear()
@@ -405,14 +419,13 @@ def block_model(
     value_index = {v: i for i, v in enumerate(cut_ids)}
     bm = BlockModel(traced, analysis, blocks, layouts, (), value_index, None, cost_model)
     choose = options or block_options
-    by_key: dict = {}
     opts = []
     for k in range(L):
-        key = blocks.blocks[k].key
-        if key not in by_key:
+        key = (bm.identity(k), cost_model, choose)  # the options' times need the cost model
+        if key not in _SHARED["options"]:
             bm.options = (*opts, tuple(choose(bm, k)))
-            by_key[key] = _distinct(bm, k)
-        opts.append(by_key[key])
+            _SHARED["options"][key] = _distinct(bm, k)
+        opts.append(_SHARED["options"][key])
     bm.options = tuple(opts)
     lap("options")
     bm.problem = build_problem(bm)
