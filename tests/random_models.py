@@ -119,18 +119,22 @@ def draw_ops(rng: np.random.Generator) -> tuple:
     residual adds and concatenations of earlier activations between them."""
     ops: list = []
     for _ in range(int(rng.integers(1, 6))):
+        layer = []
         for kind, _ in LAYERS[int(rng.integers(len(LAYERS)))]:
             arg = None
             if kind == "act":
                 arg = ACTS[int(rng.integers(len(ACTS)))]
             elif kind == "dropout":
                 arg = float(rng.choice([0.1, 0.5]))
-            ops.append((kind, arg))
+            layer.append((kind, arg))
         if rng.random() < 0.4:
-            ops.append((("residual", "concat")[int(rng.integers(2))], int(rng.integers(4))))
+            layer.append((("residual", "concat")[int(rng.integers(2))], int(rng.integers(4))))
+        if len(ops) + len(layer) > 15:  # whole layers only: a cut one may end wider
+            break
+        ops += layer
     while len(ops) < 3:
         ops.append(("linear", None))
-    return tuple(ops[:15])
+    return tuple(ops)
 
 
 def random_case(seed: int) -> RandomCase:

@@ -30,7 +30,7 @@ from schedir import Chain, Graph, GraphSchedule, Schedule, simulate
 from schedir.blocks.graph import block_graph
 from schedir.blocks.problem import BlockChain
 from solvers.blocks.policies import POLICIES, policy_schedule
-from solvers.blocks.rotor import least_memory_ops
+from solvers.blocks.rotor import least_memory, least_memory_ops
 
 BLOCK_METHODS = ("auto", "block_rotor", "whole_milp", *POLICIES)
 CHAIN_METHODS = tuple(m.name for m in solvers.available(Chain))
@@ -481,9 +481,11 @@ def _solve_lazily(
     if exact:  # the reference's kernels, and a first answer's at the estimated budget
         guess = []
         if family == "blocks" and solver == "block_rotor":
-            try:
-                estimated = parse_budget(budget, simulate(bm.problem, ref).peak_memory)
-                guess = bm.used_kernels(solvers.solve(bm.problem, estimated, method=solver))
+            try:  # (none where store-all fits: it is the fastest answer)
+                estimated_peak = simulate(bm.problem, ref).peak_memory
+                estimated = parse_budget(budget, estimated_peak)
+                if estimated < estimated_peak:
+                    guess = bm.used_kernels(solvers.solve(bm.problem, estimated, method=solver))
             except solvers.Infeasible:
                 pass
         if bm.compile(bm.used_kernels(ref) + guess):
@@ -502,7 +504,8 @@ def _solve_lazily(
         rounds = found.schedule.meta["whole_milp"]["rounds"]
         return found.schedule, nbytes, reference, rounds, found.model
     schedule, rounds = _solve_rounds(bm, nbytes, solver, options, exact, ref)
-    if whole and small_enough(bm, whole):
+    faster_exists = schedule.meta["makespan"] > reference.makespan
+    if whole and faster_exists and small_enough(bm, whole):
         model, schedule = fallback(bm, schedule, nbytes, list(ref.meta["block_options"]), exact)
         if model is not bm:  # the DP may do better still with the new save sets
             mixed = _solve_rounds(model, nbytes, solver, {}, exact, ref)[0]
@@ -525,29 +528,21 @@ def _solve_rounds(
     best = None
     if solver == "block_rotor":  # the DP discretizes sizes: store-all may beat it
         fits = _priced(bm, Schedule(ref.ops, dict(ref.meta, method=solver, exact=True)))
-        best = fits if fits.meta["peak_memory"] <= nbytes else None
-    rounds = misses = 0
+        if fits.meta["peak_memory"] <= nbytes:  # the fastest schedule fits
+            return fits, 1
+    rounds, bounded = 0, False
     while True:
         rounds += 1
         try:
             schedule = solvers.solve(bm.problem, nbytes, method=solver, **options)
         except solvers.Infeasible as err:
-            if not exact or err.min_budget is None:
+            if not exact or err.min_budget is None or bounded:
                 raise
-            if solver == "block_rotor":
-                ops, least_options = least_memory_ops(bm.problem, err.min_budget)
-                least = Schedule(ops, {"block_options": least_options})
-            else:
-                least = policy_schedule(bm.problem, solver)
-            # the least-memory answer's own kernels first (an estimate of one of them may
-            # be what does not fit); min_budget is exact once every option's kernels are
-            # compiled: an estimate (of a backward's frees, say) may hide a less
-            # demanding option
-            misses += 1
-            fresh = bm.compile_used(least) if misses <= MAX_ROUNDS else 0
-            if fresh == 0 and bm.compile(_every_option_kernel(bm)) == 0:
-                raise
-            bm.problem = build_problem(bm)
+            least = exact_least(bm, solver)
+            bounded = True
+            if nbytes < least:
+                raise solvers.Infeasible(solver, nbytes, least, err.detail) from None
+            bm.problem = build_problem(bm)  # feasible once its figures are exact
             continue
         compiled = bm.compile_used(schedule) if exact else 0
         if compiled:
@@ -562,6 +557,35 @@ def _solve_rounds(
             found = _compiled_only(bm, nbytes, solver, options)
             if found is not None:
                 return _faster(found, best), rounds + 1
+
+
+def exact_least(bm: BlockModel, solver: str) -> int:
+    """The least budget of a block method, exact for the kernels its least-memory
+    schedule runs, compiling only those.
+
+    A policy's schedule is fixed: its kernels compiled, its peak is its least budget.
+    For the block DP, every option's recording and backward are traced (exact saved
+    bytes and frees) and the kernels not compiled yet priced at 0 temporary bytes, a
+    lower bound of every figure; the least-memory schedule of that problem (options
+    already compiled tried first) has its kernels compiled, until it runs only compiled
+    kernels. Its peak is then exact and no schedule needs less: every other one's
+    figures are bounded from below by the same problem."""
+    if solver != "block_rotor":
+        schedule = policy_schedule(bm.problem, solver)
+        bm.compile_used(schedule)
+        bm.problem = build_problem(bm)
+        return simulate(bm.problem, schedule).peak_memory
+    bm.trace_options()
+    while True:
+        bound = build_problem(bm, lower=True)
+        least, _ = least_memory(bound)
+        prefer = [
+            sorted(range(len(stage.options)), key=lambda o, k=k: (not bm.option_exact(k, o), o))
+            for k, stage in enumerate(bound.stages)
+        ]
+        ops, options = least_memory_ops(bound, least, prefer)
+        if bm.compile_used(Schedule(ops, {"block_options": options})) == 0:
+            return least
 
 
 def _compiled_only(bm: BlockModel, nbytes: int, solver: str, options: dict) -> Schedule | None:

@@ -180,35 +180,53 @@ class BlockModel:
         through = tuple(avals[v] if f else None for v, f in zip(act_ins, flags, strict=True))
         return (fns.backward, *specs, outs, results, fns.recipe.new, d_outs, through)
 
-    def backward_bytes(self, k: int, o: int) -> tuple[int, int, bool]:
+    def backward_bytes(self, k: int, o: int, lower: bool = False) -> tuple[int, int, bool]:
         """``(bwd_tmp, bwd_release, exact)`` of block k's backward under option o: from
         its phases' compiled temporaries once compiled
         (:meth:`~jax_exec.auto.phases.PhasedBackward.effective`), else an estimate of
-        one kernel's that frees nothing (:func:`jax_exec.auto.options.temp_estimate`)."""
+        one kernel's that frees nothing (:func:`jax_exec.auto.options.temp_estimate`).
+        ``lower``: a lower bound instead of an estimate where the phases are traced
+        (uncompiled phases' temporaries taken as 0; both figures grow with them)."""
         from jax_exec.auto.options import temp_estimate
 
         key = self.kernel_key("backward", k, o)
         if key in self._phases:
             pb = self._phases[key]
             phases = [(*key, j) for j in range(len(pb.phases))]
+            temps = tuple(self._kernels[j].temp_bytes if j in self.known else 0 for j in phases)
             if all(j in self.known for j in phases):
-                return (*pb.effective(tuple(self._kernels[j].temp_bytes for j in phases)), True)
+                return (*pb.effective(temps), True)
+            if lower:
+                return (*pb.effective(temps), False)
+        if lower:
+            raise ValueError(f"block {k} option {o}: no lower bound before trace_options()")
         return temp_estimate(self, "backward", k, self.option(k, o)), 0, False
 
-    def temp_bytes(self, kind: str, k: int, o: int = 0) -> tuple[int, bool]:
+    def temp_bytes(self, kind: str, k: int, o: int = 0, lower: bool = False) -> tuple[int, bool]:
         """``(bytes, exact)``: the kernel's compiled temporary bytes if it was compiled,
-        else an estimate (:func:`jax_exec.auto.options.temp_estimate`); for
-        ``"backward"`` see :meth:`backward_bytes`."""
+        else an estimate (:func:`jax_exec.auto.options.temp_estimate`), or 0 with
+        ``lower`` (a lower bound); for ``"backward"`` see :meth:`backward_bytes`."""
         from jax_exec.auto.options import temp_estimate
 
         if kind == "backward":
-            tmp, release, exact = self.backward_bytes(k, o)
+            tmp, release, exact = self.backward_bytes(k, o, lower)
             return tmp - release, exact
         key = self.kernel_key(kind, k, o)
         if key in self.known:
             return self._kernels[key].temp_bytes, True
+        if lower:
+            return 0, False
         option = self.option(k, o) if kind in ("record", "backward") else None
         return temp_estimate(self, kind, k, option), False
+
+    def trace_options(self) -> None:
+        """Trace every option's recording and phased backward (no compilation): their
+        saved bytes become exact and the phases' frees known, so that
+        ``build_problem(model, lower=True)`` bounds every figure from below."""
+        for k in range(self.length):
+            for o in range(len(self.options[k])):
+                self.phased(k, o)  # traces the recording too (its recipe)
+                self.known.add((self.identity(k), self.option(k, o)))
 
     def saved_bytes(self, k: int, o: int) -> tuple[int, bool]:
         """``(bytes, exact)``: what block k's recording keeps under option o beyond its
@@ -303,7 +321,11 @@ def clear_caches() -> None:
 # they compile about 3x faster on CPU. The planner reads their temporary bytes and the
 # runtime runs the same executables, so predicted and measured bytes agree by
 # construction. (The compiled path, Plan.lowered, is compiled by the user's jax.jit.)
-KERNEL_OPTIONS = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+KERNEL_OPTIONS = {
+    "xla_backend_optimization_level": 0,
+    "xla_cpu_use_fusion_emitters": False,
+    "xla_cpu_parallel_codegen_split_count": 1,  # the planner compiles kernels in parallel
+}
 
 # Kernels by their lowered program's text and argument and result trees, for the whole
 # process: kernels of different blocks (or plans) that lower alike compile once.
@@ -336,10 +358,12 @@ def stage_times(model: BlockModel, block: Block) -> tuple[float, float]:
     return sum(i.fwd_cost for i in infos), sum(i.bwd_cost for i in infos)
 
 
-def build_problem(model: BlockModel) -> BlockChain:
+def build_problem(model: BlockModel, lower: bool = False) -> BlockChain:
     """The :class:`BlockChain` of ``model``: exact bytes of values and saved residuals
     (traced shapes); temporaries of the compiled kernels, or estimates for kernels not
-    compiled yet (:meth:`BlockModel.temp_bytes`)."""
+    compiled yet (:meth:`BlockModel.temp_bytes`), or with ``lower`` lower bounds of
+    them (every figure of the problem then bounds the exact one from below, once
+    :meth:`BlockModel.trace_options` made the saved bytes exact)."""
     from jax_exec.auto.options import recompute_cost
 
     program, L = model.program, model.length
@@ -353,13 +377,13 @@ def build_problem(model: BlockModel) -> BlockChain:
         options = []
         for o, option in enumerate(model.options[k]):
             extra = recompute_cost(model, k, option)
-            bwd_tmp, bwd_release, _ = model.backward_bytes(k, o)
+            bwd_tmp, bwd_release, _ = model.backward_bytes(k, o, lower)
             options.append(
                 BlockOption(
                     name=option.label,
                     saved=model.saved_bytes(k, o)[0],
                     rec_time=fwd,
-                    rec_tmp=model.temp_bytes("record", k, o)[0],
+                    rec_tmp=model.temp_bytes("record", k, o, lower)[0],
                     bwd_time=bwd + extra,
                     bwd_tmp=bwd_tmp,
                     bwd_release=bwd_release,
@@ -369,14 +393,14 @@ def build_problem(model: BlockModel) -> BlockChain:
             BlockStage(
                 name=f"block {k} (equations {block.start}..{block.stop - 1})",
                 fwd_time=fwd,
-                fwd_tmp=model.temp_bytes("forward", k)[0],
+                fwd_tmp=model.temp_bytes("forward", k, 0, lower)[0],
                 reads=tuple(model.value_index[v] for v in block.ins),
                 options=tuple(options),
             )
         )
     tail = model.blocks.blocks[L]
     fwd, bwd = stage_times(model, tail)
-    loss_tmp = model.temp_bytes("loss", L)[0]
+    loss_tmp = model.temp_bytes("loss", L, 0, lower)[0]
     cuts = tuple(tuple(model.value_index[v] for v in c) for c in model.blocks.cuts)
     return BlockChain(sizes, grads, cuts, tuple(stages), fwd + bwd, loss_tmp)
 

@@ -138,15 +138,18 @@ def _ops(L: int, choose, m: int) -> tuple[tuple, list[int | None]]:
     return tuple(ops), options
 
 
-def least_memory_ops(p: BlockChain, budget: int) -> tuple[tuple, list]:
-    """A schedule that fits ``budget`` whenever it is at least :func:`least_memory`."""
+def least_memory_ops(
+    p: BlockChain, budget: int, prefer: list[list[int]] | None = None
+) -> tuple[tuple, list]:
+    """A schedule that fits ``budget`` whenever it is at least :func:`least_memory`;
+    ``prefer[i]``: stage i's options in the order to try (default: by index)."""
     z = _Sizes(p)
     least, need = least_memory(p)
     if budget < least:
         raise ValueError(f"budget {budget} < least feasible {least}")
 
     def choose(i: int, t: int, m: int):
-        for o in range(len(z.opts[i])):
+        for o in prefer[i] if prefer else range(len(z.opts[i])):
             if max(z.record_need(i, t, o), z.s[i][o] + need[i + 1, t]) <= m:
                 return ("record", o, m - z.s[i][o])
         for j in range(t, i, -1):

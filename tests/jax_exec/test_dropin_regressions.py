@@ -215,11 +215,11 @@ def test_a_single_linear_plans_at_every_budget():
     factory = lambda: OneLinear(nnx.Rngs(0))  # noqa: E731
     reference = plain(factory, mse, (X, Y))
     top = jax_exec.plan(mse, factory(), X, Y, budget="100%")
-    for budget in ("100%", top.least_budget()):
-        p = top.replan(budget)
-        assert "whole_milp" in p.schedule.meta  # the fallback ran without failing
-        result = p.run(factory(), X, Y)
-        assert_matches(result.loss, result.grads, None, reference, f"{budget}")
+    for budget in ("100%", top.least_budget()):  # auto, and the MILP alone
+        for method in ("auto", "whole_milp"):
+            p = top.replan(budget, method=method)
+            result = p.run(factory(), X, Y)
+            assert_matches(result.loss, result.grads, None, reference, f"{method} {budget}")
 
 
 # [8] Ordinary operations: tile (a class token), stack (RoPE tables), searchsorted and
