@@ -398,3 +398,27 @@ def test_one_meaning_of_a_budget():
 def zoo_unet():
     case = zoo.case("unet")
     return case.factory, case.loss_fn, case.args
+
+
+# [14] The least budget is found by lower bounds (jax_exec.auto.api.exact_least), which
+# compiles only the kernels of the least-memory schedules it tries: it must equal the
+# least budget of the problem with every kernel of every option compiled.
+@pytest.mark.parametrize("seed", [3, 7])
+def test_least_budget_by_lower_bounds_is_exact(seed):
+    from random_models import random_case
+
+    from jax_exec.auto.api import _every_option_kernel
+    from jax_exec.auto.model import build_problem
+    from solvers.blocks.rotor import least_memory
+
+    case = random_case(seed)
+    top = jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget="100%")
+    least = top.least_budget()
+    bm = top.base
+    bm.compile(_every_option_kernel(bm))
+    assert least == least_memory(build_problem(bm))[0]
+    p = top.replan(least)
+    assert p.run(case.factory(), *case.args).peak_bytes == p.schedule.meta["peak_memory"] <= least
+    with pytest.raises(solvers.Infeasible) as err:
+        top.replan(least - 1)
+    assert err.value.min_budget == least
