@@ -47,6 +47,7 @@ from jax_exec.auto.api import Plan
 from jax_exec.zero import AXIS, HOST, ZeroStep, measured_bytes, state_bytes
 from jax_exec.zero_blocks import planned_value_and_grad
 from schedir import simulate
+from schedir.budget import parse_budget
 from schedir.device_step import (
     DeviceStep,
     FixedBytes,
@@ -368,7 +369,7 @@ def plan_device(
     loss_fn: Callable,
     model: Any,
     *args: Any,
-    budget: int,
+    budget: int | str,
     optimizer: Any,
     data_parallel: int = 1,
     platform: Platform | None = None,
@@ -381,7 +382,9 @@ def plan_device(
     on ``data_parallel`` devices under ``budget`` bytes per device (module docstring).
 
     Args:
-        budget: bytes per device (an int).
+        budget: bytes per device: an int, ``"12GiB"``, or a percentage of the plain
+            step's bytes per device (``"50%"``, :attr:`DevicePlan.reference_bytes`),
+            :func:`schedir.budget.parse_budget`.
         optimizer: an optax ``GradientTransformation`` (its state is counted exactly).
         data_parallel: N, the devices of the ``data`` axis.
         platform: the ring and the host link (default
@@ -403,8 +406,7 @@ def plan_device(
             model state that is not an ``nnx.Param`` (ZeRO steps train parameters only).
     """
     start = time.perf_counter()
-    if isinstance(budget, bool) or not isinstance(budget, numbers.Integral) or budget < 0:
-        raise TypeError(f"budget = {budget!r}: scope='device' takes bytes per device (an int >= 0)")
+    parse_budget(budget, 1)  # a malformed budget fails before any tracing
     if not (
         callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None))
     ):
@@ -415,7 +417,7 @@ def plan_device(
     n = data_parallel
     if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
         raise ValueError(f"data_parallel = {n!r}: expected a positive int")
-    n, nbytes = int(n), int(budget)
+    n = int(n)
     params_t, opt_t = state_bytes(model, optimizer)
     local = per_device(args, n)
     platform = platform if platform is not None else data_parallel_platform(n)
@@ -429,6 +431,7 @@ def plan_device(
     cap = simulate(problem, policy_schedule(problem, "everything_saveable")).peak_memory
     plain = fixed_bytes(groups, params_t, opt_t, Strategy(Placement.zero(0)), n)
     reference = plain.fixed + max(act.store_all_peak, plain.update_bytes)
+    nbytes = parse_budget(budget, reference)  # a percentage of the plain step's device bytes
     plans: dict[tuple[int, bool], Plan] = {}
 
     def price(strategy: Strategy, held: FixedBytes, least: int, precise: bool) -> Alternative:

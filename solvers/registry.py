@@ -8,18 +8,17 @@ no solver special-cases any of that.
 
 from __future__ import annotations
 
-import fractions
 import inspect
 import math
-import numbers
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from schedir import InvalidProblem, InvalidSchedule, Schedule, simulate
+from schedir import InvalidSchedule, Schedule, simulate
 from schedir import kind as _kinds
+from schedir.budget import parse_budget
 from schedir.simulate import judge
 
 
@@ -153,43 +152,16 @@ def fixed_schedule(method: str, problem, schedule: Schedule, budget: int) -> Sch
     return schedule
 
 
-# Floats are exact integers only up to 2**53; beyond, a float budget is a rounded number.
-_EXACT_FLOAT = 2**53
-
-
 def check_budget(budget: object) -> int:
-    """A budget is a non-negative whole number of bytes (or slots), exactly.
-
-    Any Python ``int`` is accepted (also beyond 2**63: solvers cap budgets at their
-    no-recomputation need before numeric work). A float must be integral and at most
-    2**53, where floats stop being exact integers; anything else is refused.
+    """A budget is a non-negative whole number of bytes (or slots), exactly
+    (:func:`schedir.budget.parse_budget`: an int of any size, a whole float up to 2**53,
+    or a string with a unit such as ``"12GiB"``; a percentage needs a reference, which a
+    solver does not have).
 
     >>> check_budget(10**30) == 10**30, check_budget(2048.0)
     (True, 2048)
     """
-    if budget is None:
-        raise InvalidProblem("budget = None: this problem needs a memory budget (bytes)")
-    if isinstance(budget, bool) or not isinstance(budget, numbers.Real):
-        raise InvalidProblem(f"budget = {budget!r}: expected a number of bytes")
-    if isinstance(budget, numbers.Integral):
-        value = int(budget)
-    elif isinstance(budget, fractions.Fraction):
-        if budget.denominator != 1:
-            raise InvalidProblem(f"budget = {budget!r}: expected a whole number of bytes")
-        value = int(budget)
-    else:
-        number = float(budget)
-        if not math.isfinite(number) or not number.is_integer():
-            raise InvalidProblem(f"budget = {budget!r}: expected a whole number of bytes")
-        if abs(number) > _EXACT_FLOAT:
-            raise InvalidProblem(
-                f"budget = {budget!r}: a float above 2**53 is not an exact number of bytes; "
-                "give an int"
-            )
-        value = int(number)
-    if value < 0:
-        raise InvalidProblem(f"budget = {budget!r}: expected a non-negative number of bytes")
-    return value
+    return parse_budget(budget)
 
 
 class _StderrProgress:

@@ -7,12 +7,10 @@ Both follow Flax NNX's calling convention: ``loss_fn(model, *args)`` returns a s
 from __future__ import annotations
 
 import dataclasses
-import numbers
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any
 
 import jax
@@ -29,35 +27,13 @@ from jax_exec.auto.whole import WHOLE_GRAPH_VARIABLES, fallback, small_enough, w
 from schedir import Chain, Graph, GraphSchedule, Schedule, simulate
 from schedir.blocks.graph import block_graph
 from schedir.blocks.problem import BlockChain
+from schedir.budget import parse_budget
 from solvers.blocks.policies import POLICIES, policy_schedule
 from solvers.blocks.rotor import least_memory, least_memory_ops
 
 BLOCK_METHODS = ("auto", "block_rotor", "whole_milp", *POLICIES)
 CHAIN_METHODS = tuple(m.name for m in solvers.available(Chain))
 GRAPH_METHODS = tuple(m.name for m in solvers.available(Graph))
-
-
-def parse_budget(budget: Any, store_all_peak: int) -> int:
-    """Bytes from an int or a percentage string of the store-all peak (``"50%"``),
-    exact integer arithmetic (rounded down)."""
-    if isinstance(budget, str):
-        text = budget.strip()
-        if not text.endswith("%"):
-            raise ValueError(f"budget = {budget!r}: a string budget is a percentage such as '50%'")
-        try:
-            fraction = Fraction(text[:-1].strip())
-        except (ValueError, ZeroDivisionError):
-            raise ValueError(f"budget = {budget!r}: cannot read the percentage") from None
-        if fraction < 0:
-            raise ValueError(f"budget = {budget!r}: a percentage must be non-negative")
-        return int(fraction * store_all_peak // 100)
-    if isinstance(budget, bool) or not isinstance(budget, numbers.Integral):
-        raise TypeError(
-            f"budget = {budget!r}: expected bytes (an int) or a percentage string such as '50%'"
-        )
-    if budget < 0:
-        raise ValueError(f"budget = {budget!r}: expected a non-negative number of bytes")
-    return int(budget)
 
 
 @dataclass

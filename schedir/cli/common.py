@@ -14,16 +14,15 @@ import inspect
 import json
 import math
 import os
-import re
 import shutil
 import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
-from fractions import Fraction
 from pathlib import Path
 
 import schedir
+from schedir import budget
 from schedir.errors import InvalidProblem, InvalidSchedule
 from schedir.render import format_bytes
 
@@ -64,58 +63,21 @@ def positive_float(text: str) -> float:
     return value
 
 
-UNITS = {
-    "b": 1,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-}
-_NUMBER = r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
-_BUDGET_RE = re.compile(rf"^\s*({_NUMBER})\s*([A-Za-z%]*)\s*$")
-
-
 def parse_budget(text: str, store_all_peak=None) -> int:
-    """Bytes from ``'2GiB'``, ``'1.5 MiB'``, ``'1400'`` or ``'50%'`` (of ``store_all_peak()``).
-
-    Exact rational arithmetic throughout (``100%`` is the store-all peak to the byte,
-    integers of any size are kept exactly). A plain number of bytes must be whole;
-    with a larger unit or ``%`` the result rounds down (a smaller budget is always
-    safe). A number whose float would be infinite (``1e400``) is refused.
+    """Bytes from ``'2GiB'``, ``'1.5 MiB'``, ``'1400'`` or ``'50%'`` (of ``store_all_peak()``):
+    :func:`schedir.budget.parse_budget`, its error as a :class:`CLIError`.
 
     >>> parse_budget("2KiB"), parse_budget("1.5 kB"), parse_budget("50%", lambda: 1630)
     (2048, 1500, 815)
     """
-    match = _BUDGET_RE.match(text)
-    shown = shorten(text)
-    if match is None:
-        raise CLIError(f"budget {shown}: expected a number with a unit (2GiB, 512MiB, 1400) or 50%")
-    number, unit = match.group(1), match.group(2)
-    if not number.isdigit():  # digits are an exact integer of any size; 1e400 is not finite
-        if not math.isfinite(float(number)):
-            raise CLIError(f"budget {shown}: not a finite number")
-        exponent = re.split("[eE]", number)[1:]
-        if exponent and abs(int(exponent[0])) > 400:  # 1e-500: slow to expand, no byte count
-            raise CLIError(f"budget {shown}: exponent out of range")
     try:
-        value = Fraction(number)
-    except ValueError as err:  # more digits than Python converts
-        raise CLIError(f"budget {shown}: {err}") from None
-    if unit == "%":
-        if store_all_peak is None:
-            raise CLIError(f"budget {shown}: percentages need a problem with a store-all schedule")
-        return math.floor(value * store_all_peak() / 100)
-    if unit.lower() not in UNITS and unit != "":
-        known = "B, KiB, MiB, GiB, TiB, kB, MB, GB, TB or %"
-        raise CLIError(f"budget {shown}: unknown unit {unit!r} (known: {known})")
-    scale = UNITS.get(unit.lower(), 1)
-    if scale == 1 and value.denominator != 1:
-        raise CLIError(f"budget {shown}: not a whole number of bytes")
-    return math.floor(value * scale)
+        return budget.parse_budget(text, store_all_peak)
+    except budget.BudgetError as err:
+        if store_all_peak is None and str(text).strip().endswith("%"):
+            raise CLIError(
+                f"budget {shorten(text)}: percentages need a problem with a store-all schedule"
+            ) from None
+        raise CLIError(str(err)) from None
 
 
 def shorten(text: str, limit: int = 40) -> str:

@@ -41,8 +41,8 @@ def test_bad_input_is_refused_by_name():
         jax_exec.plan(loss_fn, model, X, Y, budget=10**6, data_parallel=0, **KW)
     with pytest.raises(ValueError, match=r"args\[0\].*data_parallel = 3"):
         jax_exec.plan(loss_fn, model, X, Y, budget=10**6, data_parallel=3, **KW)
-    with pytest.raises(TypeError, match="budget"):
-        jax_exec.plan(loss_fn, model, X, Y, budget="50%", **KW)
+    with pytest.raises(ValueError, match="budget = '50 apples'"):
+        jax_exec.plan(loss_fn, model, X, Y, budget="50 apples", **KW)
     with pytest.raises(ValueError, match="scope"):
         jax_exec.plan(loss_fn, model, X, Y, budget=10**6, scope="host")
     with pytest.raises(ValueError, match="optimizer"):  # the activation scope has none
@@ -52,6 +52,14 @@ def test_bad_input_is_refused_by_name():
     with pytest.raises(ValueError, match="not an nnx.Param"):
         jax_exec.plan(lambda m, x: m(x).mean(), nnx.BatchNorm(8, rngs=nnx.Rngs(0)), X,
                       budget=10**6, **KW)  # fmt: skip
+
+
+def test_budgets_in_units_and_percentages():  # one parser: schedir.budget
+    model = Net(nnx.Rngs(0))
+    wide = jax_exec.plan(loss_fn, model, X, Y, budget="1GiB", **KW)
+    assert wide.budget == 2**30
+    half = jax_exec.plan(loss_fn, model, X, Y, budget="100%", **KW)
+    assert half.budget == half.reference_bytes
 
 
 def test_min_budget_is_the_least_budget_that_plans():

@@ -43,12 +43,18 @@ def test_unknown_method_lists_known_ones():
         solvers.solve(chain, 2000, method="nope")
 
 
-@pytest.mark.parametrize("budget", [-1, 1.5, float("nan"), "1GiB", True, 1e300, 2.0**53 + 2])
+@pytest.mark.parametrize("budget", [-1, 1.5, float("nan"), "1 parsec", "50%", True, 1e300,
+                                    2.0**53 + 2])  # fmt: skip
 def test_bad_budget_is_rejected(budget):
     chain = schedir.load("examples/chain_small.json")
     with pytest.raises(schedir.InvalidProblem, match="budget") as err:
         solvers.solve(chain, budget)
     assert repr(budget) in str(err.value)
+
+
+def test_budgets_in_units():  # schedir.budget, the one parser
+    chain = schedir.load("examples/chain_small.json")
+    assert solvers.solve(chain, "2KiB").ops == solvers.solve(chain, 2048).ops
 
 
 @pytest.mark.parametrize("method", CHAIN_METHODS)
