@@ -5,8 +5,8 @@ and with XLA CPU's older fusion code generator (``--xla_cpu_use_fusion_emitters=
 what the planner itself uses to read kernels' temporary bytes
 (``jax_exec.auto.model.KERNEL_OPTIONS``): compiling is about 2.7x as fast on CPU (the
 plain steps of 20 random models: 8.98 s at the default level, 6.37 s without LLVM's
-optimizations, 3.32 s with both flags), the code runs slower, and every byte figure is the same, since XLA's buffer
-assignment runs before code generation
+optimizations, 3.32 s with both flags), the code runs slower, and every byte figure
+is the same, since XLA's buffer assignment runs before code generation
 (tests/jax_exec/test_auto_optimized.py checks that in a process at the default level).
 Timing claims live in benchmarks, which run at the default level. Set
 ``SCHEDIR_TEST_OPTIMIZED=1`` to run the suite at the default level.
