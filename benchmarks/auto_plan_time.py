@@ -4,7 +4,7 @@
 1. The model zoo (tests/zoo: tiny models written as the public Flax NNX implementations of
    well-known architectures are), each planned with ``plan``'s defaults (``exact=True``)
    at store-all and at 65% of it (the least budget where that is below): planning
-   seconds from cold caches (``jax_exec.auto.model.clear_caches``; JAX's own tracing
+   seconds from cold caches (``jax_exec.program.model.clear_caches``; JAX's own tracing
    caches stay warm after the first family), the kernels compiled, and the XLA compile
    seconds of the planned step (``jax.jit`` of ``jax.value_and_grad(plan.lowered())``)
    over plain ``jax.jit(nnx.value_and_grad)``'s. Targets: planned in under 5 s, the
@@ -39,8 +39,8 @@ from auto_models import gpt, scanned  # noqa: E402
 
 import solvers  # noqa: E402
 from jax_exec import auto  # noqa: E402
-from jax_exec.auto.lowering import lower, scan_runs  # noqa: E402
-from jax_exec.auto.model import _KERNELS, clear_caches  # noqa: E402
+from jax_exec.execute.lowering import lower, scan_runs  # noqa: E402
+from jax_exec.program.model import _KERNELS, clear_caches  # noqa: E402
 
 PLAN_TARGET, GPT_TARGET, COMPILE_TARGET = 5.0, 10.0, 1.5
 QUICK_FAMILIES = ("decoder_lm", "resnet", "t5", "vit")

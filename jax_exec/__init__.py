@@ -30,7 +30,8 @@ from jax_exec.chain.lowering import (
 from jax_exec.chain.planning import plan_stages
 from jax_exec.chain.profile import profile
 from jax_exec.chain.runtime import run_chain
-from jax_exec.chain.tree import parse_tree
+from jax_exec.execute.result import RunResult
+from jax_exec.execute.tree import parse_tree
 from jax_exec.graph.model import sequential_dag
 from jax_exec.graph.profile import profile_graph
 from jax_exec.graph.runtime import GraphRunResult, run_graph
@@ -40,7 +41,6 @@ from jax_exec.offload.lowering import (
     offload_value_and_grad,
 )
 from jax_exec.offload.runtime import OffloadRunResult, measure_platform, run_offload
-from jax_exec.result import RunResult
 from jax_exec.stages import Stage, StageList, as_stages, split_layers
 
 __all__ = [

@@ -42,8 +42,8 @@ from jax.sharding import Mesh
 
 import solvers
 from jax_exec import auto
-from jax_exec.auto.analysis import CostModel
 from jax_exec.auto.api import Plan
+from jax_exec.program.analysis import CostModel
 from jax_exec.zero import AXIS, HOST, ZeroStep, measured_bytes, state_bytes
 from jax_exec.zero_blocks import planned_value_and_grad
 from schedir import simulate
@@ -301,7 +301,7 @@ def per_device(args: tuple, devices: int) -> tuple:
 
 
 def block_params(model: Any) -> tuple[tuple[int, ...], ...]:
-    """Per block of a :class:`jax_exec.auto.model.BlockModel` (the loss stage last), the
+    """Per block of a :class:`jax_exec.program.model.BlockModel` (the loss stage last), the
     indices of the parameters its equations read (a slice of a scanned stack counts as
     the whole stacked parameter)."""
     program = model.program

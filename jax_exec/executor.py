@@ -33,11 +33,11 @@ import jax
 
 from jax_exec.chain.lowering import Lowered, jitted_step, lower_model
 from jax_exec.chain.runtime import has_copies, run_chain
+from jax_exec.execute.result import RunResult
 from jax_exec.graph.runtime import run_graph
 from jax_exec.offload.lowering import lower_offload
 from jax_exec.offload.runtime import run_offload
 from jax_exec.pipeline.mpmd import run_pipeline
-from jax_exec.result import RunResult
 from schedir import GraphSchedule, OffloadSchedule, Schedule
 from schedir.pipeline.ops import PipelineSchedule
 

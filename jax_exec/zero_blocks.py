@@ -1,7 +1,7 @@
 """A planned activation schedule run on every device of a ``data`` axis, with ZeRO's
 collectives at block granularity (docs/device_memory.md, "Executing the plan").
 
-The automatic planner's compiled path (:func:`jax_exec.auto.lowering.lower`) runs each
+The automatic planner's compiled path (:func:`jax_exec.execute.lowering.lower`) runs each
 block as a ``custom_vjp`` of its functions. Here those functions are wrapped, per block:
 
 - sharded parameters (ZeRO-3): the block's forward, recording and backward all-gather
@@ -32,8 +32,8 @@ import jax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from jax_exec.auto.kernels import BlockFunctions
-from jax_exec.auto.lowering import lower
+from jax_exec.execute.lowering import lower
+from jax_exec.program.kernels import BlockFunctions
 from jax_exec.zero import AXIS
 from schedir.training_state import Placement, shard_axis
 
@@ -79,7 +79,7 @@ def collective(fns: BlockFunctions, axes: tuple, sharded: bool, devices: int) ->
 
 
 class CollectiveBlocks:
-    """A view of a :class:`jax_exec.auto.model.BlockModel` whose block functions are
+    """A view of a :class:`jax_exec.program.model.BlockModel` whose block functions are
     :func:`collective` ones (everything else is the model's)."""
 
     def __init__(self, model: Any, placement: Placement, devices: int) -> None:

@@ -6,9 +6,8 @@ budget, from its code alone (docs/auto.md).
 - :func:`value_and_grad`: a drop-in ``nnx.value_and_grad`` following a plan.
 """
 
-from jax_exec.auto.analysis import CostModel
 from jax_exec.auto.api import Plan, plan, value_and_grad
-from jax_exec.auto.runtime import AutoRunResult
-from jax_exec.auto.trace import UnsupportedModel
+from jax_exec.program.analysis import CostModel
+from jax_exec.program.trace import UnsupportedModel
 
-__all__ = ["AutoRunResult", "CostModel", "Plan", "UnsupportedModel", "plan", "value_and_grad"]
+__all__ = ["CostModel", "Plan", "UnsupportedModel", "plan", "value_and_grad"]

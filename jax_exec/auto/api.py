@@ -17,13 +17,14 @@ import jax
 from flax import nnx
 
 import solvers
-from jax_exec.auto.analysis import CostModel
-from jax_exec.auto.graph_run import run_graph_schedule
-from jax_exec.auto.lowering import lower
-from jax_exec.auto.model import BlockModel, block_model, build_problem
-from jax_exec.auto.runtime import AutoRunResult, run_schedule
-from jax_exec.auto.trace import graph_difference, same, split_model
 from jax_exec.auto.whole import WHOLE_GRAPH_VARIABLES, fallback, small_enough, whole_plan
+from jax_exec.execute.graph import run_graph_schedule
+from jax_exec.execute.interpreter import run_schedule
+from jax_exec.execute.lowering import lower
+from jax_exec.execute.result import RunResult
+from jax_exec.program.analysis import CostModel
+from jax_exec.program.model import BlockModel, block_model, build_problem
+from jax_exec.program.trace import graph_difference, same, split_model
 from schedir import Chain, Graph, GraphSchedule, Schedule, simulate
 from schedir.blocks.graph import block_graph
 from schedir.blocks.problem import BlockChain
@@ -117,7 +118,7 @@ class Plan:
 
     def lowered(self, *, loops: bool = True) -> Callable:
         """``fn(params, rest, args) -> (loss, (aux, new_rest))`` following the schedule
-        (the compiled path, :func:`jax_exec.auto.lowering.lower`; ``loops=False``
+        (the compiled path, :func:`jax_exec.execute.lowering.lower`; ``loops=False``
         unrolls the scan runs it keeps as loops). Graph schedules have no compiled
         path (they run op by op, :meth:`run`)."""
         if isinstance(self.schedule, GraphSchedule):
@@ -128,7 +129,7 @@ class Plan:
             )
         return lower(self.model, self.schedule, loops=loops)
 
-    def run(self, model: Any, *args: Any) -> AutoRunResult:
+    def run(self, model: Any, *args: Any) -> RunResult:
         """Run the schedule op by op (measured memory) on ``model`` and ``args`` (same
         shapes as planned). The model is not modified: the state after the step is
         ``result.new_state`` (``nnx.update(model, result.new_state)`` applies it). An

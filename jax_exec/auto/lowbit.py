@@ -1,7 +1,7 @@
 """Low-bit activation storage: a block's saved residuals kept in fewer bits
 (docs/device_memory.md, "Low-bit activation storage").
 
-A *low-bit option* is a save option of a block (:class:`~jax_exec.auto.kernels.SaveOption`)
+A *low-bit option* is a save option of a block (:class:`~jax_exec.program.kernels.SaveOption`)
 whose new residuals (what its recording keeps beyond its outputs) are stored in one of
 
 - ``bfloat16``: the value rounded to bfloat16;
@@ -17,7 +17,7 @@ small scalars stay as they are. Compression is a wrapper of the block's function
 (:func:`compressed`): the recording returns the compressed arrays, the backward takes
 them, so both executors use it unchanged: the op-by-op runtime holds the compressed
 arrays in ``abar`` buffers, and the compiled path's ``custom_vjp`` keeps them as its
-residuals (:mod:`jax_exec.auto.lowering`). Their bytes are exact (traced), the
+residuals (:mod:`jax_exec.execute.lowering`). Their bytes are exact (traced), the
 encoding and decoding are priced as memory-bound elementwise work in the backward.
 
 The planner offers low-bit options only when the user allows a gradient error
@@ -43,9 +43,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_exec.auto.kernels import BlockFunctions, Recipe, SaveOption, block_functions
-from jax_exec.auto.lowering import lower
-from jax_exec.auto.model import BlockModel, build_problem
+from jax_exec.execute.lowering import lower
+from jax_exec.program.kernels import BlockFunctions, Recipe, SaveOption, block_functions
+from jax_exec.program.model import BlockModel, build_problem
 from schedir import B, F_all, Loss, Schedule
 from solvers.blocks.policies import policy_schedule
 
@@ -154,7 +154,7 @@ def compressed(fns: BlockFunctions, storage: str) -> BlockFunctions:
 
 @dataclass
 class LowBitModel(BlockModel):
-    """A :class:`~jax_exec.auto.model.BlockModel` whose blocks also have low-bit options.
+    """A :class:`~jax_exec.program.model.BlockModel` whose blocks also have low-bit options.
 
     Attributes:
         tolerance: the gradient's relative error allowed (> 0).

@@ -2,8 +2,8 @@
 (docs/auto.md, "The whole-graph MILP").
 
 :func:`whole_plan` builds the :class:`~solvers.blocks.whole_milp.SaveSetChain` of a
-:class:`~jax_exec.auto.model.BlockModel`: per block, its save-set graph
-(:func:`jax_exec.auto.options.option_graph`) and the bytes its backward holds per
+:class:`~jax_exec.program.model.BlockModel`: per block, its save-set graph
+(:func:`jax_exec.program.options.option_graph`) and the bytes its backward holds per
 recomputed equation (its materialized outputs the block does not return); the bases
 are calibrated on a reference choice of options priced exactly by the block chain's
 simulator (each step's need less the reference's saved residuals and recomputed bytes).
@@ -15,7 +15,7 @@ moved by the difference and the answer as the new reference, at most ``rounds``
 times, and keeps the fastest answer that fits.
 
 Blocks of one scanned loop that are the same block share their save set, so that
-the loop lowering (:mod:`jax_exec.auto.loops`) still runs them as one loop.
+the loop lowering (:mod:`jax_exec.execute.loops`) still runs them as one loop.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from jax_exec.auto.kernels import SaveOption
-from jax_exec.auto.model import BlockModel, build_problem
-from jax_exec.auto.options import option_graph, saved_candidates
+from jax_exec.program.kernels import SaveOption
+from jax_exec.program.model import BlockModel, build_problem
+from jax_exec.program.options import option_graph, saved_candidates
 from schedir import Schedule, simulate
 from solvers.blocks.options import NODE_LIMIT, recompute_set
 from solvers.blocks.policies import recorded

@@ -3,10 +3,10 @@
 The schedule's tree (:mod:`jax_exec.tree`) becomes one differentiable function of
 ``(params, x, y)``:
 
-- a :class:`~jax_exec.chain.tree.Segment` (``F_ck(i) F_n(i+1..j-1)``) runs stages i..j-1
+- a :class:`~jax_exec.execute.tree.Segment` (``F_ck(i) F_n(i+1..j-1)``) runs stages i..j-1
   under ``jax.checkpoint`` (only its input is saved; its backward recomputes the
   stages with the inner structure of the subtree);
-- a :class:`~jax_exec.chain.tree.Record` (``F_all(i) .. B(i)``) runs stage i as a
+- a :class:`~jax_exec.execute.tree.Record` (``F_all(i) .. B(i)``) runs stage i as a
   ``jax.custom_vjp`` whose residuals are exactly the profiler's ``abar[i+1]``: the
   stage input, its output and the new residuals of its ``jax.vjp``. Plain autodiff
   would sometimes drop the output (when nothing needs it), so the saved set would no
@@ -36,7 +36,8 @@ from typing import Any
 import jax
 from jax.ad_checkpoint import checkpoint_name
 
-from jax_exec.chain.tree import (
+from jax_exec.execute.residuals import saved_residuals
+from jax_exec.execute.tree import (
     Empty,
     LossNode,
     Node,
@@ -47,7 +48,6 @@ from jax_exec.chain.tree import (
     unit_chain,
 )
 from jax_exec.kernels import stage_functions
-from jax_exec.residuals import saved_residuals
 from jax_exec.stages import (
     LayerWatch,
     Stage,
@@ -310,7 +310,7 @@ class Residual:
 def saved_activations(lowered: Lowered, x: jax.Array, y: Any) -> list[Residual]:
     """Residuals saved at the top level of ``lowered.loss``; parameters, state, y left out.
 
-    Reads JAX's report through :func:`jax_exec.residuals.saved_residuals`. The input x
+    Reads JAX's report through :func:`jax_exec.execute.residuals.saved_residuals`. The input x
     counts (it is a[0]).
     """
     out = []

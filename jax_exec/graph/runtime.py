@@ -31,6 +31,7 @@ from typing import Any
 import jax
 
 from jax_exec.buffers import Buffers
+from jax_exec.execute.result import OpMeter, RunResult, tree_bytes
 from jax_exec.graph.kernels import (
     DagKernels,
     backward_name,
@@ -39,7 +40,6 @@ from jax_exec.graph.kernels import (
     layout_graph,
     residual_name,
 )
-from jax_exec.result import OpMeter, RunResult, tree_bytes
 from schedir import Compute, Free, Graph, GraphSchedule, Schedule, simulate_graph
 
 # The one result type (kept importable under its old name). For a graph run ``grads``

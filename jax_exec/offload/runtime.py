@@ -27,8 +27,8 @@ from typing import Any
 import jax
 
 from jax_exec.chain.runtime import chain_result, chain_step, compute, input_buffers
-from jax_exec.chain.tree import unit_chain
-from jax_exec.result import OpMeter, RunResult
+from jax_exec.execute.result import OpMeter, RunResult
+from jax_exec.execute.tree import unit_chain
 from schedir import (
     B,
     CopyEngine,

@@ -25,6 +25,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jax_exec.execute.result import RunResult
 from jax_exec.pipeline.chunks import ChunkKernels
 from jax_exec.pipeline.dynamic import (
     Workers,
@@ -38,7 +39,6 @@ from jax_exec.pipeline.dynamic import (
     tree_bytes,
 )
 from jax_exec.pipeline.mpmd import interval_kernels, split_microbatches
-from jax_exec.result import RunResult
 from jax_exec.stages import as_stages
 from schedir.pipeline.dag import GroupCosts, simulate_dynamic, training_task_graph
 from schedir.pipeline.runtime import RuntimeState

@@ -55,8 +55,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jax_exec.chain.tree import check_schedule
 from jax_exec.distributed import is_local, transfer
+from jax_exec.execute.result import RunResult
+from jax_exec.execute.tree import check_schedule
 from jax_exec.pipeline.chunks import (  # the dynamic runtime imports these two from here too
     ChunkKernels,
     ChunkProgram,
@@ -65,7 +66,6 @@ from jax_exec.pipeline.chunks import (  # the dynamic runtime imports these two 
     split_microbatches,
     store_all_ops,
 )
-from jax_exec.result import RunResult
 from jax_exec.stages import Stage, as_stages
 from schedir import Chain, parse_op
 from schedir.errors import InvalidSchedule

@@ -280,7 +280,7 @@ def uniform_options(p: BlockChain, ops: tuple, options: list[int], budget: int) 
     The DP is indifferent between options of equal cost, so identical blocks (a
     transformer's layers, a scan's iterations) may alternate between them, and the
     compiled path keeps a run of identical blocks as one loop only where they share an
-    option (:mod:`jax_exec.auto.loops`). Each stage whose option differs from the most
+    option (:mod:`jax_exec.execute.loops`). Each stage whose option differs from the most
     common one among stages with the same options takes it when the schedule still fits
     ``budget`` and is no slower (a tie)."""
     groups: dict = {}

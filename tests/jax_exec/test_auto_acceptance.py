@@ -24,7 +24,7 @@ from flax import nnx
 from test_auto_plan import check_plan, reference
 
 from jax_exec import auto
-from jax_exec.auto.lowering import expected_residuals, saved_residuals
+from jax_exec.execute.lowering import expected_residuals, saved_residuals
 
 
 def _example_models():

@@ -18,7 +18,7 @@ from test_auto_plan import assert_close, reference
 import jax_exec
 import solvers
 from jax_exec.auto.api import CHAIN_METHODS, GRAPH_METHODS
-from jax_exec.auto.lowering import expected_residuals, saved_residuals
+from jax_exec.execute.lowering import expected_residuals, saved_residuals
 from schedir import GraphSchedule, simulate
 
 # one worker runs this file's tests: its module fixture is built once (make test: xdist)

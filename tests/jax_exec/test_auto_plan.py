@@ -24,7 +24,7 @@ from flax import nnx
 
 import solvers
 from jax_exec import auto
-from jax_exec.auto.lowering import expected_residuals, saved_residuals
+from jax_exec.execute.lowering import expected_residuals, saved_residuals
 from schedir.blocks.problem import simulate_blocks
 
 

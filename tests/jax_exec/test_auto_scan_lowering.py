@@ -1,4 +1,4 @@
-"""The compiled path keeps a scanned stack as a loop (jax_exec.auto.lowering.scan_runs):
+"""The compiled path keeps a scanned stack as a loop (jax_exec.execute.lowering.scan_runs):
 consecutive Records of one unrolled scan's identical blocks become one ``lax.scan``
 with the unrolled residuals stacked. Against plain ``nnx.value_and_grad`` (loss,
 gradients, model state) and JAX's account of the saved residuals, at store-all and at
@@ -15,8 +15,8 @@ from flax import nnx
 from test_auto_plan import assert_close, reference
 
 from jax_exec import auto
-from jax_exec.auto.loops import boundary, scan_runs
-from jax_exec.auto.lowering import expected_residuals, lower, saved_residuals
+from jax_exec.execute.loops import boundary, scan_runs
+from jax_exec.execute.lowering import expected_residuals, lower, saved_residuals
 
 
 def has_scan(fn, *args) -> bool:

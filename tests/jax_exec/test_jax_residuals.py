@@ -1,4 +1,4 @@
-"""jax_exec.residuals: the one private JAX call. These fail when JAX moves
+"""jax_exec.execute.residuals: the one private JAX call. These fail when JAX moves
 ``saved_residuals`` or changes what it returns."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jax_exec.residuals import saved_residuals
+from jax_exec.execute.residuals import saved_residuals
 
 
 def shapes(found):

@@ -14,7 +14,7 @@ from flax import nnx
 
 import jax_exec
 from jax_exec.auto import lowbit
-from jax_exec.auto.lowering import expected_residuals, saved_residuals
+from jax_exec.execute.lowering import expected_residuals, saved_residuals
 
 
 class MLP(nnx.Module):

@@ -1,6 +1,6 @@
 """Every primitive that ``jax.numpy``, ``jax.nn``, ``jax.lax``, ``jax.random``,
 ``jax.scipy.special``, ``jax.image`` and Flax's layers emit is classified by the planner
-(jax_exec/auto/analysis.py): the survey calls every public function of those modules on a
+(jax_exec/program/analysis.py): the survey calls every public function of those modules on a
 few argument patterns, and every layer forward and backward, collects the primitives of
 their jaxprs, and fails on one the planner does not know. A new JAX release that adds a
 primitive shows up here, not in a user's model. (Unknown primitives are charged as stored

@@ -1,6 +1,6 @@
 """Run a block-chain schedule op by op with measured memory (docs/auto.md, "Op by op").
 
-Each op runs one compiled kernel of :class:`~jax_exec.auto.model.BlockModel` on
+Each op runs one compiled kernel of :class:`~jax_exec.program.model.BlockModel` on
 explicit buffers named like the simulator's (:mod:`schedir.blocks`): ``a[c]`` holds
 the values of cut c, ``abar[c]`` the same and the saved residuals of block c-1 under
 its option, ``d[c]`` the cotangents of cut c's differentiated values. A value read by
@@ -22,104 +22,23 @@ first forward of each block; recomputations make the same values, which are drop
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from jax_exec.auto.model import BlockModel, global_values, through_flags
-from jax_exec.auto.trace import Lit
-from jax_exec.result import OpMeter
+from jax_exec.execute.buffers import Buffers
+from jax_exec.execute.result import OpMeter, RunResult, tree_bytes
+from jax_exec.program.model import BlockModel, global_values, through_flags
+from jax_exec.program.trace import Lit
 from schedir import B, F_all, F_ck, F_n, Loss, Schedule
 from schedir.blocks.problem import schedule_options, simulate_blocks
-
-
-@dataclass(frozen=True)
-class AutoRunResult:
-    """What one op-by-op training step did.
-
-    Attributes:
-        loss: the loss (a scalar array).
-        aux: ``loss_fn``'s auxiliary output (``has_aux``), else None.
-        grads: gradients of the parameters (an ``nnx.State`` like ``nnx.value_and_grad``'s).
-        new_state: the model state (non-parameter variables) after the step.
-        peak_bytes: max of the initial bytes and every op's need.
-        initial_bytes: activation bytes before the first op.
-        resident_bytes: live activation bytes after each op.
-        op_peak_bytes: each op's need: live bytes right after it made its output plus
-            its kernel's temporary bytes.
-        op_temp_bytes: each op's kernel temporary bytes.
-        op_times: wall seconds of each op (dispatch to completion).
-        total_time: wall seconds of the step.
-        param_bytes, grad_bytes, input_bytes, output_bytes: bytes of the parameters, their
-            gradients, the call's arguments and the program outputs (not in the figures
-            above).
-        ops: the ops that ran.
-    """
-
-    loss: jax.Array
-    aux: Any
-    grads: Any
-    new_state: Any
-    peak_bytes: int
-    initial_bytes: int
-    resident_bytes: tuple[int, ...]
-    op_peak_bytes: tuple[int, ...]
-    op_temp_bytes: tuple[int, ...]
-    op_times: tuple[float, ...]
-    total_time: float
-    param_bytes: int
-    grad_bytes: int
-    input_bytes: int
-    output_bytes: int
-    ops: tuple
-
-
-class Buffers:
-    """Named buffers of arrays; live bytes count each distinct array once."""
-
-    def __init__(self, keep: set[int]) -> None:
-        self.table: dict[tuple[str, int], dict] = {}
-        self.keep = keep  # ids of arrays the runtime does not own (never deleted)
-
-    def arrays(self, name: tuple[str, int]) -> list:
-        return list(self.table[name].values())
-
-    def live(self) -> dict[int, Any]:
-        return {id(a): a for buf in self.table.values() for a in buf.values()}
-
-    def nbytes(self) -> int:
-        return sum(int(a.nbytes) for a in self.live().values())
-
-    def drop(self, name: tuple[str, int]) -> None:
-        arrays = self.table.pop(name)
-        alive = self.live()
-        for arr in arrays.values():
-            if id(arr) not in alive and id(arr) not in self.keep:
-                arr.delete()
-
-    def release(self, name: tuple[str, int], key: Any) -> None:
-        """Take ``key`` out of buffer ``name``; delete its array if no buffer holds it."""
-        arr = self.table[name].pop(key)
-        if id(arr) not in self.live() and id(arr) not in self.keep:
-            arr.delete()
-
-    def source(self, c: int) -> tuple[str, int]:
-        for name in (("a", c), ("abar", c)):
-            if name in self.table:
-                return name
-        raise RuntimeError(f"a[{c}] or abar[{c}] should be resident")  # pragma: no cover
-
-
-def _tree_bytes(tree: Any) -> int:
-    return sum(int(leaf.nbytes) for leaf in jax.tree_util.tree_leaves(tree))
 
 
 def run_backward(
     buf: Buffers, pb: Any, kernels: tuple, args: tuple, holders: dict | None, k: int
 ) -> tuple:
-    """Run block k's backward phases (:mod:`jax_exec.auto.phases`) on ``args`` (its eight
+    """Run block k's backward phases (:mod:`jax_exec.program.phases`) on ``args`` (its eight
     argument groups): before each phase, free the block's own inputs no later phase
     reads (``holders``: group -> per argument, its buffer and key; None: free none, as
     graph nodes are freed by their own ops); after it, the intermediates no later
@@ -155,7 +74,7 @@ def run_backward(
 
 def run_schedule(
     model: BlockModel, schedule: Schedule, params: Any, rest: Any, args: tuple
-) -> AutoRunResult:
+) -> RunResult:
     """Run ``schedule`` (a :class:`schedir.blocks.BlockChain` schedule of ``model``) op by
     op on these parameters, state and arguments (module docstring)."""
     simulate_blocks(model.problem, schedule)  # a valid schedule, or InvalidSchedule
@@ -276,8 +195,8 @@ def run_schedule(
 def step_result(
     model: BlockModel, call: tuple, gv: dict, grads: dict, results: dict, loss: Any,
     meter: OpMeter, buf: Buffers, ops: tuple,
-) -> AutoRunResult:  # fmt: skip
-    """The :class:`AutoRunResult` of a step once its ops ran (``buf``'s arrays are then
+) -> RunResult:  # fmt: skip
+    """The :class:`RunResult` of a step once its ops ran (``buf``'s arrays are then
     deleted): gradients per parameter leaf (the slices of a scanned stack's parameters
     summed into their stack), ``aux`` and the state after the step from the blocks'
     results, and what ``meter`` recorded."""
@@ -305,15 +224,15 @@ def step_result(
     aux = jax.tree_util.tree_unflatten(aux_def, [value(r) for r in program.aux])
     new_state = jax.tree_util.tree_unflatten(r_def, [value(r) for r in program.new_rest])
     grad_tree = jax.tree_util.tree_unflatten(p_def, grad_leaves)
-    return AutoRunResult(
+    return RunResult(
         loss=loss,
         aux=aux if model.traced.has_aux else None,
         grads=grad_tree,
         new_state=new_state,
         **meter.figures(),
-        param_bytes=_tree_bytes(params),
-        grad_bytes=_tree_bytes(grad_leaves),
-        input_bytes=_tree_bytes(tuple(args)),
-        output_bytes=_tree_bytes((aux, new_state)),
+        param_bytes=tree_bytes(params),
+        grad_bytes=tree_bytes(grad_leaves),
+        batch_bytes=tree_bytes(tuple(args)),
+        output_bytes=tree_bytes((aux, new_state)),
         ops=tuple(ops),
     )

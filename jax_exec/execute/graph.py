@@ -22,16 +22,17 @@ from typing import Any
 
 import jax
 
-from jax_exec.auto.model import BlockModel, global_values, through_flags
-from jax_exec.auto.runtime import AutoRunResult, Buffers, run_backward, step_result
-from jax_exec.result import OpMeter
+from jax_exec.execute.buffers import Buffers
+from jax_exec.execute.interpreter import run_backward, step_result
+from jax_exec.execute.result import OpMeter, RunResult
+from jax_exec.program.model import BlockModel, global_values, through_flags
 from schedir import Free, simulate_graph
 from schedir.blocks.graph import block_graph
 
 
 def run_graph_schedule(
     model: BlockModel, schedule: Any, params: Any, rest: Any, args: tuple
-) -> AutoRunResult:
+) -> RunResult:
     """Run a graph schedule of ``block_graph(model.problem, schedule.meta
     ["block_options"])`` op by op (module docstring)."""
     graph, where = block_graph(model.problem, schedule.meta["block_options"])

@@ -9,7 +9,7 @@ runtime would need more than XLA's own step (a convolution's backward working se
 top of the residuals of the activation after it, already consumed).
 
 So the backward function of a block and option (``backward(p, g, x, outs, results,
-new, d_outs, d_through)``, :mod:`jax_exec.auto.kernels`) is traced to a jaxpr,
+new, d_outs, d_through)``, :mod:`jax_exec.program.kernels`) is traced to a jaxpr,
 flattened (nested ``jit`` and ``checkpoint`` regions inlined) and cut into at most
 :data:`MAX_PHASES` phases next to matmuls and convolutions, where the most bytes
 of the block's own inputs have had their last reader. Each phase is one kernel;
@@ -37,8 +37,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from jax_exec.auto.blocks import eqn_has_anchor
-from jax_exec.auto.trace import CHECKPOINTS, Eqn, FlatJaxpr, Lit, aval_bytes, evaluate, flatten
+from jax_exec.program.blocks import eqn_has_anchor
+from jax_exec.program.trace import CHECKPOINTS, Eqn, FlatJaxpr, Lit, aval_bytes, evaluate, flatten
 
 MAX_PHASES = 2  # more phases compile more kernels for no measured gain on the examples
 GROUPS = ("p", "g", "x", "outs", "results", "new", "d_outs", "through")

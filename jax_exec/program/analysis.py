@@ -32,7 +32,7 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, primal_dtype_to_tangent_dtype
 
-from jax_exec.auto.trace import Eqn, Lit, Program, UnsupportedModel, aval_bytes
+from jax_exec.program.trace import Eqn, Lit, Program, UnsupportedModel, aval_bytes
 
 ELEMENTWISE = frozenset(
     """abs acos acosh add add_any and asin asinh atan atan2 atanh bessel_i0e bessel_i1e

@@ -1,4 +1,5 @@
-"""The one result type of every executor (:func:`jax_exec.run`, docs/jax_exec.md).
+"""The one result type of every executor (:func:`jax_exec.run`, ``Plan.run``,
+docs/jax_exec.md).
 
 Every field has a neutral default, so each executor fills what it measures and leaves
 the rest empty: a run without copies has no ``host_bytes``, a single-device run no
@@ -20,11 +21,15 @@ class RunResult:
 
     Attributes:
         loss: the loss value (a scalar array); None for inference.
-        grads: parameter gradients: one pytree per layer (``nnx.State`` for NNX layers;
-            a parameter several layers read is in the first of them, with the sum of
-            the gradients of its uses), or a dict ``module name -> nnx.State`` for a
-            DAG model; None for inference. A pipeline run over several processes
+        aux: ``loss_fn``'s auxiliary output (``has_aux``), else None.
+        grads: parameter gradients: an ``nnx.State`` like ``nnx.value_and_grad``'s for a
+            traced model; one pytree per layer for a stage list (``nnx.State`` for NNX
+            layers; a parameter several layers read is in the first of them, with the
+            sum of the gradients of its uses), or a dict ``module name -> nnx.State``
+            for a DAG model; None for inference. A pipeline run over several processes
             gives None for the layers another process ran.
+        new_state: a traced model's state (non-parameter variables) after the step
+            (``nnx.update(model, result.new_state)`` applies it), else None.
         outputs: the model outputs (inference runs), else None.
         peak_bytes: max over the initial state and every op of ``op_peak_bytes``
             (device activation bytes).
@@ -41,7 +46,10 @@ class RunResult:
         total_time: wall time of the whole step, seconds.
         param_bytes: bytes of the parameters, each once (not in the activation figures).
         grad_bytes: bytes of the parameter gradients (not in the activation figures).
-        batch_bytes: bytes of the inputs and the target.
+        batch_bytes: bytes of the inputs and the target (a traced model: the call's
+            arguments).
+        output_bytes: bytes of the program outputs besides the loss (``aux``, the state
+            after the step), not in the activation figures.
         ops: the ops that ran (single-device runs).
         device_peaks: multi-device runs: device name -> the largest activation bytes
             the runtime held on it after an op (arrays in flight and ``jax.vjp``
@@ -70,7 +78,9 @@ class RunResult:
     """
 
     loss: Any = None
+    aux: Any = None
     grads: Any = None
+    new_state: Any = None
     outputs: Any = None
     peak_bytes: int = 0
     initial_bytes: int = 0
@@ -84,6 +94,7 @@ class RunResult:
     param_bytes: int = 0
     grad_bytes: int = 0
     batch_bytes: int = 0
+    output_bytes: int = 0
     ops: tuple = ()
     device_peaks: dict[str, int] = field(default_factory=dict)
     op_log: tuple = ()

@@ -2,13 +2,13 @@
 :class:`schedir.blocks.BlockChain` they define (docs/auto.md).
 
 :func:`block_model` traces and analyzes the model, cuts it into blocks, gives every
-distinct block its save options (:mod:`jax_exec.auto.options`), and builds the
+distinct block its save options (:mod:`jax_exec.program.options`), and builds the
 problem: cut values and cotangents from their shapes (exact); saved residuals from
 the traced ``record`` function of each option and temporaries from the compiled
 kernels the op-by-op runtime runs (``memory_analysis()``), both exact once the option
 is traced / the kernel compiled and estimated before (the planner makes exact what a
 schedule uses, :func:`jax_exec.auto.api.plan`). Times come from the roofline model
-(:class:`~jax_exec.auto.analysis.CostModel`).
+(:class:`~jax_exec.program.analysis.CostModel`).
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from typing import Any
 
 import jax
 
-from jax_exec.auto.analysis import Analysis, CostModel, analyze_program
-from jax_exec.auto.blocks import Block, Blocks, build_blocks, find_cuts
-from jax_exec.auto.kernels import (
+from jax_exec.kernels import Kernel, lowered_kernel
+from jax_exec.program.analysis import Analysis, CostModel, analyze_program
+from jax_exec.program.blocks import Block, Blocks, build_blocks, find_cuts
+from jax_exec.program.kernels import (
     BlockFunctions,
     Layout,
     SaveOption,
@@ -34,9 +35,8 @@ from jax_exec.auto.kernels import (
     layout,
     loss_function,
 )
-from jax_exec.auto.phases import PhasedBackward, phased_backward
-from jax_exec.auto.trace import Program, Traced, trace
-from jax_exec.kernels import Kernel, lowered_kernel
+from jax_exec.program.phases import PhasedBackward, phased_backward
+from jax_exec.program.trace import Program, Traced, trace
 from schedir.blocks.problem import BlockChain, BlockOption, BlockStage
 
 
@@ -45,10 +45,10 @@ class BlockModel:
     """Everything the planner and both executors share for one model and input shapes.
 
     Attributes:
-        traced: the traced model (:class:`~jax_exec.auto.trace.Traced`).
+        traced: the traced model (:class:`~jax_exec.program.trace.Traced`).
         analysis: per-equation costs and residuals.
         blocks: the chain of blocks (the loss stage last).
-        layouts: one :class:`~jax_exec.auto.kernels.Layout` per block.
+        layouts: one :class:`~jax_exec.program.kernels.Layout` per block.
         options: per chain stage, its save options.
         value_index: cut value id -> index in the problem's ``value_sizes``.
         problem: the block chain (exact bytes; roofline seconds).
@@ -140,7 +140,7 @@ class BlockModel:
         return self._kernels[key]
 
     def phased(self, k: int, o: int) -> PhasedBackward:
-        """Block k's backward under option o as phases (:mod:`jax_exec.auto.phases`;
+        """Block k's backward under option o as phases (:mod:`jax_exec.program.phases`;
         inputs that later blocks read too get their cotangent from ``d[k+1]`` added)."""
         key = self.kernel_key("backward", k, o)
         if key not in self._phases:
@@ -183,11 +183,11 @@ class BlockModel:
     def backward_bytes(self, k: int, o: int, lower: bool = False) -> tuple[int, int, bool]:
         """``(bwd_tmp, bwd_release, exact)`` of block k's backward under option o: from
         its phases' compiled temporaries once compiled
-        (:meth:`~jax_exec.auto.phases.PhasedBackward.effective`), else an estimate of
-        one kernel's that frees nothing (:func:`jax_exec.auto.options.temp_estimate`).
+        (:meth:`~jax_exec.program.phases.PhasedBackward.effective`), else an estimate of
+        one kernel's that frees nothing (:func:`jax_exec.program.options.temp_estimate`).
         ``lower``: a lower bound instead of an estimate where the phases are traced
         (uncompiled phases' temporaries taken as 0; both figures grow with them)."""
-        from jax_exec.auto.options import temp_estimate
+        from jax_exec.program.options import temp_estimate
 
         key = self.kernel_key("backward", k, o)
         if key in self._phases:
@@ -204,9 +204,9 @@ class BlockModel:
 
     def temp_bytes(self, kind: str, k: int, o: int = 0, lower: bool = False) -> tuple[int, bool]:
         """``(bytes, exact)``: the kernel's compiled temporary bytes if it was compiled,
-        else an estimate (:func:`jax_exec.auto.options.temp_estimate`), or 0 with
+        else an estimate (:func:`jax_exec.program.options.temp_estimate`), or 0 with
         ``lower`` (a lower bound); for ``"backward"`` see :meth:`backward_bytes`."""
-        from jax_exec.auto.options import temp_estimate
+        from jax_exec.program.options import temp_estimate
 
         if kind == "backward":
             tmp, release, exact = self.backward_bytes(k, o, lower)
@@ -231,8 +231,8 @@ class BlockModel:
     def saved_bytes(self, k: int, o: int) -> tuple[int, bool]:
         """``(bytes, exact)``: what block k's recording keeps under option o beyond its
         outputs: the traced recipe's new residuals once traced, else the model's
-        estimate (:func:`jax_exec.auto.options.saved_estimate`)."""
-        from jax_exec.auto.options import saved_estimate
+        estimate (:func:`jax_exec.program.options.saved_estimate`)."""
+        from jax_exec.program.options import saved_estimate
 
         key = (self.identity(k), self.option(k, o))
         if key in self.known:
@@ -364,7 +364,7 @@ def build_problem(model: BlockModel, lower: bool = False) -> BlockChain:
     compiled yet (:meth:`BlockModel.temp_bytes`), or with ``lower`` lower bounds of
     them (every figure of the problem then bounds the exact one from below, once
     :meth:`BlockModel.trace_options` made the saved bytes exact)."""
-    from jax_exec.auto.options import recompute_cost
+    from jax_exec.program.options import recompute_cost
 
     program, L = model.program, model.length
     ids = sorted(model.value_index, key=model.value_index.get)
@@ -417,7 +417,7 @@ def block_model(
 ) -> BlockModel:
     """Trace, analyze and cut ``loss_fn(model, *args)``; give each block its options
     and build the problem (module docstring)."""
-    from jax_exec.auto.options import block_options
+    from jax_exec.program.options import block_options
 
     cost_model = cost_model or CostModel()
     clock = [time.perf_counter()]
@@ -462,7 +462,7 @@ def _distinct(model: BlockModel, k: int) -> tuple[SaveOption, ...]:
     """Block k's options, without MILP save sets that save the same bytes for the same
     recomputation as an earlier option (they may differ only in values the backward
     does not read). Named options (``save all`` and JAX's policies) always stay."""
-    from jax_exec.auto.options import recompute_cost
+    from jax_exec.program.options import recompute_cost
 
     kept, seen = [], set()
     for o, option in enumerate(model.options[k]):

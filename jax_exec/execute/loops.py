@@ -1,7 +1,7 @@
 """Scan runs of a block-chain schedule kept as loops by the compiled path
-(docs/auto.md, "Compiled path"; :func:`jax_exec.auto.lowering.lower`).
+(docs/auto.md, "Compiled path"; :func:`jax_exec.execute.lowering.lower`).
 
-The tracer unrolls a ``scan`` into its iterations (:mod:`jax_exec.auto.trace`), so a
+The tracer unrolls a ``scan`` into its iterations (:mod:`jax_exec.program.trace`), so a
 scanned stack is a chain of identical blocks. A *scan run* is a chain of Records
 ``Record(k) -> Record(k+1) -> ...`` of the schedule's tree whose blocks repeat with a
 period of ``m`` blocks (one or several blocks an iteration) ``n >= 2`` times: block
@@ -21,8 +21,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jax_exec.auto.model import BlockModel
-from jax_exec.chain.tree import Record, Segment, parse_tree
+from jax_exec.execute.tree import Record, Segment, parse_tree
+from jax_exec.program.model import BlockModel
 from schedir import Schedule
 from schedir.blocks.problem import schedule_options
 

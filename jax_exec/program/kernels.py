@@ -39,9 +39,9 @@ import jax
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from jax_exec.auto.analysis import ELEMENTWISE, EXPENSIVE, LAYOUT, Analysis
-from jax_exec.auto.blocks import Block
-from jax_exec.auto.trace import Lit, Program
+from jax_exec.program.analysis import ELEMENTWISE, EXPENSIVE, LAYOUT, Analysis
+from jax_exec.program.blocks import Block
+from jax_exec.program.trace import Lit, Program
 
 OPTION_KINDS = ("names", "everything", "dots", "fused")
 FUSED = (ELEMENTWISE - EXPENSIVE) | LAYOUT

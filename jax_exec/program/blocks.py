@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from jax_exec.auto.analysis import Analysis
-from jax_exec.auto.trace import Lit, Program
+from jax_exec.program.analysis import Analysis
+from jax_exec.program.trace import Lit, Program
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The compiled path: a block-chain schedule as one differentiable function
 (docs/auto.md, "Compiled path").
 
-The schedule's tree (:func:`jax_exec.chain.tree.parse_tree`) is lowered like a chain's
+The schedule's tree (:func:`jax_exec.execute.tree.parse_tree`) is lowered like a chain's
 (:mod:`jax_exec.lowering`), with blocks in place of layers:
 
 - a **Record** (``F_all(k) .. B(k)``) runs block k as a ``jax.custom_vjp`` whose
@@ -15,7 +15,7 @@ The schedule's tree (:func:`jax_exec.chain.tree.parse_tree`) is lowered like a c
   input is saved; its backward recomputes the segment);
 - the **loss stage** is a Record with plain autodiff;
 - a **scan run** (consecutive Records of an unrolled scan's repeated blocks,
-  :mod:`jax_exec.auto.loops`) runs as one ``lax.scan`` whose residuals are the
+  :mod:`jax_exec.execute.loops`) runs as one ``lax.scan`` whose residuals are the
   Records', stacked (``lower(..., loops=False)`` unrolls it).
 
 So the residuals JAX saves at the top level are the values the schedule holds right
@@ -33,8 +33,7 @@ from typing import Any
 
 import jax
 
-from jax_exec.auto.kernels import BlockFunctions
-from jax_exec.auto.loops import (
+from jax_exec.execute.loops import (
     ScanRun,
     boundary,
     inner_values,
@@ -43,9 +42,10 @@ from jax_exec.auto.loops import (
     scan_runs,
     stack_key,
 )
-from jax_exec.auto.model import BlockModel, global_values
-from jax_exec.auto.trace import Lit
-from jax_exec.chain.tree import Empty, LossNode, Record, Segment, parse_tree
+from jax_exec.execute.tree import Empty, LossNode, Record, Segment, parse_tree
+from jax_exec.program.kernels import BlockFunctions
+from jax_exec.program.model import BlockModel, global_values
+from jax_exec.program.trace import Lit
 from schedir import Loss, Schedule
 from schedir.blocks.problem import schedule_options, simulate_blocks
 
@@ -265,7 +265,7 @@ def saved_residuals(fn: Callable, *args: Any) -> Counter:
     ``jax.ad_checkpoint.print_saved_residuals``, which only prints. A test
     (tests/jax_exec/test_auto_plan.py) fails if it moves or changes its output.
     """
-    from jax_exec.residuals import saved_residuals as _saved
+    from jax_exec.execute.residuals import saved_residuals as _saved
 
     found: Counter = Counter()
     for aval, source in _saved(fn, *args):
