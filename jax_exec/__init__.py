@@ -41,7 +41,7 @@ from jax_exec.offload.lowering import (
     offload_value_and_grad,
 )
 from jax_exec.offload.runtime import OffloadRunResult, measure_platform, run_offload
-from jax_exec.stages import Stage, StageList, as_stages, split_layers
+from jax_exec.stages.split import Stage, StageList, as_stages, split_layers
 
 __all__ = [
     "GraphRunResult",

@@ -25,8 +25,6 @@ shapes, so profiling, running and re-running a model compiles each node once.
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +32,8 @@ from typing import Any
 import jax
 from jax.extend.core import Literal
 
-from jax_exec.stages import Stage, as_spec, check_loss, output_spec, spec_bytes
+from jax_exec.program.compiled import Kernel, compile_kernel
+from jax_exec.stages.split import Stage, as_spec, check_loss, output_spec, spec_bytes
 
 
 @dataclass(frozen=True)
@@ -61,21 +60,6 @@ class Recipe:
     def new_bytes(self) -> int:
         """Bytes of the new residuals (the part of ``abar`` beyond the output)."""
         return sum(spec_bytes(s) for s in self.new)
-
-
-@dataclass(frozen=True)
-class Kernel:
-    """One compiled function and what it costs.
-
-    Attributes:
-        call: the compiled executable.
-        temp_bytes: temporary bytes of the executable (``memory_analysis()``).
-        flops: floating-point operations (``cost_analysis()``), 0.0 if unknown.
-    """
-
-    call: Callable[..., Any]
-    temp_bytes: int
-    flops: float
 
 
 @dataclass(frozen=True)
@@ -127,25 +111,6 @@ class NodeKernels:
     def saved_bytes(self) -> int:
         """Bytes of ``abar``: the output plus the new residuals."""
         return self.functions.saved_bytes
-
-
-def compile_kernel(fn: Callable, *args: Any) -> Kernel:
-    """Compile ``fn`` for ``args`` (arrays or shapes) and read its temporary bytes and
-    FLOPs from XLA."""
-    return lowered_kernel(jax.jit(fn).lower(*args))
-
-
-def lowered_kernel(lowered: Any, options: dict | None = None) -> Kernel:
-    """Compile a lowered function (``jax.jit(fn).lower(...)``) with XLA ``options``
-    and read its temporary bytes and FLOPs."""
-    compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
-    stats = compiled.memory_analysis()
-    temp = int(stats.temp_size_in_bytes) if stats is not None else 0
-    cost = compiled.cost_analysis()
-    if isinstance(cost, list | tuple):
-        cost = cost[0] if cost else {}
-    flops = float((cost or {}).get("flops", 0.0))
-    return Kernel(compiled, temp, max(flops, 0.0))
 
 
 def _tree_key(tree: Any) -> tuple:
@@ -332,15 +297,3 @@ def loss_kernel(loss_fn: Callable, out: jax.ShapeDtypeStruct, y: Any) -> Kernel:
 
         _LOSS_CACHE[key] = compile_kernel(loss_and_grad, out, y)
     return _LOSS_CACHE[key]
-
-
-def median_time(call: Callable[..., Any], *args: Any, warmup: int = 2, repeats: int = 7) -> float:
-    """Median wall time of ``call(*args)`` in seconds, after ``warmup`` runs."""
-    for _ in range(warmup):
-        jax.block_until_ready(call(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(call(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)

@@ -11,7 +11,7 @@ takes the median wall time of each kernel and the graph profiler that of each
 
 from __future__ import annotations
 
-from jax_exec.kernels import Kernel
+from jax_exec.program.compiled import Kernel
 
 TIMINGS = ("measure", "flops")
 

@@ -48,7 +48,7 @@ from jax_exec.execute.tree import (
     unit_chain,
 )
 from jax_exec.kernels import stage_functions
-from jax_exec.stages import (
+from jax_exec.stages.split import (
     LayerWatch,
     Stage,
     StageList,

@@ -22,9 +22,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jax_exec.kernels import chain_kernels, loss_kernel, median_time
+from jax_exec.kernels import chain_kernels, loss_kernel
 from jax_exec.profile import check_timing, flops_seconds
-from jax_exec.stages import spec_bytes, split_layers
+from jax_exec.program.compiled import median_time
+from jax_exec.stages.split import spec_bytes, split_layers
 from schedir import Chain
 
 

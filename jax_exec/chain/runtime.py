@@ -23,7 +23,7 @@ from jax_exec.buffers import Buffers
 from jax_exec.execute.result import OpMeter, RunResult, tree_bytes
 from jax_exec.execute.tree import check_schedule
 from jax_exec.kernels import chain_kernels, loss_kernel
-from jax_exec.stages import split_layers
+from jax_exec.stages.split import split_layers
 from schedir import B, F_all, Loss, Schedule
 from schedir.chain.ops import buffer_moves
 

@@ -13,9 +13,10 @@ from typing import Any
 import jax
 
 from jax_exec.graph.model import DagNode, as_dag, users_of
-from jax_exec.kernels import GRAPH_KERNELS, Kernel, NodeKernels, loss_kernel
+from jax_exec.kernels import GRAPH_KERNELS, NodeKernels, loss_kernel
 from jax_exec.kernels import node_kernels as build_kernels
-from jax_exec.stages import as_spec, spec_bytes
+from jax_exec.program.compiled import Kernel
+from jax_exec.stages.split import as_spec, spec_bytes
 from schedir import Graph, Node
 
 # ----------------------------------------------------------------------- kernels

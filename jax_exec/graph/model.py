@@ -14,7 +14,7 @@ from typing import Any
 import jax
 from flax import nnx
 
-from jax_exec.stages import pure_apply
+from jax_exec.stages.split import pure_apply
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from jax_exec.chain.lowering import (
     lower_model,
     top_residuals,
 )
-from jax_exec.stages import StageList, spec_bytes, split_layers
+from jax_exec.stages.split import StageList, spec_bytes, split_layers
 from schedir import Offload, OffloadSchedule, Prefetch, Wait
 from schedir.offload.ops import is_compute
 

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax.extend.core import Literal
 
 from jax_exec.kernels import stage_functions
-from jax_exec.stages import Stage, spec_bytes
+from jax_exec.stages.split import Stage, spec_bytes
 from schedir import B, F_all, F_ck, F_n, Loss
 from schedir.chain.ops import buffer_moves
 

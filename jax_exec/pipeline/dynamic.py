@@ -34,7 +34,7 @@ import jax.numpy as jnp
 
 from jax_exec.execute.result import RunResult
 from jax_exec.pipeline.mpmd import interval_kernels, split_microbatches
-from jax_exec.stages import as_stages
+from jax_exec.stages.split import as_stages
 from schedir import CopyEngine, Device, Link, Platform
 from schedir.pipeline.dag import (
     Task,

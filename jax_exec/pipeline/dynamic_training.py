@@ -39,7 +39,7 @@ from jax_exec.pipeline.dynamic import (
     tree_bytes,
 )
 from jax_exec.pipeline.mpmd import interval_kernels, split_microbatches
-from jax_exec.stages import as_stages
+from jax_exec.stages.split import as_stages
 from schedir.pipeline.dag import GroupCosts, simulate_dynamic, training_task_graph
 from schedir.pipeline.runtime import RuntimeState
 from schedir.pipeline.simulate import Noise

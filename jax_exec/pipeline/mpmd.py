@@ -66,7 +66,7 @@ from jax_exec.pipeline.chunks import (  # the dynamic runtime imports these two 
     split_microbatches,
     store_all_ops,
 )
-from jax_exec.stages import Stage, as_stages
+from jax_exec.stages.split import Stage, as_stages
 from schedir import Chain, parse_op
 from schedir.errors import InvalidSchedule
 from schedir.pipeline.ops import Bwd, Fwd, PipelineSchedule, Send, Wgt, effect

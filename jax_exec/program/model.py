@@ -24,9 +24,9 @@ from typing import Any
 
 import jax
 
-from jax_exec.kernels import Kernel, lowered_kernel
 from jax_exec.program.analysis import Analysis, CostModel, analyze_program
 from jax_exec.program.blocks import Block, Blocks, build_blocks, find_cuts
+from jax_exec.program.compiled import Kernel, lowered_kernel
 from jax_exec.program.kernels import (
     BlockFunctions,
     Layout,
@@ -417,23 +417,45 @@ def block_model(
 ) -> BlockModel:
     """Trace, analyze and cut ``loss_fn(model, *args)``; give each block its options
     and build the problem (module docstring)."""
+    start = time.perf_counter()
+    traced = trace(loss_fn, model, args, has_aux=has_aux)
+    seconds = time.perf_counter() - start
+    return program_model(traced, cost_model=cost_model, max_anchors=max_anchors,
+                         options=options, trace_seconds=seconds)  # fmt: skip
+
+
+def program_model(
+    traced: Traced,
+    *,
+    cost_model: CostModel | None = None,
+    max_anchors: int = 4,
+    cuts: Callable | None = None,
+    options: Callable | None = None,
+    trace_seconds: float = 0.0,
+) -> BlockModel:
+    """The :class:`BlockModel` of a traced step: analyzed, cut into blocks (``cuts(program,
+    analysis)``: the cut positions, default :func:`~jax_exec.program.blocks.find_cuts`
+    with ``max_anchors``), each block given its options (``options(model, k)``, default
+    :func:`~jax_exec.program.options.block_options`), and its problem built."""
     from jax_exec.program.options import block_options
 
     cost_model = cost_model or CostModel()
     clock = [time.perf_counter()]
-    timings: dict[str, float] = {}
+    timings: dict[str, float] = {"trace": trace_seconds}
 
     def lap(name: str) -> None:
         now = time.perf_counter()
         timings[name] = now - clock[0]
         clock[0] = now
 
-    traced = trace(loss_fn, model, args, has_aux=has_aux)
     program = traced.program
-    lap("trace")
     analysis = analyze_program(program, cost_model)
     lap("analysis")
-    blocks = build_blocks(program, analysis, find_cuts(program, analysis, max_anchors=max_anchors))
+    if cuts is None:
+        positions = find_cuts(program, analysis, max_anchors=max_anchors)
+    else:
+        positions = cuts(program, analysis)
+    blocks = build_blocks(program, analysis, positions)
     lap("blocks")
     L = blocks.length
     layouts = tuple(

@@ -458,6 +458,16 @@ def trace(loss_fn: Callable, model: Any, args: tuple, *, has_aux: bool = False) 
     """
     graphdef, params, rest = split_model(model)
     pure = pure_function(graphdef, loss_fn, has_aux)
+    return trace_pure(pure, params, rest, args, has_aux=has_aux, graphdef=graphdef)
+
+
+def trace_pure(
+    pure: Callable, params: Any, rest: Any, args: tuple, *, has_aux: bool = False,
+    graphdef: Any = None,
+) -> Traced:  # fmt: skip
+    """Trace ``pure(params, rest, args) -> (loss, aux, new_params, new_rest)`` (any front
+    end's step: :func:`pure_function` of an NNX model, a stage list's) into a
+    :class:`Traced`; ``graphdef`` identifies the model's computation (or None)."""
     closed, shapes = jax.make_jaxpr(pure, return_shape=True)(params, rest, tuple(args))
     loss_shape, aux_shape, new_params_shape, new_rest_shape = shapes
     if not (

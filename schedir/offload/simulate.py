@@ -24,6 +24,7 @@ from schedir.chain.ops import (
 )
 from schedir.chain.schedule import Schedule
 from schedir.errors import InvalidSchedule
+from schedir.offload.effects import CopyEffect, CopyStates
 from schedir.offload.ops import Evict, Offload, OffloadSchedule, Prefetch, Wait, is_compute
 from schedir.offload.problem import OffloadProblem
 from schedir.trace import Span
@@ -134,10 +135,9 @@ def run(problem: OffloadProblem, ops: tuple, record_buffers: bool) -> OffloadTra
     def fail(i: int, op, why: str) -> InvalidSchedule:
         return InvalidSchedule(f"op {i}: {op}: {why}")
 
-    device: dict[tuple[str, int], str] = {("a", 0): "dev"}  # "dev" | "off" | "pre"
-    host: set[tuple[str, int]] = set()
-    if weights is not None:
-        host = {("w", k) for k in range(L + 1)}
+    host0 = {("w", k) for k in range(L + 1)} if weights is not None else set()
+    states = CopyStates({("a", 0): "dev"}, host0)  # program order: the copy ops' rules
+    device, host = states.device, states.host
     copies: dict[tuple[str, int], _Copy] = {}
     total, host_total = x[0], sum(weights or ())
     dev_events: list[tuple[float, float, int, int]] = []  # (time, key, seq, delta)
@@ -155,17 +155,12 @@ def run(problem: OffloadProblem, ops: tuple, record_buffers: bool) -> OffloadTra
     done = [False] * (L + 1)
     res_after, host_after, op_peaks, starts, ends, streams, bufs = [], [], [], [], [], [], []
 
-    def settle_prefetch(buf: tuple[str, int]) -> float:
-        """Program-order completion of a prefetch (implicit or explicit wait)."""
+    def settled(effect: CopyEffect) -> float:
+        """Account a prefetch waited for; the end of its copy."""
         nonlocal host_total
-        copy = copies[buf]
-        if not copy.waited:
-            copy.waited = True
-            device[buf] = "dev"
-            if buf[0] != "w":
-                host.discard(buf)
-                host_total -= size(buf)
-        return copy.end
+        if effect.host_drop:
+            host_total -= size(effect.buffer)
+        return copies[effect.buffer].end
 
     def release_offload(buf: tuple[str, int]) -> None:
         copy = copies[buf]
@@ -190,37 +185,35 @@ def run(problem: OffloadProblem, ops: tuple, record_buffers: bool) -> OffloadTra
             needed = list(eff.reads)
             if weights is not None and weights[k] > 0:
                 needed.append(("w", k))
-            ready = tc
             for buf in needed:
                 if buf not in device:
                     why = " (it is on the host: Prefetch it first)" if buf in host else ""
                     raise fail(i, op, f"needs {buffer_name(buf)}, which is not resident{why}")
-                if device[buf] == "pre":
-                    ready = max(ready, settle_prefetch(buf))
+            ready = max([tc, *(settled(e) for e in states.reads(tuple(needed)))])
             backward = backward_index(chain, op)
             if backward is not None and done[backward]:
                 raise fail(i, op, "already ran (every backward runs exactly once)")
             outs, tmp, frees = list(eff.adds), eff.tmp, eff.frees
             if isinstance(op, B) and weights is not None and weights[k] > 0:
                 outs.append(("g", k))
-            for buf in outs:
-                if buf in device:
-                    raise fail(i, op, f"{buffer_name(buf)} is already resident")
-                if buf in host:
-                    raise fail(i, op, f"{buffer_name(buf)} is on the host already (prefetch it)")
             start = ready
             end = start + eff.time
-            added = sum(size(b) for b in outs)
+            added = 0
             for buf in outs:
-                device[buf] = "dev"
+                try:
+                    states.add(buf)
+                except InvalidSchedule as err:
+                    raise fail(i, op, str(err)) from None
+                added += size(buf)
             total += added
             need = total + tmp
             event(dev_events, start, 2 * i, added + tmp)
             freed = 0
             for buf in frees:
-                if device[buf] == "off":
-                    raise fail(i, op, f"frees {buffer_name(buf)} while it is being offloaded")
-                del device[buf]
+                try:
+                    states.free(buf)
+                except InvalidSchedule as err:
+                    raise fail(i, op, str(err)) from None
                 freed += size(buf)
             for buf in needed:
                 if device.get(buf) == "off":
@@ -236,61 +229,38 @@ def run(problem: OffloadProblem, ops: tuple, record_buffers: bool) -> OffloadTra
             check_range(i, op, buf)
             start = end = tc
             need = None
-            if isinstance(op, Offload):
-                if device.get(buf) != "dev":
-                    state = {"off": "already being offloaded", "pre": "still being prefetched"}
-                    raise fail(
-                        i, op, f"{buffer_name(buf)} is {state.get(device.get(buf), 'not resident')}"
-                    )
-                if buf in host:
-                    raise fail(i, op, f"{buffer_name(buf)} is already on the host (use Evict)")
-                start = max(tc, engine["offload"])
-                end = start + engines["offload"].time(size(buf))
+            try:
+                change = states.effect(op)
+            except InvalidSchedule as err:
+                raise fail(i, op, str(err)) from None
+            if change.starts is not None:
+                direction = change.starts
+                start = max(tc, engine[direction])
+                end = start + engines[direction].time(size(buf))
                 if math.isinf(end):
-                    raise fail(i, op, "the offload engine has zero bandwidth")
-                engine["offload"] = end
-                copies[buf] = _Copy("offload", start, end, start)
-                device[buf] = "off"
-                host.add(buf)
-                host_total += size(buf)
-                event(host_events, start, 2 * i if start == tc else LAST, size(buf))
-                stream = "offload"
-            elif isinstance(op, Prefetch):
-                if buf in device:
-                    raise fail(i, op, f"{buffer_name(buf)} is already on the device")
-                if buf not in host:
-                    raise fail(
-                        i, op, f"{buffer_name(buf)} is not on the host (Offload and Wait first)"
-                    )
-                start = max(tc, engine["prefetch"])
-                end = start + engines["prefetch"].time(size(buf))
-                if math.isinf(end):
-                    raise fail(i, op, "the prefetch engine has zero bandwidth")
-                engine["prefetch"] = end
-                copies[buf] = _Copy("prefetch", start, end, start)
-                device[buf] = "pre"
-                total += size(buf)
-                event(dev_events, start, 2 * i if start == tc else LAST, size(buf))
-                if buf[0] != "w":
-                    event(host_events, end, FIRST, -size(buf))
-                stream = "prefetch"
+                    raise fail(i, op, f"the {direction} engine has zero bandwidth")
+                engine[direction] = end
+                copies[buf] = _Copy(direction, start, end, start)
+                key = 2 * i if start == tc else LAST
+                if direction == "offload":
+                    host_total += size(buf)
+                    event(host_events, start, key, size(buf))
+                else:
+                    total += size(buf)
+                    event(dev_events, start, key, size(buf))
+                    if buf[0] != "w":
+                        event(host_events, end, FIRST, -size(buf))
+                stream = direction
             elif isinstance(op, Wait):
-                copy = copies.get(buf)
-                if copy is None:
-                    raise fail(i, op, f"no copy of {buffer_name(buf)} was issued")
-                if copy.direction == "offload" and not copy.waited:
+                if change.device_drop:  # an offload waited for: the device copy goes
                     release_offload(buf)
-                    del device[buf]
                     total -= size(buf)
-                elif copy.direction == "prefetch":
-                    settle_prefetch(buf)
-                end = max(tc, copy.end)
+                elif change.waits_for == "prefetch":
+                    settled(change)
+                end = max(tc, copies[buf].end)
                 tc = end
                 stream = "wait"
             else:  # Evict
-                if device.get(buf) != "dev" or buf not in host:
-                    raise fail(i, op, f"{buffer_name(buf)} needs a device copy and a host copy")
-                del device[buf]
                 total -= size(buf)
                 event(dev_events, tc, FIRST, -size(buf))
                 stream = "wait"
