@@ -20,6 +20,8 @@ class Trace:
         start: start time of each op, seconds; ``end`` likewise.
         ops: the ops.
         buffers: names of the resident buffers after each op (only when asked for).
+        host_resident: bytes in host memory after each op (block chains with copy
+            ops; empty where nothing is offloaded).
     """
 
     makespan: float
@@ -31,6 +33,7 @@ class Trace:
     end: tuple[float, ...]
     ops: tuple
     buffers: tuple[frozenset[str], ...] | None = None
+    host_resident: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -356,24 +356,6 @@ def _solved(bm: BlockModel, schedule: Schedule) -> BlockChain | Graph:
     return bm.problem
 
 
-def _every_kernel(bm: BlockModel, options: tuple[int, ...]) -> list[tuple[str, int, int]]:
-    """Every kernel a chain or graph schedule of these options may run."""
-    kernels = [("loss", bm.length, 0)]
-    for k, o in enumerate(options):
-        kernels += [("forward", k, 0), ("record", k, o), ("backward", k, o)]
-    return kernels
-
-
-def _every_option_kernel(bm: BlockModel) -> list[tuple[str, int, int]]:
-    """Every kernel of every option of every block (identical blocks share them)."""
-    kernels = [("loss", bm.length, 0)]
-    for k, stage in enumerate(bm.problem.stages):
-        kernels.append(("forward", k, 0))
-        for o in range(len(stage.options)):
-            kernels += [("record", k, o), ("backward", k, o)]
-    return kernels
-
-
 def fixed_options(bm: BlockModel, name: str = "store_all") -> tuple[int, ...]:
     """One option per block: the store-all reference's, or the option called ``name``."""
     if name == "store_all":
@@ -473,7 +455,7 @@ def _solve_lazily(
     nbytes = parse_budget(budget, reference.peak_memory)
     if family != "blocks":
         chosen = fixed_options(bm, options.get("graph_option", "store_all"))
-        if exact and bm.compile(_every_kernel(bm, chosen)):
+        if exact and bm.compile(bm.every_kernel(chosen)):
             bm.problem = build_problem(bm)
         return _solve_fixed(bm, nbytes, family, solver, options), nbytes, reference, 1, bm
     if solver == "whole_milp":

@@ -27,12 +27,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jax_exec.execute.buffers import Buffers
+from jax_exec.execute.buffers import HOST, Buffers
 from jax_exec.execute.result import OpMeter, RunResult, tree_bytes
 from jax_exec.program.model import BlockModel, global_values, through_flags
 from jax_exec.program.trace import Lit
-from schedir import B, F_all, F_ck, F_n, Loss, Schedule
+from schedir import B, F_all, Loss, Schedule
 from schedir.blocks.problem import schedule_options, simulate_blocks
+from schedir.chain.ops import buffer_moves
+from schedir.offload.effects import CopyEffect, CopyStates
+from schedir.offload.ops import Evict, Offload, Prefetch, Wait
 
 
 def run_backward(
@@ -75,8 +78,11 @@ def run_backward(
 def run_schedule(
     model: BlockModel, schedule: Schedule, params: Any, rest: Any, args: tuple
 ) -> RunResult:
-    """Run ``schedule`` (a :class:`schedir.blocks.BlockChain` schedule of ``model``) op by
-    op on these parameters, state and arguments (module docstring)."""
+    """Run ``schedule`` (a :class:`schedir.blocks.BlockChain` schedule of ``model``, with
+    copy ops or not) op by op on these parameters, state and arguments (module
+    docstring). Which buffers an op reads, adds and frees is the IR's table
+    (:func:`schedir.chain.ops.buffer_moves`, :mod:`schedir.offload.effects`); this
+    function runs the kernels and copies and measures."""
     simulate_blocks(model.problem, schedule)  # a valid schedule, or InvalidSchedule
     options = schedule_options(model.problem, schedule)
     L = model.length
@@ -89,6 +95,8 @@ def run_schedule(
     grads: dict[int, Any] = {}
     forwarded = [False] * (L + 1)
     loss = None
+    states = CopyStates({("a", 0): "dev"})
+    memory = _Memories(gv)
     meter = OpMeter(buf.nbytes())
 
     def inputs(k: int, src: dict) -> tuple:
@@ -103,9 +111,18 @@ def run_schedule(
 
     for op in schedule.ops:
         start = time.perf_counter()
+        if isinstance(op, Offload | Prefetch | Wait | Evict):
+            memory.copy(buf, states.effect(op))
+            need = temp = 0
+            meter.record(time.perf_counter() - start, 0, buf.nbytes(), buf.nbytes(),
+                         host=buf.host_bytes())  # fmt: skip
+            continue
+        reads, (out,), frees = buffer_moves(op, L, buf.table)
+        for change in states.reads(reads):  # a compute op waits for its prefetched inputs
+            memory.copy(buf, change)
+        src = reads[-1]  # a[k] or abar[k]: the values of cut k
         if isinstance(op, Loss):
             lay = model.layouts[L]
-            src = buf.source(L)
             kernel = model.kernel("loss", L)
             loss, res, d_p, d_x = kernel.call(*inputs(L, buf.table[src]))
             jax.block_until_ready(d_x)
@@ -113,16 +130,13 @@ def run_schedule(
             keep.update(id(r) for r in res)
             add_grads(L, d_p)
             active = [v for v, a in zip(lay.ins, lay.act_in, strict=True) if a]
-            buf.table["d", L] = dict(zip(active, d_x, strict=True))
+            buf.table[out] = dict(zip(active, d_x, strict=True))
             temp = kernel.temp_bytes
             need = buf.nbytes() + temp
-            if src[0] == "a":
-                buf.drop(src)
         elif isinstance(op, B):
             k = op.index
             lay = model.layouts[k]
             fns = model.functions(k, options[k])
-            src = buf.source(k)
             saved = buf.table["abar", k + 1]
             d_next = buf.table["d", k + 1]
             p, g, x = inputs(k, buf.table[src])
@@ -149,16 +163,11 @@ def run_schedule(
             for v in cuts[k]:  # cotangents block k does not touch keep their array
                 if v not in d_here and v in d_next:
                     d_here[v] = d_next[v]
-            buf.table["d", k] = d_here
+            buf.table[out] = d_here
             buf.drop(("phase", k))
-            if src[0] == "a":
-                buf.drop(src)
-            buf.drop(("d", k + 1))
-            buf.drop(("abar", k + 1))
-        elif isinstance(op, F_ck | F_n | F_all):
+        else:  # F_ck, F_n, F_all (buffer_moves refused anything else)
             k = op.index
             lay = model.layouts[k]
-            src = buf.source(k)
             first = not forwarded[k]
             forwarded[k] = True
             if isinstance(op, F_all):
@@ -176,20 +185,47 @@ def run_schedule(
                     r.delete()
             values = {v: buf.table[src][v] for v in cuts[k + 1] if v in buf.table[src]}
             values.update(zip(lay.outs, outs, strict=True))
-            if isinstance(op, F_all):
-                values.update({("new", j): a for j, a in enumerate(new)})
-                buf.table["abar", k + 1] = values
-            else:
-                buf.table["a", k + 1] = values
+            values.update({("new", j): a for j, a in enumerate(new)})
+            buf.table[out] = values
             temp = kernel.temp_bytes
             need = buf.nbytes() + temp
-            if isinstance(op, F_n):
-                buf.drop(src)
-        else:  # pragma: no cover - simulate_blocks rejects foreign ops
-            raise TypeError(f"not a chain op: {op!r}")
-        meter.record(time.perf_counter() - start, temp, need, buf.nbytes())
+        states.add(out)
+        for name in frees:
+            states.free(name)
+            buf.drop(name)
+        meter.record(time.perf_counter() - start, temp, need, buf.nbytes(), host=buf.host_bytes())
     call = (params, rest, args)
     return step_result(model, call, gv, grads, results, loss, meter, buf, schedule.ops)
+
+
+class _Memories:
+    """The device's default memory and its ``pinned_host`` memory (the arrays' device:
+    the first global value's, or JAX's default device), and the copies between them."""
+
+    def __init__(self, gv: dict) -> None:
+        arrays = [a for a in gv.values() if isinstance(a, jax.Array)]
+        device = next(iter(arrays[0].devices())) if arrays else jax.devices()[0]
+        self.device = jax.sharding.SingleDeviceSharding(device)
+        self.host = jax.sharding.SingleDeviceSharding(device, memory_kind=HOST)
+
+    def copy(self, buf: Buffers, change: CopyEffect) -> None:
+        """Carry out one copy effect on ``buf`` (host copies in buffer ``("host", b)``)."""
+        name, on_host = change.buffer, ("host", change.buffer)
+        if change.starts == "offload":  # the device arrays stay until the Wait
+            buf.table[on_host] = {
+                k: jax.device_put(a, self.host) for k, a in buf.table[name].items()
+            }
+        elif change.starts == "prefetch":  # the device arrays count from now on
+            buf.table[name] = {
+                k: jax.device_put(a, self.device) for k, a in buf.table[on_host].items()
+            }
+        elif change.device_drop:  # an offload waited for (or an eviction)
+            jax.block_until_ready(list(buf.table.get(on_host, {}).values()))
+            buf.drop(name)
+        elif change.waits_for == "prefetch":
+            jax.block_until_ready(list(buf.table[name].values()))
+            if change.host_drop:
+                buf.drop(on_host)
 
 
 def step_result(

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+from jax.ad_checkpoint import checkpoint_name
 
 from jax_exec.execute.loops import (
     ScanRun,
@@ -42,7 +43,15 @@ from jax_exec.execute.loops import (
     scan_runs,
     stack_key,
 )
-from jax_exec.execute.tree import Empty, LossNode, Record, Segment, parse_tree
+from jax_exec.execute.tree import (
+    Empty,
+    LossNode,
+    Record,
+    Segment,
+    node_ops,
+    parse_tree,
+    split_copies,
+)
 from jax_exec.program.kernels import BlockFunctions
 from jax_exec.program.model import BlockModel, global_values
 from jax_exec.program.trace import Lit
@@ -50,11 +59,20 @@ from schedir import Loss, Schedule
 from schedir.blocks.problem import schedule_options, simulate_blocks
 
 
-def recorded(fns: BlockFunctions) -> Callable:
+def _to(space: Any, tree: Any) -> Any:
+    return jax.tree_util.tree_map(lambda v: jax.device_put(v, space), tree)
+
+
+def recorded(fns: BlockFunctions, offload_in: bool = False, offload_out: bool = False) -> Callable:
     """``f(p, g, x) -> (outs, results)`` of a block whose autodiff keeps exactly its
-    inputs, outputs and the option's new residuals (module docstring)."""
+    inputs, outputs and the option's new residuals (module docstring). With
+    ``offload_in`` the inputs it keeps, with ``offload_out`` its outputs and new
+    residuals (the next node's input buffer), are put in host memory in its forward
+    rule and brought back in its backward rule (a ``custom_vjp``'s residuals are out of
+    a checkpoint policy's reach)."""
     lay = fns.layout
     needs_results = any(kind == "result" for kind, _ in fns.recipe.sources)
+    host, device = jax.memory.Space.Host, jax.memory.Space.Device
 
     @jax.custom_vjp
     def f(p: tuple, g: tuple, x: tuple) -> tuple:
@@ -63,10 +81,16 @@ def recorded(fns: BlockFunctions) -> Callable:
     def f_fwd(p: tuple, g: tuple, x: tuple):
         outs, results, new = fns.record(p, g, x)
         kept = results if needs_results else ()
-        return (outs, results), (p, g, x, outs, kept, new)
+        saved_x = _to(host, x) if offload_in else x
+        saved = _to(host, (outs, new)) if offload_out else (outs, new)
+        return (outs, results), (p, g, saved_x, *saved[:1], kept, saved[1])
 
     def f_bwd(residuals: tuple, cts: tuple):
         p, g, x, outs, kept, new = residuals
+        if offload_in:
+            x = _to(device, x)
+        if offload_out:
+            outs, new = _to(device, (outs, new))
         d_outs = tuple(d for d, a in zip(cts[0], lay.act_out, strict=True) if a)
         n_act = sum(lay.act_in)
         d_p, d_act = fns.backward(p, g, x, outs, kept, new, d_outs, (None,) * n_act)
@@ -78,6 +102,15 @@ def recorded(fns: BlockFunctions) -> Callable:
     return f
 
 
+def _offload_policy(name: str):
+    return jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[],
+        names_which_can_be_offloaded=[name],
+        offload_src="device",
+        offload_dst="pinned_host",
+    )
+
+
 def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Callable:
     """``fn(params, rest, args) -> (loss, (aux, new_rest))``, differentiable, following
     ``schedule`` (module docstring). ``jax.value_and_grad(fn, has_aux=True)`` gives the
@@ -86,12 +119,16 @@ def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Calla
     simulate_blocks(model.problem, schedule)
     options = schedule_options(model.problem, schedule)
     L = model.length
-    tree = parse_tree(schedule, L)
+    chain_ops, offloaded = split_copies(schedule.ops)
+    tree = parse_tree(chain_ops, L)
     cuts = model.blocks.cuts
-    blocks = {k: recorded(model.functions(k, options[k])) for k in range(L)}
     loss_block = recorded(model.functions(L, 0))
+    loops = loops and not offloaded  # a scan run's residuals stay on the device
     runs = scan_runs(model, schedule) if loops else {}
     run_fns = {k: looped(model, r, options) for k, r in runs.items()}
+
+    def block(k: int, offload_in: bool, offload_out: bool) -> Callable:
+        return recorded(model.functions(k, options[k]), offload_in, offload_out)
 
     def args_of(k: int, gv: dict, state: dict) -> tuple:
         lay = model.layouts[k]
@@ -116,8 +153,9 @@ def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Calla
                 results.update(zip(lay.results, (y[i] for y in per_block), strict=True))
         return dict(zip(cuts[r.blocks.stop], cn, strict=True))
 
-    def run(node: Any, gv: dict, stacks: dict, state: dict, results: dict) -> Any:
-        """Runs ``node`` from the cut values ``state``; returns the state after its
+    def run(node: Any, gv: dict, stacks: dict, state: dict, results: dict, pos: int) -> Any:
+        """Runs ``node`` (at chain op ``pos``: an offloaded input where ``pos`` is in
+        ``offloaded``) from the cut values ``state``; returns the state after its
         stages (or the loss), adding the blocks' results to ``results``."""
         if isinstance(node, Empty):
             return state
@@ -136,28 +174,35 @@ def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Calla
                 )
             nxt = run_loop(r, gv, stacks, state, results)
             for _ in r.blocks:
-                node = node.rest
-            return run(node, gv, stacks, nxt, results)
+                node, pos = node.rest, pos + 1
+            return run(node, gv, stacks, nxt, results, pos)
         if isinstance(node, Record):
             k = node.index
             lay = model.layouts[k]
-            outs, res = blocks[k](*args_of(k, gv, state))
+            out_off = pos + 1 in offloaded and isinstance(node.rest, Record | Segment)
+            outs, res = block(k, pos in offloaded, out_off)(*args_of(k, gv, state))
             results.update(zip(lay.results, res, strict=True))
             nxt = {v: state[v] for v in cuts[k + 1] if v in state}
             nxt.update(zip(lay.outs, outs, strict=True))
-            return run(node.rest, gv, stacks, nxt, results)
+            return run(node.rest, gv, stacks, nxt, results, pos + 1)
         if isinstance(node, Segment):
+            after_pos = pos + (node.stop - node.start)
+            inside_pos = after_pos + node_ops(node.after)
+            name = f"jax_exec:in{pos}" if pos in offloaded else None
 
             def region(gv: dict, stacks: dict, state: dict) -> tuple[dict, dict]:
+                if name is not None:  # the input is saved in pinned_host memory, nothing else
+                    state = {v: checkpoint_name(a, name) for v, a in state.items()}
                 inner: dict = {}
-                out = run(node.inside, gv, stacks, state, inner)
+                out = run(node.inside, gv, stacks, state, inner, inside_pos)
                 return out, inner
 
             region_state = {v: state[v] for v in cuts[node.start]}
-            checkpointed = jax.checkpoint(region, prevent_cse=True)
+            policy = None if name is None else _offload_policy(name)
+            checkpointed = jax.checkpoint(region, policy=policy, prevent_cse=True)
             after_state, res = checkpointed(gv, stacks, region_state)
             results.update(res)
-            return run(node.after, gv, stacks, after_state, results)
+            return run(node.after, gv, stacks, after_state, results, after_pos)
         raise TypeError(f"not a schedule tree node: {node!r}")  # pragma: no cover
 
     program = model.program
@@ -166,7 +211,7 @@ def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Calla
     def fn(params: Any, rest: Any, args: tuple) -> tuple:
         gv = global_values(model, params, rest, args)
         results: dict = {}
-        loss = run(tree, gv, run_stacks(runs, gv), {}, results)
+        loss = run(tree, gv, run_stacks(runs, gv), {}, results, 0)
         results[program.loss] = loss  # aux may hold the loss itself (metrics)
 
         def value(ref: Any) -> Any:

@@ -166,6 +166,7 @@ class OpMeter:
             "peak_bytes": max([self.initial_bytes, *self.peak]),
             "initial_bytes": self.initial_bytes,
             "resident_bytes": tuple(self.resident),
+            "host_bytes": tuple(self.host),
             "op_peak_bytes": tuple(self.peak),
             "op_temp_bytes": tuple(self.temp),
             "op_times": tuple(self.times),
@@ -176,7 +177,6 @@ class OpMeter:
         """The :class:`RunResult` of the recorded ops plus ``fields`` (loss, grads, ...)."""
         return RunResult(
             **self.figures(),
-            host_bytes=tuple(self.host),
             op_kernels=tuple(self.kernels),
             **fields,
         )

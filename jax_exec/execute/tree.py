@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from schedir import B, Chain, F_all, F_ck, F_n, InvalidSchedule, Loss, Schedule, simulate_chain
+from schedir.offload.ops import Offload, Prefetch, Wait, is_compute
 from schedir.schedule import as_ops
 
 
@@ -141,3 +142,34 @@ def parse_tree(schedule: Schedule | Iterable, length: int) -> Node:
     if pos != len(ops):
         raise fail("ops remain after the backward of stage 0")
     return tree
+
+
+def node_ops(node: Node) -> int:
+    """Number of chain ops of a subtree (where each node starts in the op sequence)."""
+    if isinstance(node, Empty):
+        return 0
+    if isinstance(node, LossNode):
+        return 1
+    if isinstance(node, Record):
+        return 2 + node_ops(node.rest)
+    return (node.stop - node.start) + node_ops(node.after) + node_ops(node.inside)
+
+
+def split_copies(ops: Iterable) -> tuple[tuple, frozenset[int]]:
+    """``(chain ops, offloaded)``: the compute ops of a schedule with copy ops, and the
+    positions among them of the ops right after an ``Offload``: the tree nodes whose
+    input buffer lives in host memory between its forward and its backward (what the
+    offload solvers emit: ``Offload(in)`` right before a sub-chain's first forward, its
+    ``Prefetch`` before the sub-chain's last backward; docs/offload.md)."""
+    chain_ops, offloaded, pending = [], set(), False
+    for op in ops:
+        if isinstance(op, Offload):
+            pending = True
+        elif is_compute(op):
+            if pending:
+                offloaded.add(len(chain_ops))
+            chain_ops.append(op)
+            pending = False
+        elif not isinstance(op, Prefetch | Wait):
+            raise InvalidSchedule(f"{op!r}: the compiled path lowers activation offload only")
+    return tuple(chain_ops), frozenset(offloaded)

@@ -265,6 +265,17 @@ class BlockModel:
                 used.append(("forward", op.index, 0))
         return list(dict.fromkeys(used))
 
+    def every_kernel(self, options: tuple[int, ...] | None = None) -> list[tuple[str, int, int]]:
+        """``(kind, block, option)`` of every kernel a schedule of these options (one per
+        block; None: of every option) may run (identical blocks share them)."""
+        kernels = [("loss", self.length, 0)]
+        for k in range(self.length):
+            kernels.append(("forward", k, 0))
+            chosen = range(len(self.options[k])) if options is None else (options[k],)
+            for o in chosen:
+                kernels += [("record", k, o), ("backward", k, o)]
+        return kernels
+
     def compile_used(self, schedule: Any) -> int:
         """Compile the kernels ``schedule`` runs for their temporary bytes; the number
         compiled now (:meth:`compile`)."""

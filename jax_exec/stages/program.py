@@ -30,11 +30,11 @@ from jax_exec.execute.lowering import lower
 from jax_exec.execute.result import RunResult
 from jax_exec.program.analysis import CostModel
 from jax_exec.program.kernels import SaveOption
-from jax_exec.program.model import BlockModel, program_model
+from jax_exec.program.model import BlockModel, build_problem, program_model
 from jax_exec.program.trace import trace_pure
 from jax_exec.stages.split import StageList, activation_specs, check_loss, split_layers
-from schedir import GraphSchedule, Schedule
-from schedir.schedule import as_ops
+from schedir import GraphSchedule, OffloadSchedule, Schedule
+from schedir.offload.ops import is_compute
 
 BOUNDARY = "jax_exec:stage"  # the checkpoint_name of every layer's output
 PLAIN = SaveOption("everything", label="everything_saveable")  # the chain model's abar
@@ -61,7 +61,9 @@ class StageStep:
         """``schedule`` (or a sequence of ops) with its one option per block."""
         meta = dict(getattr(schedule, "meta", {}))
         meta["block_options"] = [0] * self.length
-        return Schedule(as_ops(schedule), meta)
+        ops = schedule.ops if isinstance(schedule, Schedule) else OffloadSchedule(schedule).ops
+        copies = not all(is_compute(op) for op in ops)
+        return (OffloadSchedule if copies else Schedule)(ops, meta)
 
     def run(self, schedule: Any, x: Any, y: Any) -> RunResult:
         """One step op by op (:func:`jax_exec.execute.run_schedule`); ``grads``: one
@@ -124,4 +126,6 @@ def stage_step(
     x = jax.numpy.asarray(x)
     traced = trace_pure(pure, split.params(), split.state(), (x, y))
     model = program_model(traced, cost_model=cost_model, cuts=_boundaries, options=_plain)
+    model.compile(model.every_kernel())  # one option per block: every figure exact
+    model.problem = build_problem(model)
     return StageStep(model, split)

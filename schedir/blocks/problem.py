@@ -38,6 +38,7 @@ its own size and no backward releases anything.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from collections.abc import Sequence
@@ -47,6 +48,8 @@ from schedir.chain.ops import B, F_all, Loss, buffer_moves, check_complete_step
 from schedir.chain.problem import Chain
 from schedir.chain.schedule import Schedule, as_ops
 from schedir.errors import InvalidProblem, InvalidSchedule
+from schedir.offload.effects import CopyStates
+from schedir.offload.ops import Evict, Offload, Prefetch, Wait
 from schedir.trace import Trace, TraceRecorder
 
 FORMAT = "schedir.block_chain"
@@ -355,6 +358,12 @@ def schedule_options(problem: BlockChain, schedule_or_ops) -> tuple[int, ...]:
 def simulate_blocks(problem: BlockChain, schedule_or_ops, *, record_buffers: bool = False) -> Trace:
     """Run a schedule on a :class:`BlockChain` (module docstring); a chain ``Trace``.
 
+    The schedule may hold copy ops (an ``OffloadSchedule``: ``Offload``, ``Prefetch``,
+    ``Wait`` on ``a``, ``abar`` and ``d`` buffers), with the rules of
+    :mod:`schedir.offload.effects` in program order: a buffer counts on the device
+    from its ``Prefetch`` until its ``Wait`` after an ``Offload``, and its host copy in
+    ``host_resident`` (copies take no time on the compute stream here).
+
     Raises :class:`InvalidSchedule` naming the op, as the chain simulator does, and
     when ``meta["block_options"]`` is missing or malformed.
     """
@@ -379,24 +388,44 @@ def simulate_blocks(problem: BlockChain, schedule_or_ops, *, record_buffers: boo
         return problem.stages[stage].options[opts[stage]].saved
 
     resident: dict[tuple[str, int], frozenset] = {("a", 0): members(("a", 0))}
+    host: dict[tuple[str, int], frozenset] = {}
+    states = CopyStates({("a", 0): "dev"})
     done = [False] * (L + 1)
 
-    def total() -> int:
-        live = set().union(*resident.values()) if resident else set()
+    def total(held: dict) -> int:
+        live = set().union(*held.values()) if held else set()
         return sum(nbytes(i) for i in live)
 
     def fail(i: int, op, why: str) -> InvalidSchedule:
         return InvalidSchedule(f"op {i}: {op}: {why}")
 
-    def add(i: int, op, buf: tuple[str, int]) -> None:
-        if buf in resident:
-            raise fail(i, op, f"{buf[0]}[{buf[1]}] is already resident")
-        resident[buf] = members(buf)
-
-    recorder = TraceRecorder(total(), record_buffers)
+    recorder = TraceRecorder(total(resident), record_buffers)
+    host_after: list[int] = []
     for i, op in enumerate(ops):
+        if isinstance(op, Offload | Prefetch | Wait | Evict):
+            buf = op.key
+            if buf[0] not in ("a", "abar", "d") or not 0 <= buf[1] <= L:
+                raise fail(i, op, f"{op.buffer} is not a buffer of this block chain")
+            try:
+                change = states.effect(op)
+            except InvalidSchedule as err:
+                raise fail(i, op, str(err)) from None
+            if change.host_add:
+                host[buf] = resident[buf]
+            if change.device_drop:
+                del resident[buf]
+            if change.device_add:
+                resident[buf] = host[buf]
+            if change.host_drop:
+                del host[buf]
+            now = total(resident)
+            recorder.record(now, now, 0.0, lambda: (f"{b[0]}[{b[1]}]" for b in resident))
+            host_after.append(total(host))
+            continue
         try:  # the chain's op table; the costs are the block options'
-            _, adds, frees = buffer_moves(op, L, resident)
+            reads, adds, frees = buffer_moves(op, L, resident)
+            for change in states.reads(reads):
+                del host[change.buffer]
         except InvalidSchedule as err:
             raise fail(i, op, str(err)) from None
         k = L if isinstance(op, Loss) else op.index
@@ -404,22 +433,32 @@ def simulate_blocks(problem: BlockChain, schedule_or_ops, *, record_buffers: boo
             what = "the loss" if k == L else f"B({k})"
             raise fail(i, op, f"{what} already ran (every backward runs exactly once)")
         for buf in adds:
-            add(i, op, buf)
+            try:
+                states.add(buf)
+            except InvalidSchedule as err:
+                raise fail(i, op, str(err)) from None
+            resident[buf] = members(buf)
         if isinstance(op, Loss):
-            need, dt = total() + problem.loss_tmp, problem.loss_time
+            need, dt = total(resident) + problem.loss_tmp, problem.loss_time
         else:
             stage = problem.stages[k]
             option = stage.options[opts[k]]
             if isinstance(op, B):
-                need = total() + option.bwd_tmp - option.bwd_release
+                need = total(resident) + option.bwd_tmp - option.bwd_release
                 dt = option.bwd_time
             elif isinstance(op, F_all):
-                need, dt = total() + option.rec_tmp, option.rec_time
+                need, dt = total(resident) + option.rec_tmp, option.rec_time
             else:
-                need, dt = total() + stage.fwd_tmp, stage.fwd_time
+                need, dt = total(resident) + stage.fwd_tmp, stage.fwd_time
         for buf in frees:
+            try:
+                states.free(buf)
+            except InvalidSchedule as err:
+                raise fail(i, op, str(err)) from None
             del resident[buf]
         done[k] = done[k] or isinstance(op, Loss | B)
-        recorder.record(need, total(), dt, lambda: (f"{b[0]}[{b[1]}]" for b in resident))
+        recorder.record(need, total(resident), dt, lambda: (f"{b[0]}[{b[1]}]" for b in resident))
+        host_after.append(total(host))
     check_complete_step(done, len(ops))
-    return recorder.trace(ops)
+    trace = recorder.trace(ops)
+    return dataclasses.replace(trace, host_resident=tuple(host_after))

@@ -407,7 +407,6 @@ def zoo_unet():
 def test_least_budget_by_lower_bounds_is_exact(seed):
     from random_models import random_case
 
-    from jax_exec.auto.api import _every_option_kernel
     from jax_exec.program.model import build_problem
     from solvers.blocks.rotor import least_memory
 
@@ -415,7 +414,7 @@ def test_least_budget_by_lower_bounds_is_exact(seed):
     top = jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget="100%")
     least = top.least_budget()
     bm = top.base
-    bm.compile(_every_option_kernel(bm))
+    bm.compile(bm.every_kernel())
     assert least == least_memory(build_problem(bm))[0]
     p = top.replan(least)
     assert p.run(case.factory(), *case.args).peak_bytes == p.schedule.meta["peak_memory"] <= least
