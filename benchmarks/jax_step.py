@@ -51,14 +51,14 @@ def main() -> None:
     kx, ky = jax.random.split(jax.random.key(0))
     x = jax.random.normal(kx, (args.batch, tokens, in_dim))
     y = jax.random.normal(ky, (args.batch, out_dim))
-    chain = jax_exec.profile(layers, mse_loss, x, y, timing="flops")
+    chain = jax_exec.stages.profile(layers, mse_loss, x, y, timing="flops")
     schedule = solvers.solve(chain, 10**15, "store_all")
 
-    stages = jax_exec.as_stages(layers)
+    stages = jax_exec.stages.as_stages(layers)
     params = [s.params for s in stages]
 
     plain = jax.jit(jax.value_and_grad(plain_loss(stages, mse_loss)))
-    compiled = jax.jit(jax_exec.lower(layers, mse_loss, schedule).value_and_grad)
+    compiled = jax.jit(jax_exec.stages.lower(layers, mse_loss, schedule).value_and_grad)
     runs = {
         "plain": lambda: plain(params, x, y),
         "compiled": lambda: compiled(params, x, y),

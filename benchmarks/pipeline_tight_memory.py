@@ -97,7 +97,7 @@ def executed(memories: list[int]) -> None:
     layers = mlp_stack(4, 16, 32, 8, 4)
     x = jax.random.normal(jax.random.key(0), (16, 8))
     y = jax.random.normal(jax.random.key(1), (16, 4))
-    prof = jax_exec.profile(layers, mse_loss, x[:4], y[:4], timing="flops")
+    prof = jax_exec.parallel.profile_stages(layers, mse_loss, x[:4], y[:4], timing="flops")
     known = inspect.signature(PipelineProblem).parameters
     extra = {"target_bytes": int(y[:4].nbytes)} if "target_bytes" in known else {}
     for memory in memories:

@@ -52,7 +52,7 @@ def least_budget(chain: schedir.Chain) -> int:
 
 def plain_value_and_grad(layers, x, y):
     """Reference gradients: plain ``jax.value_and_grad`` of the whole model."""
-    stages = jax_exec.as_stages(layers)
+    stages = jax_exec.stages.as_stages(layers)
     loss = plain_loss(stages, mse_loss)
     return jax.value_and_grad(loss)([s.params for s in stages], x, y)
 
@@ -121,8 +121,8 @@ def main() -> None:
     kx, ky = jax.random.split(jax.random.key(0))
     x = jax.random.normal(kx, (batch, tokens, in_dim))
     y = jax.random.normal(ky, (batch, out_dim))
-    chain = jax_exec.profile(layers, mse_loss, x, y, timing="measure")
-    params = sum(x.nbytes for s in jax_exec.as_stages(layers) for x in jax.tree.leaves(s.params))
+    chain = jax_exec.stages.profile(layers, mse_loss, x, y, timing="measure")
+    params = sum(x.nbytes for s in jax_exec.stages.as_stages(layers) for x in jax.tree.leaves(s.params))
     print(
         f"model: {chain.length} stages, parameters {params / MiB:.2f} MiB, "
         f"input {x.nbytes / MiB:.2f} MiB, profiled in {time.perf_counter() - start:.1f} s"

@@ -1,6 +1,6 @@
 """Regenerate the chain profiles shipped in ``examples/profiles/`` from Flax models.
 
-Two model families, profiled on CPU with ``jax_exec.profile(..., timing="flops")``
+Two model families, profiled on CPU with ``jax_exec.stages.profile(..., timing="flops")``
 (times from XLA's FLOP counts at 1e11 FLOP/s, so the files are deterministic):
 
 - ``mlp_mixer_like.json``: 24 residual MLP blocks (width 256, hidden 1024), batch 512;

@@ -54,7 +54,7 @@ def main() -> None:
     y = jax.random.randint(ky, (64, 32), 0, VOCAB)  # next tokens
 
     # 1. Profile, and solve for half of what storing everything would need.
-    chain = jax_exec.profile(layers, xent, x, y, timing="flops")
+    chain = jax_exec.stages.profile(layers, xent, x, y, timing="flops")
     store_all = solvers.solve(chain, 10**15, "store_all").meta["peak_memory"]
     schedule = solvers.solve(chain, store_all // 2, method="rotor")
     print(
@@ -64,7 +64,7 @@ def main() -> None:
     )
 
     # 2. The schedule as a model transformation: a pure loss of (params, x, y).
-    lowered = jax_exec.lower(layers, xent, schedule)
+    lowered = jax_exec.stages.lower(layers, xent, schedule)
     params = lowered.params()  # one nnx.State of nnx.Param per layer, the table once
 
     # The plain model, trained the same way from the same parameters.
@@ -102,7 +102,7 @@ def main() -> None:
     for a, b in zip(jax.tree.leaves(trained), jax.tree.leaves(p_plain), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     print("parameters after 5 steps equal those of the plain training loop")
-    loss, _ = jax_exec.stages_value_and_grad(layers, xent, schedule)(x, y)  # reads the layers
+    loss, _ = jax_exec.stages.value_and_grad(layers, xent, schedule)(x, y)  # reads the layers
     print(f"loss of the updated NNX model: {float(loss):.6f}")
 
 

@@ -1,4 +1,4 @@
-"""The whole device's budget: ``jax_exec.plan(..., scope="device")`` (docs/device_memory.md).
+"""The whole device's budget: ``jax_exec.plan_device`` (docs/device_memory.md).
 
 A device holds the parameters, their gradients, the optimizer state, communication
 buffers and the activations of its share of the batch. :func:`plan_device` chooses,
@@ -61,8 +61,6 @@ from schedir.device_step import (
 from schedir.platform import Platform
 from schedir.training_state import Placement, Tensor
 from solvers.blocks.policies import policy_schedule
-
-SCOPES = ("activations", "device")
 
 
 @dataclass(frozen=True)
@@ -313,34 +311,6 @@ def block_params(model: Any) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(sorted({index(v) for v in lay.params})) for lay in model.layouts)
 
 
-def plan(
-    loss_fn: Callable,
-    model: Any,
-    *args: Any,
-    budget: int | str,
-    scope: str = "activations",
-    optimizer: Any = None,
-    data_parallel: int = 1,
-    platform: Platform | None = None,
-    step_costs: StepCosts | None = None,
-    **options: Any,
-) -> Plan | DevicePlan:
-    """``jax_exec.plan``: with ``scope="activations"`` (default) the budget covers
-    activations (:func:`jax_exec.auto.plan`, docs/auto.md); with ``scope="device"`` the
-    whole device (:func:`plan_device`, docs/device_memory.md)."""
-    if scope not in SCOPES:
-        raise ValueError(f"scope = {scope!r}: expected one of {SCOPES}")
-    if scope == "device":
-        return plan_device(loss_fn, model, *args, budget=budget, optimizer=optimizer,
-                           data_parallel=data_parallel, platform=platform,
-                           step_costs=step_costs, **options)  # fmt: skip
-    given = {"optimizer": optimizer, "platform": platform, "step_costs": step_costs}
-    for name, value in (*given.items(), ("data_parallel", None if data_parallel == 1 else 0)):
-        if value is not None:
-            raise ValueError(f"{name} = ...: the training state is planned with scope='device'")
-    return auto.plan(loss_fn, model, *args, budget=budget, **options)
-
-
 def _least(act: Plan, exact: bool) -> int:
     """The activation planner's least budget (exact: of compiled kernels)."""
     try:
@@ -348,21 +318,6 @@ def _least(act: Plan, exact: bool) -> int:
     except solvers.Infeasible as err:
         return err.min_budget
     return 0
-
-
-def value_and_grad(loss_fn: Callable, *, budget: int | str, scope: str = "activations",
-                   **options: Any) -> Callable:  # fmt: skip
-    """``jax_exec.value_and_grad``: :func:`jax_exec.auto.value_and_grad` (the budget covers
-    activations). A value-and-grad function returns gradients; it owns neither the
-    optimizer state nor the data-parallel mesh that ``scope="device"`` places: that is a
-    training step, :meth:`DevicePlan.zero_step` of ``plan(..., scope="device")``."""
-    if scope != "activations":
-        raise ValueError(
-            f"scope = {scope!r}: value_and_grad budgets activations; for the whole device use "
-            "jax_exec.plan(loss_fn, model, *args, budget=B, scope='device', optimizer=...)"
-            ".zero_step(mesh), a training step"
-        )
-    return auto.value_and_grad(loss_fn, budget=budget, **options)
 
 
 def plan_device(
@@ -412,7 +367,7 @@ def plan_device(
     ):
         raise TypeError(
             f"optimizer = {optimizer!r}: expected an optax GradientTransformation "
-            "(scope='device' counts its state)"
+            "(plan_device counts its state)"
         )
     n = data_parallel
     if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:

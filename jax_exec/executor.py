@@ -1,27 +1,26 @@
-"""One executor protocol and one registry from schedule class to executor.
+"""One entry point that executes a schedule on a hand-built model: :func:`run`.
 
-:func:`run` is the single entry point that executes a schedule on a model; it looks the
-schedule's class up (its most specific registered base) and calls that executor:
+It looks the schedule's class up (its most specific registered base) and calls that
+executor:
 
-=====================  ============================================  =================
-schedule class         executor                                       model
-=====================  ============================================  =================
-``Schedule`` (chain)   :func:`jax_exec.chain.runtime.run_chain`       list of layers
-``OffloadSchedule``    :func:`jax_exec.offload.runtime.run_offload`   list of layers
-``GraphSchedule``      :func:`jax_exec.graph.runtime.run_graph`       dict of nodes
-``PipelineSchedule``   :func:`jax_exec.pipeline.mpmd.run_pipeline`    list of layers
-=====================  ============================================  =================
+=====================  ==============================================  ================
+schedule class         executor                                         model
+=====================  ==============================================  ================
+``Schedule`` (chain)   :func:`jax_exec.stages.run` (the core)           list of layers
+``OffloadSchedule``    :func:`jax_exec.stages.run` (the core)           list of layers
+``GraphSchedule``      :func:`jax_exec.graph.runtime.run_graph`         dict of nodes
+``PipelineSchedule``   :func:`jax_exec.pipeline.mpmd.run_pipeline`      list of layers
+=====================  ==============================================  ================
 
 A plain sequence of ops (or their printed forms) runs as an offload schedule when it
 holds copy ops, else as a chain schedule. Every executor returns a
-:class:`jax_exec.RunResult`.
+:class:`jax_exec.RunResult`. A planned Flax model runs through its plan
+(``jax_exec.plan(...).run``), the same core.
 
 What does not go through :func:`run`, and why: ``run_dynamic`` executes no schedule
 (the placement is decided while it runs, by a policy); the SPMD pipeline is a traced
-function (``spmd_pipeline``) used inside ``jax.jit``, not a schedule interpreter; the
-compiled path (``stages_value_and_grad``, ``lower``) returns a function, not a step.
-:func:`stages_value_and_grad` dispatches by the schedule too: copy ops go to
-:mod:`jax_exec.offload.lowering`.
+function used inside ``jax.jit``, not a schedule interpreter; the compiled path
+(``jax_exec.stages.value_and_grad``, ``Plan.lowered``) returns a function, not a step.
 """
 
 from __future__ import annotations
@@ -29,15 +28,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-import jax
-
-from jax_exec.chain.lowering import Lowered, jitted_step, lower_model
-from jax_exec.chain.runtime import has_copies, run_chain
 from jax_exec.execute.result import RunResult
 from jax_exec.graph.runtime import run_graph
-from jax_exec.offload.lowering import lower_offload
-from jax_exec.offload.runtime import run_offload
 from jax_exec.pipeline.mpmd import run_pipeline
+from jax_exec.stages import api as stages
 from schedir import GraphSchedule, OffloadSchedule, Schedule
 from schedir.pipeline.ops import PipelineSchedule
 
@@ -59,8 +53,8 @@ def _pipeline(layers, loss_fn, schedule, x, y=None, **options) -> RunResult:
 
 
 EXECUTORS: dict[type, Executor] = {
-    Schedule: run_chain,
-    OffloadSchedule: run_offload,
+    Schedule: stages.run,
+    OffloadSchedule: stages.run,
     GraphSchedule: _graph,
     PipelineSchedule: _pipeline,
 }
@@ -89,8 +83,7 @@ def executor_for(schedule: Any) -> tuple[Executor, Any]:
             raise TypeError(
                 f"schedule: expected a schedule or a sequence of ops, got {type(schedule).__name__}"
             )
-        ops = tuple(schedule)
-        return (run_offload if has_copies(ops) else run_chain), ops
+        return stages.run, OffloadSchedule(tuple(schedule))
     for cls in type(schedule).__mro__:
         if cls in EXECUTORS:
             return EXECUTORS[cls], schedule
@@ -116,28 +109,3 @@ def run(
     """
     executor, schedule = executor_for(schedule)
     return executor(model, loss_fn, schedule, *inputs, **options)
-
-
-# The compiled path dispatches by the schedule too: copy ops need host offload.
-
-
-def stages_value_and_grad(
-    layers: Sequence[Any], loss_fn: Callable, schedule: Schedule | Sequence
-) -> Callable[[jax.Array, Any], tuple[jax.Array, list]]:
-    """A jit-able ``f(x, y) -> (loss, grads)`` following ``schedule``.
-
-    ``grads`` holds one parameter pytree per layer (``nnx.State`` of ``nnx.Param`` for
-    NNX layers; a parameter several layers read is in the first of them, its gradient
-    summed over its uses). The layers are split once; their parameters and other state
-    are read at every call (arguments of the jitted step), so the step follows model
-    updates (``nnx.update``, an optimizer); under an outer ``jax.jit`` they are read
-    once, at tracing. A change of the layers' structure (``model.eval()``, a
-    reassigned submodule or Variable) splits and lowers them again. Gradients equal
-    those of ``jax.value_and_grad`` of the plain model. Schedules with copy ops
-    (``rotor_offload``) are lowered with host offload
-    (:mod:`jax_exec.offload.lowering`: ``checkpoint_name`` and
-    ``save_and_offload_only_these_names``).
-    """
-    if has_copies(schedule.ops if hasattr(schedule, "ops") else schedule):
-        return jitted_step(layers, lambda model: lower_offload(model, loss_fn, schedule))
-    return jitted_step(layers, lambda model: Lowered(*lower_model(model, loss_fn, schedule), model))

@@ -97,6 +97,7 @@ def run_schedule(
     loss = None
     states = CopyStates({("a", 0): "dev"})
     memory = _Memories(gv)
+    copies = any(isinstance(op, Offload | Prefetch | Wait | Evict) for op in schedule.ops)
     meter = OpMeter(buf.nbytes())
 
     def inputs(k: int, src: dict) -> tuple:
@@ -113,9 +114,8 @@ def run_schedule(
         start = time.perf_counter()
         if isinstance(op, Offload | Prefetch | Wait | Evict):
             memory.copy(buf, states.effect(op))
-            need = temp = 0
-            meter.record(time.perf_counter() - start, 0, buf.nbytes(), buf.nbytes(),
-                         host=buf.host_bytes())  # fmt: skip
+            live = buf.nbytes()
+            meter.record(time.perf_counter() - start, 0, live, live, host=buf.host_bytes())
             continue
         reads, (out,), frees = buffer_moves(op, L, buf.table)
         for change in states.reads(reads):  # a compute op waits for its prefetched inputs
@@ -193,7 +193,8 @@ def run_schedule(
         for name in frees:
             states.free(name)
             buf.drop(name)
-        meter.record(time.perf_counter() - start, temp, need, buf.nbytes(), host=buf.host_bytes())
+        host = buf.host_bytes() if copies else None  # host figures only with copy ops
+        meter.record(time.perf_counter() - start, temp, need, buf.nbytes(), host=host)
     call = (params, rest, args)
     return step_result(model, call, gv, grads, results, loss, meter, buf, schedule.ops)
 

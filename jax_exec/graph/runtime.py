@@ -30,7 +30,7 @@ from typing import Any
 
 import jax
 
-from jax_exec.buffers import Buffers
+from jax_exec.execute.buffers import Buffers
 from jax_exec.execute.result import OpMeter, RunResult, tree_bytes
 from jax_exec.graph.kernels import (
     DagKernels,
@@ -42,11 +42,10 @@ from jax_exec.graph.kernels import (
 )
 from schedir import Compute, Free, Graph, GraphSchedule, Schedule, simulate_graph
 
-# The one result type (kept importable under its old name). For a graph run ``grads``
+# For a graph run ``grads``
 # is a dict ``module name -> nnx.State``, bytes are counted over graph node buffers, a
 # ``Free`` op's ``op_peak_bytes`` is the live bytes after it (its temporary is 0), and
 # ``op_kernels`` gives per op the kernel it launched (None for a ``Free``).
-GraphRunResult = RunResult
 
 
 def node_roles(graph: Graph, dk: DagKernels) -> dict[int, tuple[str, str]]:
@@ -74,24 +73,31 @@ def execute(
     role = node_roles(graph, dk)
     last = dk.dag[-1].name
 
-    buf = Buffers()
+    buf = Buffers(keep={id(a) for a in arrays.values()})  # the caller's inputs stay
+
+    def put(i: int, values: tuple) -> None:
+        buf.table[i] = dict(enumerate(values))
+
+    def held(i: int) -> tuple:
+        return tuple(buf.table[i].values())
+
     for n, a in arrays.items():
-        buf.put(index[n], (a,), owned=False)
+        put(index[n], (a,))
     grads: dict[str, Any] = {name: None for name in dag}
     loss = None
-    meter = OpMeter(buf.bytes(), kernels=True)
+    meter = OpMeter(buf.nbytes(), kernels=True)
     for op in ops:
         start = time.perf_counter()
         i = op.node
         if isinstance(op, Compute):
             kind, name = role[i]
             if kind == "loss":
-                loss, d = dk.loss.call(buf.table[index[last]][0], y)
+                loss, d = dk.loss.call(held(index[last])[0], y)
                 out: tuple = (d,)
                 temp = dk.loss.temp_bytes
             else:
                 node, k = dag[name], dk.kernels[name]
-                ins = tuple(buf.table[index[j]][0] for j in node.inputs)
+                ins = tuple(held(index[j])[0] for j in node.inputs)
                 args = (node.params, node.rest, ins)
                 if kind == "fwd":
                     out, temp = (k.fwd.call(*args),), k.fwd.temp_bytes
@@ -101,26 +107,25 @@ def execute(
                     users = dk.users[name]
                     if users:
                         cots = tuple(
-                            buf.table[index[backward_name(u)]][dag[u].inputs.index(name)]
-                            for u in users
+                            held(index[backward_name(u)])[dag[u].inputs.index(name)] for u in users
                         )
                     else:
-                        cots = buf.table[index["loss"]]
+                        cots = held(index["loss"])
                     r = index.get(residual_name(name))
-                    new = buf.table[r] if r is not None else ()
-                    grads[name], d_ins = k.bwd.call(*args, buf.table[index[name]][0], new, cots)
+                    new = held(r) if r is not None else ()
+                    grads[name], d_ins = k.bwd.call(*args, held(index[name])[0], new, cots)
                     out, temp = tuple(d_ins), k.bwd.temp_bytes
             jax.block_until_ready(out)
             seconds, launched = time.perf_counter() - start, f"{kind} {name}" if name else kind
-            buf.put(i, out)
-            need = buf.bytes() + temp
+            put(i, tuple(out))
+            need = buf.nbytes() + temp
         elif isinstance(op, Free):
             buf.drop(i)
             seconds, launched, temp = time.perf_counter() - start, None, 0
-            need = buf.bytes()
+            need = buf.nbytes()
         else:  # pragma: no cover - GraphSchedule rejects foreign ops
             raise TypeError(f"not a graph op: {op!r}")
-        meter.record(seconds, temp, need, buf.bytes(), kernel=launched)
+        meter.record(seconds, temp, need, buf.nbytes(), kernel=launched)
     meter.stop()
     buf.clear()  # what the schedule left (gradients of the inputs): the caller has grads
 

@@ -28,13 +28,13 @@ from jax_exec.execute.graph import run_graph_schedule
 from jax_exec.execute.interpreter import run_schedule
 from jax_exec.execute.lowering import lower
 from jax_exec.execute.result import RunResult
+from jax_exec.execute.tree import check_schedule, split_copies
 from jax_exec.program.analysis import CostModel
 from jax_exec.program.kernels import SaveOption
 from jax_exec.program.model import BlockModel, build_problem, program_model
 from jax_exec.program.trace import trace_pure
 from jax_exec.stages.split import StageList, activation_specs, check_loss, split_layers
 from schedir import GraphSchedule, OffloadSchedule, Schedule
-from schedir.offload.ops import is_compute
 
 BOUNDARY = "jax_exec:stage"  # the checkpoint_name of every layer's output
 PLAIN = SaveOption("everything", label="everything_saveable")  # the chain model's abar
@@ -62,7 +62,9 @@ class StageStep:
         meta = dict(getattr(schedule, "meta", {}))
         meta["block_options"] = [0] * self.length
         ops = schedule.ops if isinstance(schedule, Schedule) else OffloadSchedule(schedule).ops
-        copies = not all(is_compute(op) for op in ops)
+        chain_ops, _ = split_copies(ops)
+        check_schedule(chain_ops, self.length)  # made for this many layers, or why not
+        copies = len(chain_ops) != len(ops)
         return (OffloadSchedule if copies else Schedule)(ops, meta)
 
     def run(self, schedule: Any, x: Any, y: Any) -> RunResult:
@@ -91,6 +93,10 @@ def _boundaries(program: Any, analysis: Any) -> list[int]:
     ]
 
 
+def _spec(a: Any) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(jax.numpy.shape(a), jax.numpy.result_type(a))
+
+
 def _plain(model: BlockModel, k: int) -> list[SaveOption]:
     """Every layer's one option: plain autodiff."""
     return [PLAIN]
@@ -103,15 +109,20 @@ def stage_step(
     y: Any,
     *,
     cost_model: CostModel | None = None,
+    exact: bool = True,
+    split: StageList | None = None,
 ) -> StageStep:
     """Trace ``layers`` (:func:`~jax_exec.stages.split.split_layers`) and ``loss_fn(out,
-    y)`` on the batch ``(x, y)`` into a :class:`StageStep` (module docstring).
+    y)`` on the batch ``(x, y)`` (arrays or shapes) into a :class:`StageStep` (module
+    docstring). ``exact``: compile every kernel (one option per block), so that the
+    problem's figures are the op-by-op runtime's (the compiled path needs none);
+    ``split``: the layers already split.
 
     Raises:
         TypeError: a layer that does not map one array to one floating-point array, a
             loss that is not a scalar, a layer that changes its state while running.
     """
-    split = split_layers(layers)
+    split = split or split_layers(layers)
     stages = split.stages
     specs = activation_specs(stages, x)
     check_loss(loss_fn, specs[-1], y)
@@ -123,9 +134,10 @@ def stage_step(
             a = checkpoint_name(stage.apply(p, r, a), BOUNDARY)
         return loss_fn(a, target), None, params, rest
 
-    x = jax.numpy.asarray(x)
+    x, y = jax.tree_util.tree_map(_spec, (x, y))
     traced = trace_pure(pure, split.params(), split.state(), (x, y))
     model = program_model(traced, cost_model=cost_model, cuts=_boundaries, options=_plain)
-    model.compile(model.every_kernel())  # one option per block: every figure exact
-    model.problem = build_problem(model)
+    if exact:
+        model.compile(model.every_kernel())  # one option per block: every figure exact
+        model.problem = build_problem(model)
     return StageStep(model, split)

@@ -30,9 +30,10 @@ def small():
 
 def test_profile_sizes_and_flops_timing(small):
     layers, x, y = small
-    chain = jax_exec.profile(layers, mse_loss, x, y, timing="flops")
+    chain = jax_exec.stages.profile(layers, mse_loss, x, y, timing="flops")
     assert chain.length == 4
-    assert chain.in_size == (8 * 8 * 4, 8 * 16 * 4, 8 * 16 * 4, 8 * 16 * 4, 8 * 4 * 4)
+    # a[0] is empty: the batch is an argument of the step, not an activation
+    assert chain.in_size == (0, 8 * 16 * 4, 8 * 16 * 4, 8 * 16 * 4, 8 * 4 * 4)
     # A linear stage saves only its output (its vjp needs the input and the kernel).
     assert chain.saved_size[0] == chain.in_size[1]
     assert chain.saved_size[3] == chain.in_size[4]
@@ -40,23 +41,23 @@ def test_profile_sizes_and_flops_timing(small):
     assert chain.saved_size[1] > chain.in_size[2]
     assert chain.fwd_time[-1] == 0.0 and chain.saved_size[-1] == 0
     assert all(t > 0 for t in chain.fwd_time[:-1]) and all(t > 0 for t in chain.bwd_time)
-    again = jax_exec.profile(layers, mse_loss, x, y, timing="flops", flops_per_second=1e10)
+    again = jax_exec.stages.profile(layers, mse_loss, x, y, timing="flops", flops_per_second=1e10)
     assert again == chain  # deterministic
     assert schedir.from_dict(chain.to_dict()) == chain  # profiles are plain JSON
 
 
 def test_profile_measured_times(small):
     layers, x, y = small
-    chain = jax_exec.profile(layers, mse_loss, x, y, timing="measure", repeats=3)
+    chain = jax_exec.stages.profile(layers, mse_loss, x, y, timing="measure", repeats=3)
     assert all(t > 0 for t in chain.fwd_time[:-1]) and all(t > 0 for t in chain.bwd_time)
-    flops = jax_exec.profile(layers, mse_loss, x, y, timing="flops")
+    flops = jax_exec.stages.profile(layers, mse_loss, x, y, timing="flops")
     assert chain.in_size == flops.in_size and chain.saved_size == flops.saved_size
 
 
 def test_bad_timing(small):
     layers, x, y = small
     with pytest.raises(ValueError, match="timing"):
-        jax_exec.profile(layers, mse_loss, x, y, timing="guess")
+        jax_exec.stages.profile(layers, mse_loss, x, y, timing="guess")
 
 
 class TupleOut(nnx.Module):
@@ -68,7 +69,7 @@ def test_layer_output_not_an_array(small):
     layers, x, y = small
     bad = [*layers[:2], TupleOut(), *layers[2:]]
     with pytest.raises(TypeError, match=r"layer 2:TupleOut's output is a tuple, not an array"):
-        jax_exec.profile(bad, mse_loss, x, y)
+        jax_exec.stages.profile(bad, mse_loss, x, y)
     ops = solvers.solve(
         schedir.Chain.from_rotor([1.0] * 5, [1.0] * 6, [1] * 6, [1] * 6, [0] * 5, [0] * 6),
         100,
@@ -80,23 +81,23 @@ def test_layer_output_not_an_array(small):
 
 def test_not_a_layer():
     with pytest.raises(TypeError, match="layer 0: got function .*<lambda>: a function of your own"):
-        jax_exec.as_stages([lambda a: a])
+        jax_exec.stages.as_stages([lambda a: a])
     with pytest.raises(TypeError, match="layer 1: got int 3: expected an nnx.Module"):
-        jax_exec.as_stages([jax.nn.relu, 3])
+        jax_exec.stages.as_stages([jax.nn.relu, 3])
 
 
 def test_loss_must_be_scalar(small):
     layers, x, y = small
     with pytest.raises(TypeError, match="scalar"):
-        jax_exec.profile(layers, lambda out, y: out - y, x, y)
+        jax_exec.stages.profile(layers, lambda out, y: out - y, x, y)
 
 
 def test_budget_below_minimum(small):
     layers, x, y = small
     with pytest.raises(solvers.Infeasible, match="minimum feasible budget is") as info:
-        jax_exec.plan_stages(layers, mse_loss, x, y, budget=100, method="rotor", timing="flops")
+        jax_exec.stages.plan(layers, mse_loss, x, y, budget=100, method="rotor", timing="flops")
     assert info.value.min_budget > 100
-    chain, schedule = jax_exec.plan_stages(
+    chain, schedule = jax_exec.stages.plan(
         layers, mse_loss, x, y, budget=info.value.min_budget * 2, timing="flops"
     )
     assert schedir.simulate_chain(chain, schedule).peak_memory <= info.value.min_budget * 2
@@ -111,7 +112,7 @@ def test_schedule_for_another_chain_length(small):
         with pytest.raises(schedir.InvalidSchedule, match=message):
             jax_exec.run(layers, mse_loss, ops, x, y)
         with pytest.raises(schedir.InvalidSchedule, match=message):
-            jax_exec.stages_value_and_grad(layers, mse_loss, ops)
+            jax_exec.stages.value_and_grad(layers, mse_loss, ops)
 
 
 def test_invalid_schedule_names_the_op(small):
@@ -144,7 +145,7 @@ def test_linen_layers():
 
     params = [v["params"] for _, v in layers]
     want_loss, want = jax.value_and_grad(plain)(params, x, y)
-    chain = jax_exec.profile(layers, mse_loss, x, y, timing="flops")
+    chain = jax_exec.stages.profile(layers, mse_loss, x, y, timing="flops")
     full = solvers.solve(chain, 10**12, "store_all").meta["peak_memory"]
     with pytest.raises(solvers.Infeasible) as info:
         solvers.solve(chain, 1, "rotor")
@@ -153,7 +154,7 @@ def test_linen_layers():
     trace = schedir.simulate_chain(chain, schedule)
     result = jax_exec.run(layers, mse_loss, schedule, x, y)
     assert result.resident_bytes == trace.resident
-    loss, grads = jax_exec.stages_value_and_grad(layers, mse_loss, schedule)(x, y)
+    loss, grads = jax_exec.stages.value_and_grad(layers, mse_loss, schedule)(x, y)
     for got_loss, got in ((result.loss, result.grads), (loss, grads)):
         np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, atol=1e-6)
         for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
@@ -174,7 +175,7 @@ def test_linen_state_read_at_call_time_shared_arrays_and_training_refused():
     module = LinenNormed()
     variables = module.init(jax.random.key(2), x)
     ops = [F_all(0), Loss(), B(0)]
-    step = jax_exec.stages_value_and_grad([(module, variables)], mse_loss, ops)
+    step = jax_exec.stages.value_and_grad([(module, variables)], mse_loss, ops)
     step(x, y)
     variables["batch_stats"] = jax.tree.map(lambda v: v + 1.0, variables["batch_stats"])
 
@@ -189,7 +190,7 @@ def test_linen_state_read_at_call_time_shared_arrays_and_training_refused():
         for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
     with pytest.raises(TypeError, match="hold the same parameter array"):
-        jax_exec.profile([(module, variables), (module, variables)], mse_loss, x, y)
+        jax_exec.stages.profile([(module, variables), (module, variables)], mse_loss, x, y)
     training = LinenNormed(train=True)
     with pytest.raises(Exception, match="batch_stats.*immutable"):
         jax_exec.run([(training, variables)], mse_loss, ops, x, y)

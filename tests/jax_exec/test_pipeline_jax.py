@@ -178,7 +178,7 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
     # measured bytes against the ops' model on the profiled sizes (the target counted):
     # equal after every op, for every baseline, split backwards freeing nothing early
     # (no wgrad_bytes) or per stage (the profiled wgrad_bytes); and the simulator
-    prof = jax_exec.profile(layers, mse_loss, x[:4], y[:4], timing="flops")
+    prof = jax_exec.parallel.profile_stages(layers, mse_loss, x[:4], y[:4], timing="flops")
     target = int(y[:4].nbytes)
     pbp = PipelineProblem(prof, [0] * L, plat, 4, True, target_bytes=target)
     wgrad = weight_data_bytes(stages, _activation_avals(stages, x[:4]))

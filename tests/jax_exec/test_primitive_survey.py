@@ -18,7 +18,7 @@ import pytest
 from flax import nnx
 
 from jax_exec import auto
-from jax_exec.auto import analysis
+from jax_exec.program import analysis
 
 # Not the planner's: refused by name (collectives, regions of several devices) or as
 # side effects (dce_sink carries an effect), inlined by the trace (jit), or JAX tokens.

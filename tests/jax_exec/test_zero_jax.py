@@ -6,7 +6,7 @@ jax is imported): a small GPT-style NNX model trained 3 adamw steps
   1e-5), and the bytes each device holds for parameters, gradients and optimizer state
   (device memory; host memory for the offloaded state), measured from the arrays'
   addressable shards, equal schedir.training_state's prediction to the byte;
-- under the device planner (jax_exec.plan(scope="device")) with a budget only ZeRO-3
+- under the device planner (jax_exec.plan_device) with a budget only ZeRO-3
   fits (below what plain data parallelism needs even at its least activation budget):
   the planner picks the fastest strategy that fits, the executed step (parameters
   gathered per block, the activation schedule per device) gives the plain loop's
@@ -230,8 +230,8 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
         return loss_fn(model, {"x": x, "y": y})
 
     xy = [(b["x"], b["y"]) for b in batches]
-    kw = dict(scope="device", optimizer=optimizer, data_parallel=DEVICES, exact=False)
-    wide = jax_exec.plan(loss_xy, new_model(), *xy[0], budget=10**12, **kw)
+    kw = dict(optimizer=optimizer, data_parallel=DEVICES, exact=False)
+    wide = jax_exec.plan_device(loss_xy, new_model(), *xy[0], budget=10**12, **kw)
     zero0 = wide.alternatives[0]
     assert zero0.strategy.name == "ZeRO-0"
     # a budget where ZeRO-3 fits on the device and no lower stage does, even offloaded:
@@ -241,7 +241,7 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
     others = min(a.min_budget for a in wide.alternatives if a.strategy.stage < 3)
     assert three < others <= zero0.min_budget
     budget = (three + others) // 2
-    dp = jax_exec.plan(loss_xy, new_model(), *xy[0], budget=budget, **kw)
+    dp = jax_exec.plan_device(loss_xy, new_model(), *xy[0], budget=budget, **kw)
     fitting = [a.step.step_time for a in dp.alternatives if a.fits]
     chosen, chosen_time = dp.strategy.name, dp.step.step_time
     print(dp.summary(), file=sys.stderr)

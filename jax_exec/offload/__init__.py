@@ -1,1 +1,0 @@
-"""Executing offload schedules: host memory copies, op by op and compiled."""
