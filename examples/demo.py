@@ -122,7 +122,9 @@ def main() -> None:
     x = jax.random.normal(kx, (batch, tokens, in_dim))
     y = jax.random.normal(ky, (batch, out_dim))
     chain = jax_exec.stages.profile(layers, mse_loss, x, y, timing="measure")
-    params = sum(x.nbytes for s in jax_exec.stages.as_stages(layers) for x in jax.tree.leaves(s.params))
+    params = sum(
+        x.nbytes for s in jax_exec.stages.as_stages(layers) for x in jax.tree.leaves(s.params)
+    )
     print(
         f"model: {chain.length} stages, parameters {params / MiB:.2f} MiB, "
         f"input {x.nbytes / MiB:.2f} MiB, profiled in {time.perf_counter() - start:.1f} s"

@@ -312,7 +312,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         batch = args.batch or 512
         layers = mlp_stack(depth, 256, 1024, 64, 10)
         x, y = jax.random.normal(kx, (batch, 64)), jax.random.normal(ky, (batch, 10))
-    chain = jax_exec.stages.profile(layers, mse_loss, x, y, timing=args.timing, flops_per_second=1e11)
+    chain = jax_exec.stages.profile(
+        layers, mse_loss, x, y, timing=args.timing, flops_per_second=1e11
+    )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     schedir.save(chain, args.out)
     print(

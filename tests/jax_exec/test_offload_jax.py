@@ -13,8 +13,8 @@ from jax_reference import plain_value_and_grad
 import jax_exec
 import schedir
 import solvers
-from jax_exec.models import mlp_stack, mse_loss
 from jax_exec import measure_platform
+from jax_exec.models import mlp_stack, mse_loss
 from schedir import Offload, OffloadProblem, Platform, Prefetch
 from solvers.offload.rotor_offload import build_table
 

@@ -11,8 +11,8 @@ import pytest
 
 import jax_exec
 import solvers
-from jax_exec.models import mlp_stack, mse_loss
 from jax_exec.execute.tree import split_copies
+from jax_exec.models import mlp_stack, mse_loss
 from schedir import Offload, OffloadProblem, Platform
 from solvers.offload.rotor_offload import build_table
 
