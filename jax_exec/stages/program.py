@@ -83,7 +83,7 @@ class StageStep:
         return lower(self.model, self.schedule(schedule))
 
 
-def _boundaries(program: Any, analysis: Any) -> list[int]:
+def layer_cuts(program: Any, analysis: Any) -> list[int]:
     """Cut positions: right after each layer's mark."""
     del analysis
     return [
@@ -97,7 +97,7 @@ def _spec(a: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(jax.numpy.shape(a), jax.numpy.result_type(a))
 
 
-def _plain(model: BlockModel, k: int) -> list[SaveOption]:
+def plain_options(model: BlockModel, k: int) -> list[SaveOption]:
     """Every layer's one option: plain autodiff."""
     return [PLAIN]
 
@@ -136,7 +136,7 @@ def stage_step(
 
     x, y = jax.tree_util.tree_map(_spec, (x, y))
     traced = trace_pure(pure, split.params(), split.state(), (x, y))
-    model = program_model(traced, cost_model=cost_model, cuts=_boundaries, options=_plain)
+    model = program_model(traced, cost_model=cost_model, cuts=layer_cuts, options=plain_options)
     if exact:
         model.compile(model.every_kernel())  # one option per block: every figure exact
         model.problem = build_problem(model)
