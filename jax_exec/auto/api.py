@@ -10,7 +10,7 @@ import dataclasses
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jax
@@ -28,6 +28,7 @@ from jax_exec.program.trace import graph_difference, same, split_model
 from schedir import Chain, Graph, GraphSchedule, Schedule, simulate
 from schedir.blocks.graph import block_graph
 from schedir.blocks.problem import BlockChain
+from schedir.blocks.schedule import BlockSchedule
 from schedir.budget import parse_budget
 from solvers.blocks.policies import POLICIES, policy_schedule
 from solvers.blocks.rotor import least_memory, least_memory_ops
@@ -46,7 +47,8 @@ class Plan:
             chain (block, chain and JAX-policy methods), or its graph (graph methods,
             :func:`schedir.blocks.graph.block_graph`).
         schedule: the chosen schedule; ``meta`` holds the predicted ``peak_memory``
-            (bytes) and ``makespan`` (roofline seconds), ``block_options`` (one per block).
+            (bytes) and ``makespan`` (roofline seconds); a ``BlockSchedule`` (its
+            ``options``: one per block).
             A graph method's is a ``GraphSchedule`` (``Compute``/``Free`` ops).
         method: the method asked for.
         budget: bytes.
@@ -74,6 +76,7 @@ class Plan:
     exact: bool = True
     whole_graph: int = WHOLE_GRAPH_VARIABLES
     base: BlockModel | None = field(default=None, repr=False)
+    graph_options: tuple[int, ...] = ()  # a graph method's: the options of its block graph
 
     @property
     def overhead(self) -> float:
@@ -82,7 +85,9 @@ class Plan:
 
     @property
     def options(self) -> tuple[int, ...]:
-        return tuple(self.schedule.meta["block_options"])
+        if isinstance(self.schedule, BlockSchedule):
+            return self.schedule.options
+        return self.graph_options
 
     def replan(
         self, budget: int | str, method: str | None = None, exact: bool | None = None,
@@ -97,13 +102,8 @@ class Plan:
         solver = _solver(method)
         whole = _whole_limit(method, whole_graph)
         base = self.base or self.model
-        schedule, nbytes, reference, rounds, model = _solve(
-            base, budget, solver, options, exact, whole
-        )
-        schedule.meta["compile_rounds"] = rounds
-        return Plan(model, _solved(model, schedule), schedule, method, nbytes,
-                    reference.peak_memory, reference.makespan,
-                    time.perf_counter() - start, exact, whole_graph, base)  # fmt: skip
+        done = _solve(base, budget, solver, options, exact, whole)
+        return _plan(done, method, start, exact, whole_graph, base)
 
     def least_budget(self) -> int:
         """The least budget (bytes) at which the method finds a schedule (exact for the
@@ -147,7 +147,8 @@ class Plan:
             )
         params, rest, args = _on_one_device((params, rest, tuple(args)))
         if isinstance(self.schedule, GraphSchedule):
-            return run_graph_schedule(self.model, self.schedule, params, rest, args)
+            return run_graph_schedule(self.model, self.schedule, self.graph_options, params,
+                                      rest, args)  # fmt: skip
         return run_schedule(self.model, self.schedule, params, rest, args)
 
     def summary(self) -> str:
@@ -161,7 +162,7 @@ class Plan:
             f"(overhead {self.overhead:+.1%}), {p.length} blocks + loss, "
             f"planned in {self.plan_time:.1f} s",
         ]
-        recorded = _record_counts(self.model, self.schedule)
+        recorded = _record_counts(self.model, self.schedule, self.options)
         lines.append(f"{'block':>5}  {'equations':>11}  {'input B':>12}  {'option':<22}"
                      f"{'saved B':>12}  {'forwards':>8}  {'bwd tmp B':>11}")  # fmt: skip
         for k, stage in enumerate(p.stages):
@@ -200,11 +201,11 @@ def _on_one_device(tree: Any) -> Any:
     )
 
 
-def _record_counts(model: BlockModel, schedule: Schedule) -> list[int]:
+def _record_counts(model: BlockModel, schedule: Schedule, options: tuple) -> list[int]:
     """How many times each block's forward runs (graph: computes of F{k} and R{k})."""
     counts = [0] * model.length
     if isinstance(schedule, GraphSchedule):
-        _, where = block_graph(model.problem, schedule.meta["block_options"])
+        _, where = block_graph(model.problem, options)
         for op in schedule.ops:
             role, k = where.role(op.node)
             if type(op).__name__ == "Compute" and role in ("fwd", "res"):
@@ -283,20 +284,44 @@ def plan(
 
         bm = with_lowbit(bm, args, activation_tolerance, activation_storages)
     whole = _whole_limit(method, whole_graph)  # low-bit storage plans by the DP alone
-    schedule, nbytes, reference, rounds, solved = _solve(bm, budget, solver, options, exact, whole)
-    schedule.meta["compile_rounds"] = rounds
+    done = _solve(bm, budget, solver, options, exact, whole)
+    return _plan(done, method, start, exact, whole_graph, bm)
+
+
+@dataclass(frozen=True)
+class Solved:
+    """What a solve found: the ``schedule`` of ``model`` (the solved copy: the whole-graph
+    MILP may add save sets), the ``budget`` in bytes, the store-all ``reference``, the
+    number of solves (``rounds``) and, for a graph method, the options of its block
+    graph (``graph_options``)."""
+
+    schedule: Schedule
+    budget: int
+    reference: StoreAll
+    rounds: int
+    model: BlockModel
+    graph_options: tuple[int, ...] = ()
+
+
+def _plan(done: Solved, method: str, start: float, exact: bool, whole_graph: int,
+          base: BlockModel) -> Plan:  # fmt: skip
+    done.schedule.meta["compile_rounds"] = done.rounds
+    problem = done.model.problem
+    if isinstance(done.schedule, GraphSchedule):
+        problem = block_graph(done.model.problem, done.graph_options)[0]
     return Plan(
-        model=solved,
-        problem=_solved(solved, schedule),
-        schedule=schedule,
+        model=done.model,
+        problem=problem,
+        schedule=done.schedule,
         method=method,
-        budget=nbytes,
-        store_all_peak=reference.peak_memory,
-        store_all_time=reference.makespan,
+        budget=done.budget,
+        store_all_peak=done.reference.peak_memory,
+        store_all_time=done.reference.makespan,
         plan_time=time.perf_counter() - start,
         exact=exact,
         whole_graph=whole_graph,
-        base=bm,
+        base=base,
+        graph_options=done.graph_options,
     )
 
 
@@ -323,7 +348,7 @@ def reference_schedule(bm: BlockModel) -> Schedule:
              if opt.name == ("everything_saveable" if k in in_scan else "xla_fused"))
         for k, stage in enumerate(bm.problem.stages)
     ]  # fmt: skip
-    return Schedule(schedule.ops, {"block_options": options})
+    return BlockSchedule(schedule.ops, {}, tuple(options))
 
 
 def _solver(method: str) -> tuple[str, str]:
@@ -349,17 +374,10 @@ def _whole_limit(method: str, whole_graph: int) -> int:
     return whole_graph if method == "auto" else 0
 
 
-def _solved(bm: BlockModel, schedule: Schedule) -> BlockChain | Graph:
-    """The problem a schedule of ``bm`` is judged on: its graph for graph schedules."""
-    if isinstance(schedule, GraphSchedule):
-        return block_graph(bm.problem, schedule.meta["block_options"])[0]
-    return bm.problem
-
-
 def fixed_options(bm: BlockModel, name: str = "store_all") -> tuple[int, ...]:
     """One option per block: the store-all reference's, or the option called ``name``."""
     if name == "store_all":
-        return tuple(reference_schedule(bm).meta["block_options"])
+        return reference_schedule(bm).options
     found = []
     for k, stage in enumerate(bm.problem.stages):
         names = [o.name for o in stage.options]
@@ -378,12 +396,11 @@ def _solve_fixed(bm: BlockModel, nbytes: int, family: str, name: str, options: d
     if family == "graph":
         graph, _ = block_graph(bm.problem, chosen)
         schedule = solvers.solve(graph, nbytes, method=name, **options)
-        schedule.meta["block_options"] = list(chosen)
         return schedule
     chain_schedule = solvers.solve(bm.problem.to_chain(chosen), nbytes, method=name, **options)
-    meta = {**chain_schedule.meta, "block_options": list(chosen), "solved_on": "to_chain"}
+    meta = {**chain_schedule.meta, "solved_on": "to_chain"}
     meta["chain_peak_memory"] = meta.pop("peak_memory")
-    schedule = Schedule(chain_schedule.ops, meta)
+    schedule = BlockSchedule(chain_schedule.ops, meta, chosen)
     trace = simulate(bm.problem, schedule)
     schedule.meta.update(peak_memory=trace.peak_memory, makespan=trace.makespan)
     return schedule
@@ -457,15 +474,16 @@ def _solve_lazily(
         chosen = fixed_options(bm, options.get("graph_option", "store_all"))
         if exact and bm.compile(bm.every_kernel(chosen)):
             bm.problem = build_problem(bm)
-        return _solve_fixed(bm, nbytes, family, solver, options), nbytes, reference, 1, bm
+        schedule = _solve_fixed(bm, nbytes, family, solver, options)
+        return Solved(schedule, nbytes, reference, 1, bm, chosen if family == "graph" else ())
     if solver == "whole_milp":
-        found = whole_plan(bm, nbytes, list(ref.meta["block_options"]), exact=exact, **options)
+        found = whole_plan(bm, nbytes, list(ref.options), exact=exact, **options)
         rounds = found.schedule.meta["whole_milp"]["rounds"]
-        return found.schedule, nbytes, reference, rounds, found.model
+        return Solved(found.schedule, nbytes, reference, rounds, found.model)
     schedule, rounds = _solve_rounds(bm, nbytes, solver, options, exact, ref)
     faster_exists = schedule.meta["makespan"] > reference.makespan
     if whole and faster_exists and small_enough(bm, whole):
-        model, schedule = fallback(bm, schedule, nbytes, list(ref.meta["block_options"]), exact)
+        model, schedule = fallback(bm, schedule, nbytes, list(ref.options), exact)
         if model is not bm:  # the DP may do better still with the new save sets
             mixed = _solve_rounds(model, nbytes, solver, {}, exact, ref)[0]
             if mixed.meta["makespan"] < schedule.meta["makespan"]:
@@ -475,8 +493,8 @@ def _solve_lazily(
                     "dp_makespan", schedule.meta["makespan"]
                 )
                 schedule = mixed
-        return schedule, nbytes, reference, rounds, model
-    return schedule, nbytes, reference, rounds, bm
+        return Solved(schedule, nbytes, reference, rounds, model)
+    return Solved(schedule, nbytes, reference, rounds, bm)
 
 
 def _solve_rounds(
@@ -486,7 +504,7 @@ def _solve_rounds(
     (:func:`_solve_lazily`): the store-all reference ``ref`` competes when it fits."""
     best = None
     if solver == "block_rotor":  # the DP discretizes sizes: store-all may beat it
-        fits = _priced(bm, Schedule(ref.ops, dict(ref.meta, method=solver, exact=True)))
+        fits = _priced(bm, replace(ref, meta=dict(ref.meta, method=solver, exact=True)))
         if fits.meta["peak_memory"] <= nbytes:  # the fastest schedule fits
             return fits, 1
     rounds, bounded = 0, False
@@ -506,7 +524,7 @@ def _solve_rounds(
         compiled = bm.compile_used(schedule) if exact else 0
         if compiled:
             bm.problem = build_problem(bm)
-            priced = _priced(bm, Schedule(schedule.ops, dict(schedule.meta)))
+            priced = _priced(bm, replace(schedule, meta=dict(schedule.meta)))
             best = _faster(best, priced if priced.meta["peak_memory"] <= nbytes else None)
         else:  # every figure of this answer is exact (or estimates are asked for)
             best = _faster(best, schedule)
@@ -543,7 +561,7 @@ def exact_least(bm: BlockModel, solver: str) -> int:
             for k, stage in enumerate(bound.stages)
         ]
         ops, options = least_memory_ops(bound, least, prefer)
-        if bm.compile_used(Schedule(ops, {"block_options": options})) == 0:
+        if bm.compile_used(BlockSchedule(ops, {}, options)) == 0:
             return least
 
 
@@ -564,8 +582,8 @@ def _compiled_only(bm: BlockModel, nbytes: int, solver: str, options: dict) -> S
                                  **options)  # fmt: skip
     except solvers.Infeasible:
         return None
-    chosen = [keep[k][o] for k, o in enumerate(schedule.meta["block_options"])]
-    return _priced(bm, Schedule(schedule.ops, dict(schedule.meta, block_options=chosen)))
+    chosen = tuple(keep[k][o] for k, o in enumerate(schedule.options))
+    return _priced(bm, BlockSchedule(schedule.ops, dict(schedule.meta), chosen))
 
 
 def _shape_key(tree: Any) -> tuple:

@@ -47,6 +47,7 @@ from jax_exec.execute.lowering import lower
 from jax_exec.program.kernels import BlockFunctions, Recipe, SaveOption, block_functions
 from jax_exec.program.model import BlockModel, build_problem
 from schedir import B, F_all, Loss, Schedule
+from schedir.blocks.schedule import BlockSchedule
 from solvers.blocks.policies import policy_schedule
 
 STORAGES = ("bfloat16", "float8_e4m3fn", "int8")
@@ -213,7 +214,7 @@ class LowBitModel(BlockModel):
 def residual_bytes(model: BlockModel, schedule: Schedule) -> int:
     """Bytes the schedule's block options keep beyond their outputs, summed over blocks
     (each block's recording counted once; exact for traced options)."""
-    options = schedule.meta["block_options"]
+    options = schedule.options
     return sum(model.saved_bytes(k, o)[0] for k, o in enumerate(options))
 
 
@@ -264,7 +265,7 @@ def _store_all(model: LowBitModel, storage: str | None) -> Schedule:
         chosen.append(names.index(want) if want in names else names.index(base))
     L = model.length
     ops = [F_all(k) for k in range(L)] + [Loss()] + [B(k) for k in range(L - 1, -1, -1)]
-    return Schedule(tuple(ops), {"block_options": chosen})
+    return BlockSchedule(tuple(ops), {}, tuple(chosen))
 
 
 def _flat(tree: Any) -> list:
@@ -301,7 +302,7 @@ def gradient_error(model: BlockModel, schedule: Schedule, args: tuple, reference
 def measured_error(model: LowBitModel, schedule: Schedule) -> float:
     """:func:`gradient_error` of ``schedule`` on the model's example batch, once per
     schedule (ops and options)."""
-    options = schedule.meta["block_options"]
+    options = schedule.options
     chosen = tuple(model.option(k, o) for k, o in enumerate(options))
     key = ("lowbit error", tuple(str(op) for op in schedule.ops), chosen)
     return model.cached(key, lambda: gradient_error(model, schedule, model.args, model.reference))
@@ -339,15 +340,15 @@ def with_lowbit(
     return lbm
 
 
-def within_tolerance(model: LowBitModel, solve: Callable[[], tuple]) -> tuple:
+def within_tolerance(model: LowBitModel, solve: Callable[[], Any]) -> Any:
     """``solve()`` until the schedule's measured gradient error is within the model's
     tolerance, withdrawing the least precise storage the schedule uses each time it is
     not (module docstring); the report in ``schedule.meta["lowbit"]``."""
     order = {s: i for i, s in enumerate(STORAGES)}
     while True:
         solved = solve()
-        schedule = solved[0]
-        options = schedule.meta["block_options"]
+        schedule = solved.schedule
+        options = schedule.options
         used = {storage_of(model, k, o) for k, o in enumerate(options)} - {None}
         error = measured_error(model, schedule) if used else 0.0
         if error <= model.tolerance or not used:

@@ -31,11 +31,12 @@ from schedir.blocks.graph import block_graph
 
 
 def run_graph_schedule(
-    model: BlockModel, schedule: Any, params: Any, rest: Any, args: tuple
-) -> RunResult:
-    """Run a graph schedule of ``block_graph(model.problem, schedule.meta
-    ["block_options"])`` op by op (module docstring)."""
-    graph, where = block_graph(model.problem, schedule.meta["block_options"])
+    model: BlockModel, schedule: Any, options: tuple[int, ...], params: Any, rest: Any,
+    args: tuple,
+) -> RunResult:  # fmt: skip
+    """Run a graph schedule of ``block_graph(model.problem, options)`` (one save option
+    per block) op by op (module docstring)."""
+    graph, where = block_graph(model.problem, options)
     simulate_graph(graph, schedule)  # a valid schedule, or InvalidSchedule
     if model.blocks.cuts[0]:  # pragma: no cover - a traced program's first cut is empty
         raise ValueError("a block model whose first cut holds values has no graph runtime")

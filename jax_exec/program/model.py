@@ -251,7 +251,7 @@ class BlockModel:
     def used_kernels(self, schedule: Any) -> list[tuple[str, int, int]]:
         """``(kind, block, option)`` of every kernel the op-by-op runtime runs for
         ``schedule`` (a block-chain schedule of this model)."""
-        options = schedule.meta["block_options"]
+        options = schedule.options
         used = []
         for op in schedule.ops:
             name = type(op).__name__

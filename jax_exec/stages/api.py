@@ -29,6 +29,7 @@ from jax_exec.program.analysis import CostModel
 from jax_exec.stages.program import StageStep, stage_step
 from jax_exec.stages.split import LayerWatch, StageList, split_layers
 from schedir import Chain, OffloadSchedule, Schedule
+from schedir.blocks.schedule import BlockSchedule
 from solvers.blocks.policies import recorded
 
 TIMINGS = ("roofline", "measure", "flops")
@@ -209,9 +210,8 @@ def lower(layers: Sequence[Any], loss_fn: Callable, schedule: Any) -> Lowered:
         raise TypeError("weight copies (w[k], g[k]) are not lowered; use jax_exec.run")
     chain_ops, _ = split_copies(ops)
     parse_tree(chain_ops, L)  # made for this many layers and tree-shaped, or why not
-    meta = dict(getattr(schedule, "meta", {}), block_options=[0] * L)
-    copies = len(chain_ops) != len(ops)
-    return Lowered(split, loss_fn, (OffloadSchedule if copies else Schedule)(ops, meta))
+    meta = dict(getattr(schedule, "meta", {}))
+    return Lowered(split, loss_fn, BlockSchedule(ops, meta, (0,) * L))
 
 
 def value_and_grad(

@@ -35,6 +35,7 @@ from jax_exec.program.model import BlockModel, build_problem, program_model
 from jax_exec.program.trace import trace_pure
 from jax_exec.stages.split import StageList, activation_specs, check_loss, split_layers
 from schedir import GraphSchedule, OffloadSchedule, Schedule
+from schedir.blocks.schedule import BlockSchedule
 
 BOUNDARY = "jax_exec:stage"  # the checkpoint_name of every layer's output
 PLAIN = SaveOption("everything", label="everything_saveable")  # the chain model's abar
@@ -60,20 +61,18 @@ class StageStep:
     def schedule(self, schedule: Schedule | Sequence) -> Schedule:
         """``schedule`` (or a sequence of ops) with its one option per block."""
         meta = dict(getattr(schedule, "meta", {}))
-        meta["block_options"] = [0] * self.length
         ops = schedule.ops if isinstance(schedule, Schedule) else OffloadSchedule(schedule).ops
         chain_ops, _ = split_copies(ops)
         check_schedule(chain_ops, self.length)  # made for this many layers, or why not
-        copies = len(chain_ops) != len(ops)
-        return (OffloadSchedule if copies else Schedule)(ops, meta)
+        return BlockSchedule(ops, meta, (0,) * self.length)
 
     def run(self, schedule: Any, x: Any, y: Any) -> RunResult:
         """One step op by op (:func:`jax_exec.execute.run_schedule`); ``grads``: one
         pytree per layer."""
         params, rest = self.split.params(), self.split.state()
         if isinstance(schedule, GraphSchedule):
-            schedule.meta["block_options"] = [0] * self.length
-            return run_graph_schedule(self.model, schedule, params, rest, (x, y))
+            options = (0,) * self.length
+            return run_graph_schedule(self.model, schedule, options, params, rest, (x, y))
         return run_schedule(self.model, self.schedule(schedule), params, rest, (x, y))
 
     def lowered(self, schedule: Any) -> Callable:

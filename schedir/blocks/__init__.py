@@ -9,15 +9,15 @@ from schedir.blocks.problem import (
     schedule_options,
     simulate_blocks,
 )
-from schedir.chain.schedule import Schedule
+from schedir.blocks.schedule import BlockSchedule
 from schedir.chain.simulate import chain_lanes
 
 KIND = _kind.register(
     _kind.Kind(
         name="blocks",
         problem=BlockChain,
-        schedules=(Schedule,),  # chain ops; meta["options"] picks each block's option
-        formats={"schedir.block_chain": BlockChain},
+        schedules=(BlockSchedule,),  # chain (and copy) ops and each block's option
+        formats={"schedir.block_chain": BlockChain, BlockSchedule.FORMAT: BlockSchedule},
         simulate=simulate_blocks,
         judge=None,
         lanes=chain_lanes,
@@ -25,4 +25,12 @@ KIND = _kind.register(
     )
 )
 
-__all__ = ["KIND", "BlockChain", "BlockOption", "BlockStage", "schedule_options", "simulate_blocks"]
+__all__ = [
+    "KIND",
+    "BlockChain",
+    "BlockSchedule",
+    "BlockOption",
+    "BlockStage",
+    "schedule_options",
+    "simulate_blocks",
+]

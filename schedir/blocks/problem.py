@@ -10,8 +10,8 @@ needed to predict the op-by-op runtime's memory to the byte:
    (``rec_time``, ``rec_tmp``, ``bwd_time``, ``bwd_tmp``). A backward may free some
    of the stage's own buffers before its peak (``bwd_release`` bytes: its saved
    residuals, its outputs and their cotangents, once consumed; a backward run as
-   several kernels does). One option per stage: a schedule names them in
-   ``meta["block_options"]`` (an index per stage).
+   several kernels does). One option per stage: a schedule names them
+   (:class:`~schedir.blocks.schedule.BlockSchedule`'s ``options``, an index per stage).
 2. **Values by identity.** The input a_c of stage c is a set of values (``cuts[c]``,
    ids into ``value_sizes``); a value read several cuts later (a skip connection)
    belongs to every cut in between, and is counted once however many resident
@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 
 from schedir.chain.ops import B, F_all, Loss, buffer_moves, check_complete_step
 from schedir.chain.problem import Chain
-from schedir.chain.schedule import Schedule, as_ops
+from schedir.chain.schedule import as_ops
 from schedir.errors import InvalidProblem, InvalidSchedule
 from schedir.offload.effects import CopyStates
 from schedir.offload.ops import Evict, Offload, Prefetch, Wait
@@ -345,14 +345,17 @@ class BlockChain:
             raise InvalidProblem(f"block chain JSON: {err!r}") from None
 
 
-def schedule_options(problem: BlockChain, schedule_or_ops) -> tuple[int, ...]:
-    """The option indices a schedule uses (``meta["block_options"]``), checked."""
-    meta = schedule_or_ops.meta if isinstance(schedule_or_ops, Schedule) else {}
-    if "block_options" not in meta:
+def schedule_options(problem: BlockChain, schedule: object) -> tuple[int, ...]:
+    """The option indices a schedule uses (a :class:`BlockSchedule`'s ``options``),
+    checked against ``problem``."""
+    from schedir.blocks.schedule import BlockSchedule
+
+    if not isinstance(schedule, BlockSchedule):
         raise InvalidSchedule(
-            "a block-chain schedule names one option per stage in meta['block_options']"
+            f"a block-chain schedule is a BlockSchedule naming one option per stage, got "
+            f"{type(schedule).__name__}"
         )
-    return problem.check_options(meta["block_options"])
+    return problem.check_options(schedule.options)
 
 
 def simulate_blocks(problem: BlockChain, schedule_or_ops, *, record_buffers: bool = False) -> Trace:
@@ -365,7 +368,7 @@ def simulate_blocks(problem: BlockChain, schedule_or_ops, *, record_buffers: boo
     ``host_resident`` (copies take no time on the compute stream here).
 
     Raises :class:`InvalidSchedule` naming the op, as the chain simulator does, and
-    when ``meta["block_options"]`` is missing or malformed.
+    when the schedule is not a :class:`BlockSchedule` of valid options.
     """
     opts = schedule_options(problem, schedule_or_ops)
     ops = as_ops(schedule_or_ops)

@@ -10,22 +10,23 @@ outputs are kept; the block is recomputed in its backward).
 
 from __future__ import annotations
 
-from schedir import B, F_all, Loss, Schedule
+from schedir import B, F_all, Loss
 from schedir.blocks.problem import BlockChain
+from schedir.blocks.schedule import BlockSchedule
 from solvers.registry import Infeasible, fixed_schedule, register
 
 POLICIES = ("everything_saveable", "checkpoint_dots", "nothing_saveable")
 
 
-def recorded(options: list[int]) -> Schedule:
+def recorded(options: list[int]) -> BlockSchedule:
     """Every block recorded once with its option (``options[k]`` for block k), the loss,
     then the backward: what ``jax.checkpoint`` with a policy around each block runs."""
     L = len(options)
     ops = [F_all(k) for k in range(L)] + [Loss()] + [B(k) for k in range(L - 1, -1, -1)]
-    return Schedule(tuple(ops), {"block_options": list(options)})
+    return BlockSchedule(tuple(ops), {}, tuple(options))
 
 
-def policy_schedule(problem: BlockChain, policy: str) -> Schedule:
+def policy_schedule(problem: BlockChain, policy: str) -> BlockSchedule:
     """Every block recorded with the option called ``policy``, then the backward."""
     options = []
     for k, stage in enumerate(problem.stages):
@@ -45,7 +46,7 @@ def _register(policy: str) -> None:
         exact=True,
         description=f"JAX's {policy} policy on every block (a fixed schedule)",
     )
-    def solve(problem: BlockChain, budget: int) -> Schedule:
+    def solve(problem: BlockChain, budget: int) -> BlockSchedule:
         return fixed_schedule(policy, problem, policy_schedule(problem, policy), budget)
 
 

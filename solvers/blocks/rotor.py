@@ -34,8 +34,9 @@ import math
 
 import numpy as np
 
-from schedir import B, F_all, F_ck, F_n, Loss, Schedule
+from schedir import B, F_all, F_ck, F_n, Loss
 from schedir.blocks.problem import BlockChain, simulate_blocks
+from schedir.blocks.schedule import BlockSchedule
 from solvers.registry import Infeasible, register
 
 
@@ -287,7 +288,7 @@ def uniform_options(p: BlockChain, ops: tuple, options: list[int], budget: int) 
     for k, stage in enumerate(p.stages):
         groups.setdefault((stage.options, stage.fwd_time, stage.fwd_tmp), []).append(k)
     options = list(options)
-    trace = simulate_blocks(p, Schedule(ops, {"block_options": options}))
+    trace = simulate_blocks(p, BlockSchedule(ops, {}, options))
     for members in groups.values():
         if len(members) < 2:
             continue
@@ -299,7 +300,7 @@ def uniform_options(p: BlockChain, ops: tuple, options: list[int], budget: int) 
             if options[k] == common:
                 continue
             trial = options[:k] + [common] + options[k + 1 :]
-            new = simulate_blocks(p, Schedule(ops, {"block_options": trial}))
+            new = simulate_blocks(p, BlockSchedule(ops, {}, trial))
             if new.peak_memory <= budget and new.makespan <= trace.makespan:
                 options, trace = trial, new
     return options
@@ -313,19 +314,20 @@ def uniform_options(p: BlockChain, ops: tuple, options: list[int], budget: int) 
 )
 def block_rotor(
     problem: BlockChain, budget: int, *, max_slots: int = 5_000, slots: int = 1_000
-) -> Schedule:
+) -> BlockSchedule:
     """Optimal persistent schedule of ``problem`` under ``budget`` bytes (module doc).
 
-    ``meta["block_options"]`` holds the chosen option of every stage; ``meta["exact"]`` is
+    A :class:`BlockSchedule` whose ``options`` are the chosen option of every stage;
+    ``meta["exact"]`` is
     False when sizes were discretized (``meta["discretization"]``: slot size, slots).
     """
     least, _ = least_memory(problem)
     if budget < least:
         raise Infeasible("block_rotor", budget, least)
     ops, options = store_all(problem)
-    peak = simulate_blocks(problem, Schedule(ops, {"block_options": options})).peak_memory
+    peak = simulate_blocks(problem, BlockSchedule(ops, {}, options)).peak_memory
     if peak <= budget:  # nothing to recompute: the fastest options, all recorded
-        return Schedule(ops, {"block_options": options, "exact": True, "dp": "store_all"})
+        return BlockSchedule(ops, {"exact": True, "dp": "store_all"}, options)
     x0 = _Sizes(problem).x0
     room = min(budget, peak) - x0
     grid = slots
@@ -337,17 +339,15 @@ def block_rotor(
             ops, options = _ops(problem.length, table.choose, M)
             options = uniform_options(problem, ops, options, budget)
             ops_meta: dict = {
-                "block_options": options,
                 "exact": slot == 1,
                 "dp": "table",
                 "dp_value": table.value(M),
             }
             if slot > 1:
                 ops_meta["discretization"] = {"slot_size": slot, "slots": M}
-            return Schedule(ops, ops_meta)
+            return BlockSchedule(ops, ops_meta, options)
         if slot == 1 or grid >= max_slots:
             ops, options = least_memory_ops(problem, budget)
-            meta = {"block_options": options, "exact": False, "fallback": "min_memory"}
-            meta["slots"] = grid
-            return Schedule(ops, meta)
+            meta = {"exact": False, "fallback": "min_memory", "slots": grid}
+            return BlockSchedule(ops, meta, options)
         grid = min(2 * grid, max_slots)

@@ -22,7 +22,7 @@ from jax_exec.execute import lower, run_schedule
 from jax_exec.program.model import build_problem, program_model
 from jax_exec.program.trace import split_model, trace
 from jax_exec.stages.program import BOUNDARY, layer_cuts, plain_options
-from schedir import Schedule
+from schedir.blocks.schedule import BlockSchedule
 
 
 class Stack(nnx.Module):
@@ -68,7 +68,7 @@ def test_a_stage_list_and_a_traced_model_run_alike(case):
     assert any(isinstance(op, schedir.F_ck) for op in schedule.ops)  # it recomputes
     by_stages = step.run(schedule, x, y)
     _, params, rest = split_model(model)
-    on_traced = Schedule(schedule.ops, {"block_options": [0] * traced.length})
+    on_traced = BlockSchedule(schedule.ops, {}, (0,) * traced.length)
     by_model = run_schedule(traced, on_traced, params, rest, (x, y))
     assert by_stages.ops == by_model.ops
     assert by_stages.resident_bytes == by_model.resident_bytes

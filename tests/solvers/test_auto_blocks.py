@@ -20,8 +20,9 @@ import pytest
 
 import schedir
 import solvers
-from schedir import B, F_all, F_ck, F_n, InvalidProblem, InvalidSchedule, Loss, Schedule
+from schedir import B, F_all, F_ck, F_n, InvalidProblem, InvalidSchedule, Loss
 from schedir.blocks.problem import BlockChain, BlockOption, BlockStage, simulate_blocks
+from schedir.blocks.schedule import BlockSchedule
 from solvers.blocks.rotor import least_memory
 
 
@@ -49,7 +50,7 @@ def skip_chain() -> BlockChain:
 def test_skip_value_counts_once():
     p = skip_chain()
     ops = [F_all(0), F_all(1), F_all(2), Loss(), B(2), B(1), B(0)]
-    trace = simulate_blocks(p, Schedule(ops, {"block_options": [0, 0, 0]}))
+    trace = simulate_blocks(p, BlockSchedule(ops, {}, [0, 0, 0]))
     # after F_all(2): abar1 = {0, 3} + 5, abar2 = {1, 3} + 5, abar3 = {2} + 5: 3 counted once
     assert trace.resident[2] == 10 + 8 + 5 + 10 + 5 + 10 + 5
     # Loss adds d[3] (10) and keeps abar[3]; B(2) adds d[2], new cotangents of 1 and 3
@@ -64,12 +65,12 @@ def test_skip_value_counts_once():
 def test_errors_name_the_field():
     p = skip_chain()
     ops = [F_all(0), F_all(1), F_all(2), Loss(), B(2), B(1), B(0)]
-    with pytest.raises(InvalidSchedule, match="meta\\['block_options'\\]"):
+    with pytest.raises(InvalidSchedule, match="a BlockSchedule naming one option per stage"):
         simulate_blocks(p, ops)
     with pytest.raises(InvalidSchedule, match="options\\[0\\] = 2"):
-        simulate_blocks(p, Schedule(ops, {"block_options": [2, 0, 0]}))
+        simulate_blocks(p, BlockSchedule(ops, {}, [2, 0, 0]))
     with pytest.raises(InvalidSchedule, match="op 1: B\\(0\\): needs d\\[1\\]"):
-        simulate_blocks(p, Schedule([F_all(0), B(0)], {"block_options": [0, 0, 0]}))
+        simulate_blocks(p, BlockSchedule([F_all(0), B(0)], {}, [0, 0, 0]))
     with pytest.raises(InvalidProblem, match="value 3 is in cuts \\[1, 3\\]"):
         BlockChain((1, 1, 1, 1), (1, 1, 1, 1), ((), (0, 3), (1,), (2, 3)), p.stages, 1.0, 0)
     with pytest.raises(InvalidProblem, match="stages\\[1\\] \\(s2\\).reads: values \\[1\\]"):
@@ -157,7 +158,7 @@ def brute_force(p: BlockChain) -> list[tuple[int, float]]:
     all_trees = list(trees(0, p.length, p.length))
     for options in choices:
         for ops in all_trees:
-            trace = simulate_blocks(p, Schedule(ops, {"block_options": list(options)}))
+            trace = simulate_blocks(p, BlockSchedule(ops, {}, list(options)))
             out.append((trace.peak_memory, trace.makespan))
     return out
 
@@ -239,7 +240,7 @@ def test_ties_are_broken_towards_one_option_per_kind_of_stage():
     ops = tuple([F_all(k) for k in range(4)] + [Loss()] + [B(k) for k in range(3, -1, -1)])
 
     def run(p, options):
-        return simulate_blocks(p, Schedule(ops, {"block_options": list(options)}))
+        return simulate_blocks(p, BlockSchedule(ops, {}, list(options)))
 
     tie = chain(opt("small", saved=2), opt("large", saved=6))
     roomy = run(tie, [1] * 4).peak_memory
