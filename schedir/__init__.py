@@ -74,7 +74,7 @@ __all__ = [
 # The kinds register themselves (schedir.kind) when their subpackages are imported;
 # the block-chain kind of the automatic planner too.
 import schedir.blocks  # noqa: E402, F401
-from schedir.pipeline.dag import Task, TaskGraph, pipeline_graph, simulate_dynamic  # noqa: E402
+from schedir.dynamic import Task, TaskGraph, pipeline_graph, simulate_dynamic  # noqa: E402
 from schedir.pipeline.model import PeriodReport, evaluate, training_period  # noqa: E402
 from schedir.pipeline.ops import (  # noqa: E402
     Bwd,

@@ -1,6 +1,6 @@
 """Dynamic mode: the tasks of a pipeline placed and started at run time, in JAX.
 
-One worker thread per device carries out what :class:`schedir.pipeline.runtime.RuntimeState`
+One worker thread per device carries out what :class:`schedir.dynamic.RuntimeState`
 decides under the policy (``solvers.pipeline.dynamic``: the same objects, the same
 rules as in the simulator): which task a device starts, what it evicts first (to the
 host with ``jax.device_get``, or dropped and recomputed), what it moves in
@@ -36,14 +36,7 @@ from jax_exec.execute.result import RunResult
 from jax_exec.pipeline.mpmd import interval_kernels, split_microbatches
 from jax_exec.stages.split import as_stages
 from schedir import CopyEngine, Device, Link, Platform
-from schedir.pipeline.dag import (
-    Task,
-    TaskGraph,
-    simulate_dynamic,
-    task_factors,
-)
-from schedir.pipeline.dataflow import HOST
-from schedir.pipeline.runtime import RuntimeState
+from schedir.dynamic import HOST, RuntimeState, Task, TaskGraph, simulate_dynamic, task_factors
 from schedir.pipeline.simulate import Noise
 from solvers.pipeline.dynamic import Dmda, make_policy
 
@@ -112,12 +105,12 @@ class Workers:
         """Admit a task on every idle device, as the simulator does (called locked)."""
         state = self.state
         for u in state.names:
-            if state.busy[u] is None:
+            if state.idle(u):
                 plan = state.next_plan(u)
                 if plan is not None:
                     self.todo[u] = plan
         self._drop_freed()
-        if all(p is None for p in state.busy.values()) and not all(state.done):
+        if state.stalled:
             self.stalled = True  # nothing can start anywhere: check_done says why
         self.lock.notify_all()
 
@@ -139,10 +132,10 @@ class Workers:
 
     def _step(self, u: str) -> bool:
         """Carry out the next plan of device ``u``; False when the run is over."""
-        state = self.state
+        state, lay = self.state, self.state.layout
         with self.lock:
             while self.todo[u] is None:
-                if self.error is not None or self.stalled or all(state.done):
+                if self.error is not None or self.stalled or state.finished_all:
                     return False
                 self.lock.wait()
             plan, self.todo[u] = self.todo[u], None
@@ -161,7 +154,7 @@ class Workers:
         for d, src, value in moves:
             moved = move(value, self.jdev[u])
             with self.lock:
-                if state.kind[d] == "accumulator":
+                if lay.kind[d] == "accumulator":
                     partials.append(moved)
                 else:
                     self.store[d, u] = moved
@@ -170,13 +163,13 @@ class Workers:
         with self.lock:
             state.started(t)
             values = {}
-            for d in state.reads[t]:
-                if state.kind[d] == "accumulator":
+            for d in lay.reads[t]:
+                if lay.kind[d] == "accumulator":
                     values[d] = ([self.store[d, u]] if (d, u) in self.store else []) + partials
                 elif d not in plan.recompute:
                     values[d] = self.store[d, u]
-            for d in state.writes[t]:
-                if state.kind[d] == "accumulator" and (d, u) in self.store:
+            for d in lay.writes[t]:
+                if lay.kind[d] == "accumulator" and (d, u) in self.store:
                     values[d] = [self.store[d, u]]
         outs, seconds, rebuild = self.compute(t, u, values, plan.recompute)
         with self.lock:
@@ -328,7 +321,7 @@ def run_dynamic(
         if g == G - 1:
             results[n] = out
             return {}, end - began, 0.0
-        return {state.writes[t][0]: out}, end - began, 0.0
+        return {state.layout.writes[t][0]: out}, end - began, 0.0
 
     workers = Workers(state, jdev, {}, compute)
     workers.run()

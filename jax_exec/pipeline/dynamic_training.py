@@ -2,7 +2,7 @@
 starts at run time (:func:`run_dynamic_training`; the runtime of
 :mod:`jax_exec.pipeline.dynamic`, docs/dynamic_training.md).
 
-The step is the graph of :func:`schedir.pipeline.dag.training_task_graph`: per group
+The step is the graph of :func:`schedir.dynamic.training_task_graph`: per group
 of stages and micro-batch a forward (``jax.vjp`` of the group's kernel: the residuals
 of its closure, parameters left out, are the stash) and a backward (the closure
 rebuilt from the parameters and the stash, applied to the incoming gradient), per
@@ -40,8 +40,7 @@ from jax_exec.pipeline.dynamic import (
 )
 from jax_exec.pipeline.mpmd import interval_kernels, split_microbatches
 from jax_exec.stages.split import as_stages
-from schedir.pipeline.dag import GroupCosts, simulate_dynamic, training_task_graph
-from schedir.pipeline.runtime import RuntimeState
+from schedir.dynamic import GroupCosts, RuntimeState, simulate_dynamic, training_task_graph
 from schedir.pipeline.simulate import Noise
 from solvers.pipeline.dynamic import Dmda, make_policy
 
@@ -192,7 +191,7 @@ def run_dynamic_training(
         if phase == "B":
             stash, rebuild = ids[f"s{g}[{n}]"], 0.0
             if stash in rebuilt:
-                producer = state.producer[stash]
+                producer = state.layout.producer[stash]
                 (_, vjp), rebuild = forward(g, n, u, values, producer)
             else:
                 vjp = values[stash]

@@ -4,17 +4,6 @@ backwards); steady state and dynamic task graphs (docs/pipelines.md). Drawn with
 lane per device and per link."""
 
 from schedir import kind as _kind
-from schedir.pipeline.dag import (
-    Datum,
-    GroupCosts,
-    Task,
-    TaskGraph,
-    pipeline_graph,
-    simulate_dynamic,
-    training_graph,
-    training_task_graph,
-)
-from schedir.pipeline.dataflow import DynamicTrace
 from schedir.pipeline.master_worker import MasterWorker, SteadyState
 from schedir.pipeline.model import (
     PeriodReport,
@@ -37,7 +26,6 @@ from schedir.pipeline.ops import (
     one_f_one_b_ops,
 )
 from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
-from schedir.pipeline.runtime import RuntimeState
 from schedir.pipeline.simulate import (
     Noise,
     PipelineTrace,
@@ -69,11 +57,8 @@ KIND = _kind.register(
 __all__ = [
     "KIND",
     "Bwd",
-    "Datum",
-    "DynamicTrace",
     "Effect",
     "Fwd",
-    "GroupCosts",
     "Interval",
     "Mapping",
     "MasterWorker",
@@ -83,11 +68,8 @@ __all__ = [
     "PipelineSchedule",
     "PipelineTrace",
     "Recv",
-    "RuntimeState",
     "Send",
     "SteadyState",
-    "Task",
-    "TaskGraph",
     "Wgt",
     "buffer_counts",
     "effect",
@@ -95,11 +77,7 @@ __all__ = [
     "gpipe_ops",
     "inference_pattern",
     "one_f_one_b_ops",
-    "pipeline_graph",
-    "simulate_dynamic",
     "simulate_pipeline",
-    "training_graph",
-    "training_task_graph",
     "training_period",
     "working_set",
 ]

@@ -205,7 +205,7 @@ def _bad_inputs():
     devs = [schedir.Device("a"), schedir.Device("b")]
     plat = schedir.Platform.fully_connected(devs, 10.0)
     huge = schedir.Chain.from_rotor([1e300, 1.0], [1, 1, 1], [4, 4, 4], [0, 4, 4], [0, 0], [0] * 3)
-    from schedir.pipeline.dag import Task, TaskGraph
+    from schedir.dynamic import Task, TaskGraph
 
     return [
         (lambda: schedir.Device("a", 0), "speed = 0"),

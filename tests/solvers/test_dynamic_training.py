@@ -15,7 +15,7 @@ from pipeline_instances import random_problem
 import schedir
 import solvers
 from schedir import CopyEngine, Device, InvalidProblem, Platform
-from schedir.pipeline.dag import (
+from schedir.dynamic import (
     Datum,
     GroupCosts,
     Task,

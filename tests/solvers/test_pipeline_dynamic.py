@@ -10,7 +10,7 @@ from pipeline_instances import random_problem
 
 import schedir
 import solvers
-from schedir.pipeline.dag import Task, TaskGraph, pipeline_graph
+from schedir.dynamic import Task, TaskGraph, pipeline_graph
 from schedir.pipeline.ops import inference_pattern
 from schedir.pipeline.simulate import Noise, simulate_pipeline
 from solvers.pipeline.dynamic import run_policy
