@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 from schedir.dynamic.graph import Datum, Task, TaskGraph
 from schedir.errors import InvalidProblem
-from schedir.pipeline.model import working_set
-from schedir.pipeline.problem import PipelineProblem
+from schedir.pipeline.problem import PipelineProblem, working_set
 
 
 @dataclass(frozen=True)
@@ -129,7 +128,7 @@ def training_graph(
     """:func:`training_task_graph` of a training problem's chain, one group per
     interval [cuts[g], cuts[g+1]) (default: one per stage): forward and backward times
     from the chain (the loss in the last backward), input sizes ``in_size``, stash
-    ``sum(saved_size)``, temporaries :func:`schedir.pipeline.working_set`, parameters
+    ``sum(saved_size)``, temporaries :func:`schedir.pipeline.problem.working_set`, parameters
     ``weights`` (which count their gradients and optimizer state: the accumulators
     and the updates take no extra bytes), updates ``update_time`` seconds per group."""
     c, L = problem.chain, problem.length

@@ -1,17 +1,10 @@
 """The pipeline kind: a chain cut into intervals over several devices, inference
 streams and training schedules (GPipe, 1F1B, interleaved, zero-bubble, V-shape; split
-backwards); steady state and dynamic task graphs (docs/pipelines.md). Drawn with one
-lane per device and per link."""
+backwards), their per-device op lists and the simulator that runs them
+(docs/pipelines.md). Drawn with one lane per device and per link. The steady-state
+models of mappings are :mod:`schedir.steady`; dynamic runs, :mod:`schedir.dynamic`."""
 
 from schedir import kind as _kind
-from schedir.pipeline.master_worker import MasterWorker, SteadyState
-from schedir.pipeline.model import (
-    PeriodReport,
-    buffer_counts,
-    evaluate,
-    training_period,
-    working_set,
-)
 from schedir.pipeline.ops import (
     Bwd,
     Effect,
@@ -22,10 +15,16 @@ from schedir.pipeline.ops import (
     Wgt,
     effect,
     gpipe_ops,
-    inference_pattern,
     one_f_one_b_ops,
 )
-from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
+from schedir.pipeline.problem import (
+    Interval,
+    Mapping,
+    PipelineProblem,
+    capacity,
+    link_time,
+    working_set,
+)
 from schedir.pipeline.simulate import (
     Noise,
     PipelineTrace,
@@ -61,23 +60,18 @@ __all__ = [
     "Fwd",
     "Interval",
     "Mapping",
-    "MasterWorker",
     "Noise",
-    "PeriodReport",
     "PipelineProblem",
     "PipelineSchedule",
     "PipelineTrace",
     "Recv",
     "Send",
-    "SteadyState",
     "Wgt",
-    "buffer_counts",
+    "capacity",
+    "link_time",
     "effect",
-    "evaluate",
     "gpipe_ops",
-    "inference_pattern",
     "one_f_one_b_ops",
     "simulate_pipeline",
-    "training_period",
     "working_set",
 ]

@@ -20,10 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from schedir.errors import InvalidSchedule
-from schedir.pipeline.model import link_time
 from schedir.pipeline.ops import Bwd, Fwd, Wgt, effect
 from schedir.pipeline.placement import Chunk, Order, check_placement
-from schedir.pipeline.problem import PipelineProblem
+from schedir.pipeline.problem import PipelineProblem, link_time
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,7 @@ from typing import ClassVar
 
 from schedir.chain.schedule import Schedule
 from schedir.errors import InvalidSchedule
-from schedir.pipeline.model import evaluate, working_set
-from schedir.pipeline.problem import Mapping, PipelineProblem
+from schedir.pipeline.problem import Mapping, PipelineProblem, working_set
 from schedir.platform import LIMIT
 
 
@@ -463,28 +462,6 @@ def expand(schedule: PipelineSchedule, items: int) -> PipelineSchedule:
         lists.append((dev, tuple(o for o in out if o.mb < items)))
     meta = {k: v for k, v in schedule.meta.items() if k != "periodic"}
     return PipelineSchedule(tuple(lists), {**meta, "items": items})
-
-
-def inference_pattern(problem: PipelineProblem, mapping: Mapping) -> PipelineSchedule:
-    """The periodic round-robin pattern of an inference mapping (K = lcm of |R|)."""
-    mapping.check(problem)
-    ivs = mapping.intervals
-    K = math.lcm(*(len(iv.devices) for iv in ivs))
-    lists: dict[str, list] = {u: [] for iv in ivs for u in iv.devices}
-    for n in range(K):
-        for g, iv in enumerate(ivs):
-            u = iv.devices[n % len(iv.devices)]
-            if g > 0:
-                prev = ivs[g - 1].devices
-                lists[u].append(Recv("a", iv.first, n, prev[n % len(prev)]))
-            lists[u].append(Fwd(iv.first, iv.last, n))
-            if g + 1 < len(ivs):
-                nxt = ivs[g + 1].devices
-                lists[u].append(Send("a", iv.last, n, nxt[n % len(nxt)]))
-    rep = evaluate(problem, mapping)
-    meta = {"mapping": mapping.to_dict(), "periodic": K, "kind": "inference",
-            "period": rep.period, "latency": rep.latency}  # fmt: skip
-    return PipelineSchedule(tuple((u, tuple(v)) for u, v in lists.items()), meta)
 
 
 def _stage_devices(problem: PipelineProblem, mapping: Mapping) -> list[str]:

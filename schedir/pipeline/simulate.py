@@ -36,9 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from schedir.errors import InvalidProblem, InvalidSchedule
-from schedir.pipeline.model import link_time
 from schedir.pipeline.ops import Bwd, Fwd, PipelineSchedule, Send, Wgt, effect, expand
-from schedir.pipeline.problem import PipelineProblem
+from schedir.pipeline.problem import PipelineProblem, link_time
 from schedir.trace import Span
 
 

@@ -37,10 +37,9 @@ from collections.abc import Sequence
 from schedir.errors import InvalidSchedule
 from schedir.pipeline.baselines import one_f_one_b, v_shape, zb_h1, zb_h2
 from schedir.pipeline.listsched import list_schedule
-from schedir.pipeline.model import capacity
 from schedir.pipeline.ops import Bwd, Fwd, PipelineSchedule, Wgt, wgrad_hold
 from schedir.pipeline.placement import balanced_cuts, place, schedule_from_orders
-from schedir.pipeline.problem import PipelineProblem
+from schedir.pipeline.problem import PipelineProblem, capacity
 from schedir.pipeline.steps import step_report
 from solvers.pipeline.one_f_one_b import message_reserve
 from solvers.pipeline.stage_plans import Plan, shared_plans

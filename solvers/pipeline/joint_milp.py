@@ -44,10 +44,9 @@ import time
 import highspy
 import numpy as np
 
-from schedir.pipeline.model import capacity, link_time
 from schedir.pipeline.ops import PipelineSchedule, wgrad_hold
 from schedir.pipeline.placement import place, schedule_from_orders
-from schedir.pipeline.problem import PipelineProblem
+from schedir.pipeline.problem import PipelineProblem, capacity, link_time
 from schedir.pipeline.steps import step_report
 from solvers.pipeline.exhaustive import compositions
 from solvers.pipeline.joint import device_orders

@@ -14,7 +14,7 @@ which has a replicas). With T the period:
 - links: end[k, u, a] >= sum_{I to k} (x[I, u] + z[I, a]) - 1, likewise start; then
   T >= t_uv(x_k) / lcm(a, b) (end[k, u, a] + start[k, v, b] - 1), and u, v may not face
   each other across k when there is no link u -> v;
-- memory (``schedir.pipeline.buffer_counts``): a replica of I = [i, j) with r
+- memory (``schedir.steady.buffer_counts``): a replica of I = [i, j) with r
   replicas after an interval of a replicas and before one of b holds
   1 + a / gcd(a, r) copies of a_i and 1 + b / gcd(r, b) of a_j. With
   w_end[k, a] = sum_{I to k} z[I, a] (1 iff the interval ending at k has a replicas)
@@ -25,13 +25,13 @@ which has a replicas). With T the period:
 
 The memory model also charges upstream intervals whose replicas differ in speed or
 links (their items arrive unevenly); that part is not linear, so it is added lazily:
-when the optimum's mapping does not fit by ``schedir.pipeline.evaluate``, a cut
+when the optimum's mapping does not fit by ``schedir.steady.evaluate``, a cut
 forbids the intervals (with their exact device sets) up to the one after the first
 interval that does not fit, and the MILP is solved again. The linear rows only drop
 non-negative terms, so the loop ends at an optimum of the full model.
 
 The link term charges every pair of replicas (``pairs="all"`` in
-``schedir.pipeline.evaluate``), an order-free bound that equals the exact round-robin
+``schedir.steady.evaluate``), an order-free bound that equals the exact round-robin
 term when gcd(a, b) = 1 or the links are identical; the reported ``period`` is the exact
 one of the returned order (never larger). Minimizing T gives the optimum of this model,
 checked against exhaustive search in the tests. HiGHS (highspy), with no MIP gap.
@@ -47,8 +47,8 @@ import highspy
 import numpy as np
 import scipy.sparse as sp
 
-from schedir.pipeline.model import capacity, evaluate, interval_memory, link_time, mapping_memory
-from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
+from schedir.pipeline.problem import Interval, Mapping, PipelineProblem, capacity, link_time
+from schedir.steady import evaluate, interval_memory, mapping_memory
 from solvers._highs import quiet_highs
 from solvers.pipeline.dp import mapping_schedule, require_inference
 from solvers.registry import Infeasible, register

@@ -16,7 +16,7 @@ adds inputs that arrive before their forward and gradients still being sent afte
 their backward; a candidate whose simulated peaks exceed a device is skipped, so
 the returned schedule always passes the judge.
 
-The period is :func:`schedir.pipeline.training_period` (1F1B's cycle means, with
+The period is :func:`schedir.steady.training_period` (1F1B's cycle means, with
 communication); the solver enumerates the number of stages, the device orders and
 the cut points (exhaustive, cached per interval and budget), so it is exact for this
 model; ``max_candidates`` bounds the enumeration on large instances.
@@ -28,10 +28,10 @@ import itertools
 import math
 from functools import cache
 
-from schedir.pipeline.model import capacity, link_time, training_period
 from schedir.pipeline.ops import PipelineSchedule, one_f_one_b_ops
-from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
+from schedir.pipeline.problem import Interval, Mapping, PipelineProblem, capacity, link_time
 from schedir.pipeline.simulate import simulate_pipeline
+from schedir.steady import training_period
 from solvers.pipeline.exhaustive import compositions
 from solvers.pipeline.stage_plans import Plan, StagePlans, sub_chain  # noqa: F401 (re-exported)
 from solvers.registry import Infeasible, register

@@ -79,14 +79,9 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
     )
     from jax_exec.stages import as_stages
     from schedir.pipeline.baselines import BASELINES
-    from schedir.pipeline.ops import (
-        PipelineSchedule,
-        expand,
-        gpipe_ops,
-        inference_pattern,
-        one_f_one_b_ops,
-    )
+    from schedir.pipeline.ops import PipelineSchedule, expand, gpipe_ops, one_f_one_b_ops
     from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
+    from schedir.steady import inference_pattern
     from solvers.pipeline.stage_plans import sub_chain
 
     assert len(jax.devices()) == 4

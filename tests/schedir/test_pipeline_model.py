@@ -10,25 +10,26 @@ import pytest
 from pipeline_instances import random_problem
 
 import schedir
-from schedir.pipeline.model import (
-    buffer_counts,
-    evaluate,
-    interval_memory,
-    mapping_memory,
-    training_period,
-)
 from schedir.pipeline.ops import (
     Fwd,
     PipelineSchedule,
     Recv,
     Send,
     gpipe_ops,
-    inference_pattern,
     one_f_one_b_ops,
     parse_pipeline_op,
 )
-from schedir.pipeline.problem import Interval, Mapping, MasterWorker
+from schedir.pipeline.problem import Interval, Mapping
 from schedir.pipeline.simulate import Noise, simulate_pipeline
+from schedir.steady import (
+    MasterWorker,
+    buffer_counts,
+    evaluate,
+    inference_pattern,
+    interval_memory,
+    mapping_memory,
+    training_period,
+)
 from solvers.pipeline.exhaustive import all_mappings
 
 

@@ -11,8 +11,8 @@ from pipeline_instances import random_problem
 import schedir
 import solvers
 from schedir.dynamic import Task, TaskGraph, pipeline_graph
-from schedir.pipeline.ops import inference_pattern
 from schedir.pipeline.simulate import Noise, simulate_pipeline
+from schedir.steady import inference_pattern
 from solvers.pipeline.dynamic import run_policy
 from solvers.pipeline.milp import milp_mapping
 

@@ -11,9 +11,8 @@ from pipeline_instances import random_problem
 
 import schedir
 import solvers
-from schedir.pipeline.model import evaluate
-from schedir.pipeline.problem import MasterWorker
 from schedir.pipeline.simulate import simulate_pipeline
+from schedir.steady import MasterWorker, evaluate
 from solvers.pipeline.dp import dp_mapping
 from solvers.pipeline.exhaustive import exhaustive
 from solvers.pipeline.greedy import greedy_mapping
