@@ -53,7 +53,7 @@ import solvers  # noqa: E402
 from paper_experiments.steady_state import coarsen  # noqa: E402
 from schedir import CopyEngine, Device, Platform  # noqa: E402
 from schedir.dynamic import training_graph  # noqa: E402
-from schedir.pipeline.ops import gpipe_ops  # noqa: E402
+from schedir.pipeline.baselines import gpipe_ops  # noqa: E402
 from schedir.pipeline.problem import PipelineProblem  # noqa: E402
 from schedir.pipeline.simulate import Noise, simulate_pipeline  # noqa: E402
 from solvers.pipeline.dynamic import run_policy  # noqa: E402

@@ -8,6 +8,7 @@ no solver special-cases any of that.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import sys
@@ -288,4 +289,4 @@ def solve(
         **schedule.meta,
         **verdict,
     }
-    return type(schedule)(schedule.ops, meta)
+    return dataclasses.replace(schedule, meta=meta)  # the kind's typed fields kept

@@ -5,18 +5,8 @@ backwards), their per-device op lists and the simulator that runs them
 models of mappings are :mod:`schedir.steady`; dynamic runs, :mod:`schedir.dynamic`."""
 
 from schedir import kind as _kind
-from schedir.pipeline.ops import (
-    Bwd,
-    Effect,
-    Fwd,
-    PipelineSchedule,
-    Recv,
-    Send,
-    Wgt,
-    effect,
-    gpipe_ops,
-    one_f_one_b_ops,
-)
+from schedir.pipeline.baselines import gpipe_ops, one_f_one_b_ops
+from schedir.pipeline.ops import Bwd, Effect, Fwd, Recv, Send, Wgt, effect
 from schedir.pipeline.problem import (
     Interval,
     Mapping,
@@ -25,6 +15,7 @@ from schedir.pipeline.problem import (
     link_time,
     working_set,
 )
+from schedir.pipeline.schedule import ChunkPlan, PipelineSchedule, expand
 from schedir.pipeline.simulate import (
     Noise,
     PipelineTrace,
@@ -56,6 +47,7 @@ KIND = _kind.register(
 __all__ = [
     "KIND",
     "Bwd",
+    "ChunkPlan",
     "Effect",
     "Fwd",
     "Interval",
@@ -68,9 +60,10 @@ __all__ = [
     "Send",
     "Wgt",
     "capacity",
-    "link_time",
     "effect",
+    "expand",
     "gpipe_ops",
+    "link_time",
     "one_f_one_b_ops",
     "simulate_pipeline",
     "working_set",

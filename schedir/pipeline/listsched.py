@@ -65,8 +65,8 @@ def list_schedule(
     this wait on device u, a W goes before forwards. A micro-batch's first forward on
     a device reserves the stashes of its later chunks there (so that a V-shape never
     starts a micro-batch it cannot finish). ``footprint[c]``: a per-micro-batch
-    footprint of chunk c (``meta["stash"]``), ``recompute[c]``: extra backward seconds.
-    ``messages``: the caps also cover the messages between devices as the simulator
+    footprint of chunk c (its ``ChunkPlan.footprint``), ``recompute[c]``: extra backward
+    seconds. ``messages``: the caps also cover the messages between devices as the simulator
     counts them inside footprints: a received buffer from its sender's op end until its
     consumer starts, a sent gradient from its backward's end until its transfer ends;
     an op starts only if what it sends fits its receiver (credit-based flow control).

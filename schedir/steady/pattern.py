@@ -1,13 +1,14 @@
 """The periodic pattern of an inference mapping: the schedule that realizes the period
 model (items released at the model's period, round-robin over each interval's
-replicas)."""
+replicas; ``meta`` reports the model's period and latency)."""
 
 from __future__ import annotations
 
 import math
 
-from schedir.pipeline.ops import Fwd, PipelineSchedule, Recv, Send
+from schedir.pipeline.ops import Fwd, Recv, Send
 from schedir.pipeline.problem import Mapping, PipelineProblem
+from schedir.pipeline.schedule import PipelineSchedule
 from schedir.steady.periods import evaluate
 
 
@@ -28,6 +29,6 @@ def inference_pattern(problem: PipelineProblem, mapping: Mapping) -> PipelineSch
                 nxt = ivs[g + 1].devices
                 lists[u].append(Send("a", iv.last, n, nxt[n % len(nxt)]))
     rep = evaluate(problem, mapping)
-    meta = {"mapping": mapping.to_dict(), "periodic": K, "kind": "inference",
-            "period": rep.period, "latency": rep.latency}  # fmt: skip
-    return PipelineSchedule(tuple((u, tuple(v)) for u, v in lists.items()), meta)
+    meta = {"kind": "inference", "period": rep.period, "latency": rep.latency}
+    return PipelineSchedule(tuple((u, tuple(v)) for u, v in lists.items()), meta,
+                            mapping=mapping, periodic=K, release_interval=rep.period)  # fmt: skip

@@ -23,11 +23,11 @@ extended with the link term of round-robin replication and its buffers.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import cache
 
 from schedir import InvalidProblem
-from schedir.pipeline.ops import PipelineSchedule
 from schedir.pipeline.problem import Interval, Mapping, PipelineProblem, capacity
 from schedir.steady import evaluate, inference_pattern, interval_memory
 from solvers.registry import Infeasible, register
@@ -123,7 +123,7 @@ def mapping_schedule(problem: PipelineProblem, mapping: Mapping, method: str, **
     # a period of 0 (no work, free links) has no finite throughput: None, not inf in JSON
     meta = {**s.meta, "method": method, "period": rep.period, "latency": rep.latency,
             "throughput": 1 / rep.period if rep.period > 0 else None, **meta}  # fmt: skip
-    return PipelineSchedule(s.ops, meta)
+    return dataclasses.replace(s, meta=meta)
 
 
 @register(

@@ -30,8 +30,9 @@ from __future__ import annotations
 from collections import defaultdict
 
 from schedir.dynamic import DynamicTrace, TaskGraph, pipeline_graph, simulate_dynamic
-from schedir.pipeline.ops import Fwd, PipelineSchedule, Recv, Send
+from schedir.pipeline.ops import Fwd, Recv, Send
 from schedir.pipeline.problem import PipelineProblem, capacity
+from schedir.pipeline.schedule import PipelineSchedule
 from schedir.pipeline.simulate import Noise, simulate_pipeline
 from schedir.platform import Platform
 from solvers.pipeline.guided import Guided, Static, plan_lists

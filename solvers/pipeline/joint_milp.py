@@ -37,6 +37,7 @@ may be better.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -44,9 +45,10 @@ import time
 import highspy
 import numpy as np
 
-from schedir.pipeline.ops import PipelineSchedule, wgrad_hold
+from schedir.pipeline.ops import wgrad_hold
 from schedir.pipeline.placement import place, schedule_from_orders
 from schedir.pipeline.problem import PipelineProblem, capacity, link_time
+from schedir.pipeline.schedule import PipelineSchedule
 from schedir.pipeline.steps import step_report
 from solvers.pipeline.exhaustive import compositions
 from solvers.pipeline.joint import device_orders
@@ -333,10 +335,9 @@ def pipeline_joint_milp(
         limited = limited or info["time_limited"]
         menus_exact = menus_exact and info["menus_exact"]
         bounds.append(info.get("lower_bound", T))
-        fp = [p.footprint for p in chosen]
+        fp = [int(p.footprint) for p in chosen]
         rec = [p.extra for p in chosen]
-        stash = {f"{a}:{b}": int(f) for (a, b, _), f in zip(chunks, fp, strict=True)}
-        s = schedule_from_orders(pb, chunks, ords, {"pattern": "milp", "stash": stash}, rec)
+        s = schedule_from_orders(pb, chunks, ords, {"pattern": "milp"}, rec, fp)
         rep = step_report(pb, s, steps)
         fits = all(rep.device_peak.get(u, 0) <= (capacity(pb, u, budget) or math.inf)
                    for u in devs)  # fmt: skip
@@ -350,7 +351,6 @@ def pipeline_joint_milp(
     meta = {**s.meta, "method": "pipeline_joint_milp", "model_period": T,
             "step_period": rep.period, "period": rep.period / m,
             "step_throughput": rep.throughput, "bubble": rep.bubble,
-            "plans": plans.describe([tuple(ch) for ch in s.meta["chunks"]], chosen),
             "combinations": solved, "exact": exact, "time_limited": limited,
             "milp": info, "search_time": time.perf_counter() - t0}  # fmt: skip
-    return PipelineSchedule(s.ops, meta)
+    return dataclasses.replace(s.with_plans(plans.chunk_plans(s.plans, chosen)), meta=meta)

@@ -11,7 +11,7 @@ the last stage) must fit in b_p: if store-all fits, it costs its forward + backw
 otherwise the exact chain DP (rotor, :mod:`solvers.rotor`) gives the least time in b_p
 bytes and the difference is recompute time; below rotor's least memory the stage is
 infeasible. This is conservative (every micro-batch reserves its whole peak). The
-schedule gives these peaks to the simulator as footprints (``meta["stash"]``), which
+schedule gives these peaks to the simulator as its chunks' footprints, which
 adds inputs that arrive before their forward and gradients still being sent after
 their backward; a candidate whose simulated peaks exceed a device is skipped, so
 the returned schedule always passes the judge.
@@ -24,12 +24,14 @@ model; ``max_candidates`` bounds the enumeration on large instances.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from functools import cache
 
-from schedir.pipeline.ops import PipelineSchedule, one_f_one_b_ops
+from schedir.pipeline.baselines import one_f_one_b_ops
 from schedir.pipeline.problem import Interval, Mapping, PipelineProblem, capacity, link_time
+from schedir.pipeline.schedule import PipelineSchedule
 from schedir.pipeline.simulate import simulate_pipeline
 from schedir.steady import training_period
 from solvers.pipeline.exhaustive import compositions
@@ -153,13 +155,12 @@ def best_1f1b(
 
 
 def _schedule(problem: PipelineProblem, mapping: Mapping, rec, per_mb) -> PipelineSchedule:
-    """The 1F1B ops; ``meta["stash"]`` gives every stage's per-micro-batch footprint
-    (its store-all or rotor peak), which the simulator holds from the forward's start
-    to the backward's end in place of its own accounting."""
+    """The 1F1B ops; every stage's plan reserves its per-micro-batch footprint (its
+    store-all or rotor peak), which the simulator holds from the forward's start to
+    the backward's end in place of its own accounting."""
     s = one_f_one_b_ops(problem, mapping, rec)
-    stash = {f"{iv.first}:{iv.last}": int(b)
-             for iv, b in zip(mapping.intervals, per_mb, strict=True)}  # fmt: skip
-    return PipelineSchedule(s.ops, {**s.meta, "stash": stash})
+    return s.with_plans(dataclasses.replace(c, footprint=int(b))
+                        for c, b in zip(s.plans, per_mb, strict=True))  # fmt: skip
 
 
 def _fits(problem: PipelineProblem, mapping: Mapping, rec, per_mb, budget) -> bool:
@@ -197,8 +198,6 @@ def pipeline_1f1b(
         base = plans.store_all(iv.first, iv.last)
         rotor = r > 0 or b < base.footprint
         chosen.append(Plan(base.time + r, r, int(b), "rotor") if rotor else base)
-    chunks = [(iv.first, iv.last, iv.devices[0]) for iv in mapping.intervals]
     meta = {**s.meta, "method": "pipeline_1f1b", "period": period, "recompute": rec,
-            "microbatches": problem.microbatches, "exact": exact,
-            "plans": plans.describe(chunks, chosen)}  # fmt: skip
-    return PipelineSchedule(s.ops, meta)
+            "microbatches": problem.microbatches, "exact": exact}  # fmt: skip
+    return dataclasses.replace(s.with_plans(plans.chunk_plans(s.plans, chosen)), meta=meta)

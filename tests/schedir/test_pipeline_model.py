@@ -10,16 +10,10 @@ import pytest
 from pipeline_instances import random_problem
 
 import schedir
-from schedir.pipeline.ops import (
-    Fwd,
-    PipelineSchedule,
-    Recv,
-    Send,
-    gpipe_ops,
-    one_f_one_b_ops,
-    parse_pipeline_op,
-)
+from schedir.pipeline.baselines import gpipe_ops, one_f_one_b_ops
+from schedir.pipeline.ops import Fwd, Recv, Send, parse_pipeline_op
 from schedir.pipeline.problem import Interval, Mapping
+from schedir.pipeline.schedule import PipelineSchedule
 from schedir.pipeline.simulate import Noise, simulate_pipeline
 from schedir.steady import (
     MasterWorker,
@@ -41,7 +35,7 @@ def test_simulated_period_equals_formula_on_every_kind_of_mapping():
         mapping = rng.choice(list(all_mappings(pb)))
         rep = evaluate(pb, mapping)
         pattern = inference_pattern(pb, mapping)
-        K = pattern.meta["periodic"]
+        K = pattern.periodic
         trace = simulate_pipeline(pb, pattern, items=60 * K, release_interval=0.0)
         assert trace.period == pytest.approx(rep.period, rel=1e-9, abs=0)
         checked += 1
@@ -114,7 +108,7 @@ def test_inference_memory_bound_holds_when_items_arrive_at_the_period():
         mapping = rng.choice(list(all_mappings(pb)))
         rep = evaluate(pb, mapping)
         pattern = inference_pattern(pb, mapping)
-        trace = simulate_pipeline(pb, pattern, items=max(40, 20 * pattern.meta["periodic"]))
+        trace = simulate_pipeline(pb, pattern, items=max(40, 20 * pattern.periodic))
         needs = mapping_memory(pb, mapping.intervals)
         for iv, need in zip(mapping.intervals, needs, strict=True):
             for u in iv.devices:
@@ -268,8 +262,8 @@ def test_bad_schedules_are_refused_with_a_one_line_error():
         with pytest.raises(schedir.InvalidSchedule) as err:
             PipelineSchedule.from_dict(d)
         assert "\n" not in str(err.value)
-    ok = PipelineSchedule((("d0", (Fwd(0, 2, 0),)),), {"periodic": "2"})
+    ops = (("d0", (Fwd(0, 2, 0),)),)
     with pytest.raises(schedir.InvalidSchedule, match="periodic = '2'"):
-        simulate_pipeline(pb, ok)
-    with pytest.raises(schedir.InvalidSchedule, match="period = 'x'"):
-        simulate_pipeline(pb, PipelineSchedule(ok.ops, {"kind": "inference", "period": "x"}))
+        simulate_pipeline(pb, PipelineSchedule(ops, periodic="2"))
+    with pytest.raises(schedir.InvalidSchedule, match="release_interval = 'x'"):
+        simulate_pipeline(pb, PipelineSchedule(ops, release_interval="x"))

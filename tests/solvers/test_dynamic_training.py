@@ -24,7 +24,7 @@ from schedir.dynamic import (
     training_graph,
     training_task_graph,
 )
-from schedir.pipeline.ops import gpipe_ops
+from schedir.pipeline.baselines import gpipe_ops
 from schedir.pipeline.simulate import Noise, simulate_pipeline
 from solvers.pipeline.dynamic import POLICIES, make_policy, run_policy
 from solvers.pipeline.training_lp import bound_of_trace, training_lp
