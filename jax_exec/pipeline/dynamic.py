@@ -27,6 +27,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -66,13 +67,23 @@ def move(tree: Any, to: Any) -> Any:
 tree_add = jax.jit(lambda a, b: jax.tree_util.tree_map(jnp.add, a, b))
 
 
+@dataclass(frozen=True)
+class TaskOutput:
+    """What one task made on its device: ``values`` (datum -> new value), its compute
+    ``seconds`` and the ``recompute_seconds`` spent rebuilding dropped inputs first."""
+
+    values: dict
+    seconds: float
+    recompute_seconds: float = 0.0
+
+
 class Workers:
     """Worker threads carrying out a RuntimeState's plans on real arrays.
 
     ``compute(t, u, values, rebuilt)``: runs task ``t`` on device ``u`` with
     ``values`` (datum -> array on u, accumulators: the list of partial sums) and the
-    rebuilt stashes; returns (datum -> new value, compute seconds, recompute seconds).
-    ``sources``: the host values of the graph's sources (datum -> value).
+    rebuilt stashes; returns a :class:`TaskOutput`. ``sources``: the host values of
+    the graph's sources (datum -> value).
     """
 
     def __init__(self, state: RuntimeState, jdev: dict, sources: dict, compute: Callable):
@@ -171,12 +182,12 @@ class Workers:
             for d in lay.writes[t]:
                 if lay.kind[d] == "accumulator" and (d, u) in self.store:
                     values[d] = [self.store[d, u]]
-        outs, seconds, rebuild = self.compute(t, u, values, plan.recompute)
+        out = self.compute(t, u, values, plan.recompute)
         with self.lock:
-            for d, value in outs.items():
+            for d, value in out.values.items():
                 self.store[d, u] = value
             del partials, values
-            state.finished(t, seconds, rebuild)
+            state.finished(t, out.seconds, out.recompute_seconds)
             self._drop_freed()
             self._measure()
             self._dispatch()
@@ -320,8 +331,8 @@ def run_dynamic(
         out, end = _timed(kernels[g], *params[u, g], inp)
         if g == G - 1:
             results[n] = out
-            return {}, end - began, 0.0
-        return {state.layout.writes[t][0]: out}, end - began, 0.0
+            return TaskOutput({}, end - began)
+        return TaskOutput({state.layout.writes[t][0]: out}, end - began)
 
     workers = Workers(state, jdev, {}, compute)
     workers.run()

@@ -279,13 +279,13 @@ def run_pipeline(
         table, target = store[stash_key]
         seed = (target, 1.0 / m) if j == L else store[dev, "d", j, mb]
         if op.part == "input":
-            da, value, data = program(i, j).backward(p, r, table, seed, "input", per_stage)
-            add_loss(value)
-            return {d_out: da, w_key: data}
-        gp, da, value = program(i, j).backward(p, r, table, seed)
-        add_loss(value)
-        add_grads(i, gp)
-        return {d_out: da}
+            got = program(i, j).backward(p, r, table, seed, "input", per_stage)
+            add_loss(got.loss)
+            return {d_out: got.d_in, w_key: got.weight}
+        got = program(i, j).backward(p, r, table, seed)
+        add_loss(got.loss)
+        add_grads(i, got.grads)
+        return {d_out: got.d_in}
 
     def execute(dev: str, op, eff) -> None:
         if isinstance(op, Send):

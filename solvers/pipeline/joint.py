@@ -35,6 +35,7 @@ import itertools
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from schedir.errors import InvalidSchedule
 from schedir.pipeline.baselines import one_f_one_b, v_shape, zb_h1, zb_h2
@@ -43,7 +44,7 @@ from schedir.pipeline.ops import Bwd, Fwd, Wgt, wgrad_hold
 from schedir.pipeline.placement import balanced_cuts, place, schedule_from_orders
 from schedir.pipeline.problem import PipelineProblem, capacity
 from schedir.pipeline.schedule import ChunkPlan, PipelineSchedule
-from schedir.pipeline.steps import step_report
+from schedir.pipeline.steps import StepReport, step_report
 from solvers.pipeline.one_f_one_b import message_reserve
 from solvers.pipeline.stage_plans import Plan, shared_plans
 from solvers.registry import Infeasible, register
@@ -118,13 +119,28 @@ def footprint_margin(problem, rows, chunks_here, room: float, footprint: float) 
                 if a > 0), default=math.inf)  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """A simulated candidate: its repeated-step ``period`` (seconds per step), the
+    ``schedule``, its :class:`~schedir.pipeline.steps.StepReport`, and what made it:
+    the ``pattern``, the ``cuts``, the chunks' ``plans`` and the planning ``mode``."""
+
+    period: float
+    schedule: PipelineSchedule
+    report: StepReport
+    pattern: str
+    cuts: tuple[int, ...]
+    plans: tuple[Plan, ...]
+    mode: str
+
+
 class _Search:
     def __init__(self, problem, budget, slots, steps, patterns, max_evals, progress, walk=4):
         self.problem, self.budget, self.steps = problem, budget, steps
         self.patterns, self.max_evals, self.progress = patterns, max_evals, progress
         self.walk = walk
         self.plans = shared_plans(problem, slots)
-        self.best: tuple | None = None  # (period, schedule, report, info)
+        self.best: Candidate | None = None
         self.evals = 0
         self.seen: set = set()
 
@@ -177,9 +193,8 @@ class _Search:
         over = {u: rep.device_peak.get(u, 0) - self.cap(u) for u in rep.device_peak}
         if any(v > 0 for v in over.values()):
             return None, over
-        info = {"pattern": pattern, "cuts": list(cuts), "plans": plans, "mode": mode}
-        if self.best is None or rep.period < self.best[0] - 1e-12:
-            self.best = (rep.period, s, rep, info)
+        if self.best is None or rep.period < self.best.period - 1e-12:
+            self.best = Candidate(rep.period, s, rep, pattern, tuple(cuts), tuple(plans), mode)
         return rep.period, over
 
     def _walk(self, pattern, devs, cuts, chunks, rows):
@@ -471,12 +486,12 @@ def pipeline_joint(
     if search.best is None:
         raise Infeasible("pipeline_joint", budget, None,
                          "no pattern, cut and per-chunk plan fits the devices' memory")  # fmt: skip
-    period, s, rep, info = search.best
-    m = problem.microbatches
-    meta = {**s.meta, "method": "pipeline_joint", "period": period / m,
-            "step_period": period, "step_throughput": rep.throughput, "bubble": rep.bubble,
-            "candidates": search.evals, "exact": False,
-            "plans_exact": all(p.exact for p in info["plans"]),
+    best, m = search.best, problem.microbatches
+    s, rep = best.schedule, best.report
+    meta = {**s.meta, "method": "pipeline_joint", "period": best.period / m,
+            "step_period": best.period, "step_throughput": rep.throughput,
+            "bubble": rep.bubble, "candidates": search.evals, "exact": False,
+            "plans_exact": all(p.exact for p in best.plans),
             "search_time": time.perf_counter() - t0}  # fmt: skip
-    s = s.with_plans(search.plans.chunk_plans(s.plans, info["plans"]))
+    s = s.with_plans(search.plans.chunk_plans(s.plans, best.plans))
     return dataclasses.replace(s, meta=meta)

@@ -41,6 +41,7 @@ import dataclasses
 import itertools
 import math
 import time
+from dataclasses import dataclass
 
 import highspy
 import numpy as np
@@ -79,8 +80,37 @@ def _ops(C: int, m: int, split: bool) -> list[tuple[str, int, int]]:
     return [(k, c, n) for c in range(C) for k in kinds for n in range(m)]
 
 
-def _solve_combo(problem, devs, cuts, plans, budget, time_limit, unit):
-    """(T in seconds, orders, chosen plans, info) of one combination, or None."""
+@dataclass(frozen=True)
+class ComboSolution:
+    """The MILP's answer for one device order and cuts: its period ``T`` (seconds), the
+    ``chunks``, the per-device ``orders``, the chosen ``plans`` (one per chunk); HiGHS's
+    ``status``, whether it was ``time_limited`` (then ``lower_bound``, seconds, when
+    known), the model's ``variables`` and ``rows``, and whether every menu plan was
+    exact (``menus_exact``)."""
+
+    T: float
+    chunks: tuple
+    orders: dict
+    plans: list[Plan]
+    status: str
+    time_limited: bool
+    variables: int
+    rows: int
+    menus_exact: bool
+    lower_bound: float | None = None
+
+    def report(self) -> dict:
+        """The solver's facts for a schedule's meta."""
+        out = {"status": self.status, "time_limited": self.time_limited,
+               "variables": self.variables, "rows": self.rows,
+               "menus_exact": self.menus_exact}  # fmt: skip
+        if self.lower_bound is not None:
+            out["lower_bound"] = self.lower_bound
+        return out
+
+
+def _solve_combo(problem, devs, cuts, plans, budget, time_limit, unit) -> ComboSolution | None:
+    """The MILP of one combination (None: no plan menu fits, or no solution)."""
     pb = problem
     m, C = pb.microbatches, len(devs)
     split = pb.wgrad_fraction is not None
@@ -200,11 +230,10 @@ def _solve_combo(problem, devs, cuts, plans, budget, time_limit, unit):
         mine = sorted((val[R.index["S", *o]], rank[o[0]], o) for o in ops if o[1] == c)
         orders[u] = [o for _, _, o in mine]
     exact = all(p.exact for menu in menus for p in menu)
-    out = {"status": status.name, "time_limited": limited, "variables": n_cols,
-           "rows": len(R.lo), "menus_exact": exact}  # fmt: skip
-    if limited and math.isfinite(info.mip_dual_bound):
-        out["lower_bound"] = float(info.mip_dual_bound) * unit
-    return float(val[T]) * unit, chunks, orders, chosen, out
+    bound = float(info.mip_dual_bound) * unit
+    return ComboSolution(float(val[T]) * unit, chunks, orders, chosen, status.name, limited,
+                         n_cols, len(R.lo), exact,
+                         bound if limited and math.isfinite(bound) else None)  # fmt: skip
 
 
 def _fixed(o, o2, bk: str):
@@ -318,9 +347,8 @@ def pipeline_joint_milp(
     combos.sort(key=lambda t: t[0])
     unit = max(pb.work(0, L) / max(d.speed for d in pb.platform.devices), 1e-30)
     best, solved, limited, complete, menus_exact = None, 0, False, True, True
-    bounds = []
     for k, (lb, devs, cuts) in enumerate(combos):
-        if best is not None and lb >= best[0] * (1 - 1e-9):
+        if best is not None and lb >= best[0].T * (1 - 1e-9):
             break
         if solved >= max_combinations:
             complete = False
@@ -331,26 +359,24 @@ def pipeline_joint_milp(
         solved += 1
         if got is None:
             continue
-        T, chunks, ords, chosen, info = got
-        limited = limited or info["time_limited"]
-        menus_exact = menus_exact and info["menus_exact"]
-        bounds.append(info.get("lower_bound", T))
-        fp = [int(p.footprint) for p in chosen]
-        rec = [p.extra for p in chosen]
-        s = schedule_from_orders(pb, chunks, ords, {"pattern": "milp"}, rec, fp)
+        limited = limited or got.time_limited
+        menus_exact = menus_exact and got.menus_exact
+        fp = [int(p.footprint) for p in got.plans]
+        rec = [p.extra for p in got.plans]
+        s = schedule_from_orders(pb, got.chunks, got.orders, {"pattern": "milp"}, rec, fp)
         rep = step_report(pb, s, steps)
         fits = all(rep.device_peak.get(u, 0) <= (capacity(pb, u, budget) or math.inf)
                    for u in devs)  # fmt: skip
-        if fits and (best is None or T < best[0]):
-            best = (T, s, rep, chosen, info)
+        if fits and (best is None or got.T < best[0].T):
+            best = (got, s, rep)
     if best is None:
         raise Infeasible("pipeline_joint_milp", budget, None,
                          "no cut, order and plan menu fits the devices' memory")  # fmt: skip
-    T, s, rep, chosen, info = best
+    got, s, rep = best
     exact = complete and not limited and menus_exact
-    meta = {**s.meta, "method": "pipeline_joint_milp", "model_period": T,
+    meta = {**s.meta, "method": "pipeline_joint_milp", "model_period": got.T,
             "step_period": rep.period, "period": rep.period / m,
             "step_throughput": rep.throughput, "bubble": rep.bubble,
             "combinations": solved, "exact": exact, "time_limited": limited,
-            "milp": info, "search_time": time.perf_counter() - t0}  # fmt: skip
-    return dataclasses.replace(s.with_plans(plans.chunk_plans(s.plans, chosen)), meta=meta)
+            "milp": got.report(), "search_time": time.perf_counter() - t0}  # fmt: skip
+    return dataclasses.replace(s.with_plans(plans.chunk_plans(s.plans, got.plans)), meta=meta)

@@ -42,6 +42,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from dataclasses import dataclass
 
 import highspy
 import numpy as np
@@ -196,6 +197,34 @@ def _cut(problem: PipelineProblem, m: _Rows, ivs: list, mapping: Mapping, budget
     return None
 
 
+@dataclass(frozen=True)
+class MilpMapping:
+    """What :func:`milp_mapping` found: the MILP's ``objective`` (seconds per item) and
+    its ``mapping``; HiGHS's last ``status``, ``milp_time`` (seconds), ``rounds``
+    (solves: cuts + 1), the model's ``variables`` and ``rows``; ``time_limited`` and
+    then ``lower_bound`` (seconds per item, the solver's bound on the optimum of the
+    model; None when not time-limited or unknown)."""
+
+    objective: float
+    mapping: Mapping
+    status: str
+    milp_time: float
+    rounds: int
+    variables: int
+    rows: int
+    time_limited: bool
+    lower_bound: float | None = None
+
+    def report(self) -> dict:
+        """These facts for a schedule's meta (the mapping aside)."""
+        out = {"status": self.status, "milp_time": self.milp_time, "rounds": self.rounds,
+               "variables": self.variables, "rows": self.rows,
+               "time_limited": self.time_limited}  # fmt: skip
+        if self.lower_bound is not None:
+            out["lower_bound"] = self.lower_bound
+        return out
+
+
 def milp_mapping(
     problem: PipelineProblem,
     replicate: bool = True,
@@ -203,13 +232,8 @@ def milp_mapping(
     max_replicas: int | None = None,
     budget: int | None = None,
     progress=None,
-) -> tuple[float, Mapping, dict]:
-    """(objective, mapping, info) of the MILP; raises Infeasible.
-
-    ``info`` has ``status``, ``milp_time`` (seconds), ``rounds`` (solves, cuts + 1),
-    ``time_limited`` and, when time-limited, ``lower_bound`` (seconds per item; the
-    solver's bound on the optimum of the model).
-    """
+) -> MilpMapping:
+    """The MILP's best mapping (:class:`MilpMapping`); raises Infeasible."""
     start = time.perf_counter()
     deadline = None if time_limit is None else start + float(time_limit)
     P = len(problem.platform.devices)
@@ -255,12 +279,10 @@ def milp_mapping(
             raise Infeasible("pipeline_milp", budget, None, why)
         cols = np.array(list(cut), dtype=np.int32)
         highs.addRow(-highspy.kHighsInf, len(cut) - 1.0, len(cols), cols, np.ones(len(cols)))
-    info_out = {"status": status.name, "milp_time": time.perf_counter() - start,
-                "rounds": rounds, "variables": n, "rows": len(m.lo) + rounds - 1,
-                "time_limited": limited}  # fmt: skip
-    if limited and math.isfinite(info.mip_dual_bound):
-        info_out["lower_bound"] = float(info.mip_dual_bound) * scale
-    return float(val[m.index["T",]]) * scale, mapping, info_out
+    bound = float(info.mip_dual_bound) * scale
+    return MilpMapping(float(val[m.index["T",]]) * scale, mapping, status.name,
+                       time.perf_counter() - start, rounds, n, len(m.lo) + rounds - 1, limited,
+                       bound if limited and math.isfinite(bound) else None)  # fmt: skip
 
 
 def _highs_model(m: _Rows, n: int, scale: float):
@@ -324,15 +346,13 @@ def pipeline_milp(
     best mapping found (``meta["time_limited"]``, ``meta["lower_bound"]``), not an
     optimum. ``max_replicas`` restricts the model (the answer is exact for it)."""
     require_inference(problem, "pipeline_milp")
-    obj, mapping, info = milp_mapping(
-        problem, replicate, time_limit, max_replicas, budget, progress
-    )
+    got = milp_mapping(problem, replicate, time_limit, max_replicas, budget, progress)
     # the model's period of the mapping, recomputed (the MILP's T carries its tolerances)
-    model_period = evaluate(problem, mapping, pairs="all").period
-    meta = {"model_period": model_period, "milp": {**info, "objective": obj},
-            "exact": not info["time_limited"]}  # fmt: skip
-    if info["time_limited"]:
+    model_period = evaluate(problem, got.mapping, pairs="all").period
+    meta = {"model_period": model_period, "milp": {**got.report(), "objective": got.objective},
+            "exact": not got.time_limited}  # fmt: skip
+    if got.time_limited:
         meta["time_limited"] = True
-        if "lower_bound" in info:
-            meta["lower_bound"] = info["lower_bound"]
-    return mapping_schedule(problem, mapping, "pipeline_milp", **meta)
+        if got.lower_bound is not None:
+            meta["lower_bound"] = got.lower_bound
+    return mapping_schedule(problem, got.mapping, "pipeline_milp", **meta)
