@@ -43,7 +43,6 @@ import math
 import time
 from dataclasses import dataclass
 
-import highspy
 import numpy as np
 
 from schedir.pipeline.ops import wgrad_hold
@@ -53,7 +52,7 @@ from schedir.pipeline.schedule import PipelineSchedule
 from schedir.pipeline.steps import step_report
 from solvers.pipeline.exhaustive import compositions
 from solvers.pipeline.joint import device_orders
-from solvers.pipeline.milp import _highs_model, _Rows
+from solvers.pipeline.milp import HighsOutcome, _highs_model, _Rows
 from solvers.pipeline.one_f_one_b import message_reserve
 from solvers.pipeline.stage_plans import Plan, StagePlans, shared_plans
 from solvers.registry import Infeasible, register
@@ -83,30 +82,15 @@ def _ops(C: int, m: int, split: bool) -> list[tuple[str, int, int]]:
 @dataclass(frozen=True)
 class ComboSolution:
     """The MILP's answer for one device order and cuts: its period ``T`` (seconds), the
-    ``chunks``, the per-device ``orders``, the chosen ``plans`` (one per chunk); HiGHS's
-    ``status``, whether it was ``time_limited`` (then ``lower_bound``, seconds, when
-    known), the model's ``variables`` and ``rows``, and whether every menu plan was
-    exact (``menus_exact``)."""
+    ``chunks``, the per-device ``orders``, the chosen ``plans`` (one per chunk), whether
+    every menu plan was exact (``menus_exact``) and how the solve ended (``outcome``)."""
 
     T: float
     chunks: tuple
     orders: dict
     plans: list[Plan]
-    status: str
-    time_limited: bool
-    variables: int
-    rows: int
     menus_exact: bool
-    lower_bound: float | None = None
-
-    def report(self) -> dict:
-        """The solver's facts for a schedule's meta."""
-        out = {"status": self.status, "time_limited": self.time_limited,
-               "variables": self.variables, "rows": self.rows,
-               "menus_exact": self.menus_exact}  # fmt: skip
-        if self.lower_bound is not None:
-            out["lower_bound"] = self.lower_bound
-        return out
+    outcome: HighsOutcome
 
 
 def _solve_combo(problem, devs, cuts, plans, budget, time_limit, unit) -> ComboSolution | None:
@@ -216,12 +200,9 @@ def _solve_combo(problem, devs, cuts, plans, budget, time_limit, unit) -> ComboS
     if time_limit is not None:
         highs.setOptionValue("time_limit", max(0.01, float(time_limit)))
     highs.run()
-    status = highs.getModelStatus()
-    info = highs.getInfo()
-    if info.primal_solution_status != 2:
+    if highs.getInfo().primal_solution_status != 2:
         return None
     val = np.asarray(highs.getSolution().col_value)
-    limited = status == highspy.HighsModelStatus.kTimeLimit
     chosen = [menus[c][int(np.argmax([val[R.index["z", c, q]] for q in range(len(menus[c]))]))]
               for c in range(C)]  # fmt: skip
     rank = {"F": 0, "B": 1, "Bi": 1, "W": 2}
@@ -230,10 +211,8 @@ def _solve_combo(problem, devs, cuts, plans, budget, time_limit, unit) -> ComboS
         mine = sorted((val[R.index["S", *o]], rank[o[0]], o) for o in ops if o[1] == c)
         orders[u] = [o for _, _, o in mine]
     exact = all(p.exact for menu in menus for p in menu)
-    bound = float(info.mip_dual_bound) * unit
-    return ComboSolution(float(val[T]) * unit, chunks, orders, chosen, status.name, limited,
-                         n_cols, len(R.lo), exact,
-                         bound if limited and math.isfinite(bound) else None)  # fmt: skip
+    outcome = HighsOutcome.of(highs, n_cols, len(R.lo), unit)
+    return ComboSolution(float(val[T]) * unit, chunks, orders, chosen, exact, outcome)
 
 
 def _fixed(o, o2, bk: str):
@@ -359,7 +338,7 @@ def pipeline_joint_milp(
         solved += 1
         if got is None:
             continue
-        limited = limited or got.time_limited
+        limited = limited or got.outcome.time_limited
         menus_exact = menus_exact and got.menus_exact
         fp = [int(p.footprint) for p in got.plans]
         rec = [p.extra for p in got.plans]
@@ -378,5 +357,6 @@ def pipeline_joint_milp(
             "step_period": rep.period, "period": rep.period / m,
             "step_throughput": rep.throughput, "bubble": rep.bubble,
             "combinations": solved, "exact": exact, "time_limited": limited,
-            "milp": got.report(), "search_time": time.perf_counter() - t0}  # fmt: skip
+            "milp": {**got.outcome.report(), "menus_exact": got.menus_exact},
+            "search_time": time.perf_counter() - t0}  # fmt: skip
     return dataclasses.replace(s.with_plans(plans.chunk_plans(s.plans, got.plans)), meta=meta)

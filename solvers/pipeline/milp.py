@@ -198,31 +198,47 @@ def _cut(problem: PipelineProblem, m: _Rows, ivs: list, mapping: Mapping, budget
 
 
 @dataclass(frozen=True)
-class MilpMapping:
-    """What :func:`milp_mapping` found: the MILP's ``objective`` (seconds per item) and
-    its ``mapping``; HiGHS's last ``status``, ``milp_time`` (seconds), ``rounds``
-    (solves: cuts + 1), the model's ``variables`` and ``rows``; ``time_limited`` and
-    then ``lower_bound`` (seconds per item, the solver's bound on the optimum of the
-    model; None when not time-limited or unknown)."""
+class HighsOutcome:
+    """How a HiGHS solve ended: its ``status``, the model's ``variables`` and ``rows``,
+    whether it was ``time_limited`` and then ``lower_bound`` (the solver's bound on the
+    optimum of the model, in seconds; None when not time-limited or unknown)."""
 
-    objective: float
-    mapping: Mapping
     status: str
-    milp_time: float
-    rounds: int
     variables: int
     rows: int
     time_limited: bool
     lower_bound: float | None = None
 
+    @classmethod
+    def of(cls, highs, variables: int, rows: int, scale: float) -> HighsOutcome:
+        """The outcome of ``highs``'s last run (its objective in units of ``scale``)."""
+        status = highs.getModelStatus()
+        limited = status == highspy.HighsModelStatus.kTimeLimit
+        bound = float(highs.getInfo().mip_dual_bound) * scale
+        return cls(status.name, variables, rows, limited,
+                   bound if limited and math.isfinite(bound) else None)  # fmt: skip
+
     def report(self) -> dict:
-        """These facts for a schedule's meta (the mapping aside)."""
-        out = {"status": self.status, "milp_time": self.milp_time, "rounds": self.rounds,
-               "variables": self.variables, "rows": self.rows,
+        """These facts for a schedule's meta."""
+        out = {"status": self.status, "variables": self.variables, "rows": self.rows,
                "time_limited": self.time_limited}  # fmt: skip
         if self.lower_bound is not None:
             out["lower_bound"] = self.lower_bound
         return out
+
+
+@dataclass(frozen=True)
+class MilpMapping:
+    """What :func:`milp_mapping` found: the MILP's ``objective`` (seconds per item),
+    its ``mapping``, the ``milp_time`` (seconds) of its ``rounds`` of solves (cuts + 1)
+    and how the last one ended (``outcome``; a time-limited answer is the best
+    mapping found, with the bound on the optimum when HiGHS has one)."""
+
+    objective: float
+    mapping: Mapping
+    milp_time: float
+    rounds: int
+    outcome: HighsOutcome
 
 
 def milp_mapping(
@@ -279,10 +295,9 @@ def milp_mapping(
             raise Infeasible("pipeline_milp", budget, None, why)
         cols = np.array(list(cut), dtype=np.int32)
         highs.addRow(-highspy.kHighsInf, len(cut) - 1.0, len(cols), cols, np.ones(len(cols)))
-    bound = float(info.mip_dual_bound) * scale
-    return MilpMapping(float(val[m.index["T",]]) * scale, mapping, status.name,
-                       time.perf_counter() - start, rounds, n, len(m.lo) + rounds - 1, limited,
-                       bound if limited and math.isfinite(bound) else None)  # fmt: skip
+    outcome = HighsOutcome.of(highs, n, len(m.lo) + rounds - 1, scale)
+    return MilpMapping(float(val[m.index["T",]]) * scale, mapping, time.perf_counter() - start,
+                       rounds, outcome)  # fmt: skip
 
 
 def _highs_model(m: _Rows, n: int, scale: float):
@@ -349,10 +364,12 @@ def pipeline_milp(
     got = milp_mapping(problem, replicate, time_limit, max_replicas, budget, progress)
     # the model's period of the mapping, recomputed (the MILP's T carries its tolerances)
     model_period = evaluate(problem, got.mapping, pairs="all").period
-    meta = {"model_period": model_period, "milp": {**got.report(), "objective": got.objective},
-            "exact": not got.time_limited}  # fmt: skip
-    if got.time_limited:
+    end = got.outcome
+    meta = {"model_period": model_period, "exact": not end.time_limited,
+            "milp": {**end.report(), "milp_time": got.milp_time, "rounds": got.rounds,
+                     "objective": got.objective}}  # fmt: skip
+    if end.time_limited:
         meta["time_limited"] = True
-        if got.lower_bound is not None:
-            meta["lower_bound"] = got.lower_bound
+        if end.lower_bound is not None:
+            meta["lower_bound"] = end.lower_bound
     return mapping_schedule(problem, got.mapping, "pipeline_milp", **meta)
