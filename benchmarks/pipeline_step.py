@@ -46,8 +46,7 @@ def _measure(steps: int) -> dict:  # runs in the child process
         stage_mesh,
         stage_orders,
     )
-    from schedir.pipeline.baselines import zb_h1
-    from schedir.pipeline.ops import one_f_one_b_ops
+    from schedir.pipeline.baselines import one_f_one_b_ops, zb_h1
     from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
 
     compiles: list = []

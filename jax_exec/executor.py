@@ -33,7 +33,7 @@ from jax_exec.graph.runtime import run_graph
 from jax_exec.pipeline.mpmd import run_pipeline
 from jax_exec.stages import api as stages
 from schedir import GraphSchedule, OffloadSchedule, Schedule
-from schedir.pipeline.ops import PipelineSchedule
+from schedir.pipeline.schedule import PipelineSchedule
 
 
 class Executor(Protocol):

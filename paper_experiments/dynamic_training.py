@@ -7,7 +7,7 @@ the whole model, plus all the weights; each stage's weights, with their gradient
 optimizer state, are taken as the bytes of its input activation, the profiles holding
 none), links on which an activation takes 0.2 mean stage times, and host links at
 half that bandwidth (offloading), one training step of 16 micro-batches
-(:func:`schedir.pipeline.dag.training_graph`) is run in the simulator of the dynamic
+(:func:`schedir.dynamic.training_graph`) is run in the simulator of the dynamic
 runtime:
 
 - static plans, executed as they are: ``1f1b`` (the ``pipeline_1f1b`` solver's
@@ -52,8 +52,8 @@ import schedir  # noqa: E402
 import solvers  # noqa: E402
 from paper_experiments.steady_state import coarsen  # noqa: E402
 from schedir import CopyEngine, Device, Platform  # noqa: E402
-from schedir.pipeline.dag import training_graph  # noqa: E402
-from schedir.pipeline.ops import gpipe_ops  # noqa: E402
+from schedir.dynamic import training_graph  # noqa: E402
+from schedir.pipeline.baselines import gpipe_ops  # noqa: E402
 from schedir.pipeline.problem import PipelineProblem  # noqa: E402
 from schedir.pipeline.simulate import Noise, simulate_pipeline  # noqa: E402
 from solvers.pipeline.dynamic import run_policy  # noqa: E402
@@ -140,7 +140,7 @@ def run_instance(pb: PipelineProblem, seeds: int) -> list[dict]:
 
 
 def _dynamic(graph, pb, method, plan, noise):
-    from schedir.pipeline.dag import simulate_dynamic
+    from schedir.dynamic import simulate_dynamic
     from solvers.pipeline.dynamic import make_policy
 
     pol = make_policy(method, graph, pb.platform, plan=plan)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import math
 import sys
 import time
@@ -103,9 +104,8 @@ def run(instances: dict, fractions: list[float], max_evals: int) -> list[dict]:
             t0 = time.perf_counter()
             try:
                 s = solvers.solve(pb, None, "pipeline_joint", max_evals=max_evals)
-                r = step_report(pb, schedir.PipelineSchedule(
-                    s.ops, {k: v for k, v in s.meta.items() if k != "periodic"}))  # fmt: skip
-                kinds = "/".join(sorted({p["plan"] for p in s.meta["plans"]}))
+                r = step_report(pb, dataclasses.replace(s, periodic=None))
+                kinds = "/".join(sorted({p.kind for p in s.plans}))
                 group.append({"schedule": "pipeline_joint", "throughput": r.throughput,
                               "peak": max(r.device_peak.values()), "fits": True,
                               "pattern": s.meta["pattern"], "plans": kinds,

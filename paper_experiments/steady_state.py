@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 import schedir  # noqa: E402
 import solvers  # noqa: E402
 from schedir import Chain, Device, Link, Platform  # noqa: E402
-from schedir.pipeline.dag import pipeline_graph  # noqa: E402
+from schedir.dynamic import pipeline_graph  # noqa: E402
 from schedir.pipeline.problem import PipelineProblem  # noqa: E402
 from schedir.pipeline.simulate import Noise, simulate_pipeline  # noqa: E402
 from solvers.pipeline.dynamic import run_policy  # noqa: E402

@@ -74,27 +74,20 @@ __all__ = [
 # The kinds register themselves (schedir.kind) when their subpackages are imported;
 # the block-chain kind of the automatic planner too.
 import schedir.blocks  # noqa: E402, F401
-from schedir.pipeline.dag import Task, TaskGraph, pipeline_graph, simulate_dynamic  # noqa: E402
-from schedir.pipeline.model import PeriodReport, evaluate, training_period  # noqa: E402
-from schedir.pipeline.ops import (  # noqa: E402
-    Bwd,
-    Fwd,
-    PipelineSchedule,
-    Recv,
-    Send,
-    Wgt,
-    gpipe_ops,
-    inference_pattern,
-    one_f_one_b_ops,
-)
-from schedir.pipeline.problem import (  # noqa: E402
-    Interval,
-    Mapping,
-    MasterWorker,
-    PipelineProblem,
-    SteadyState,
-)
+from schedir.dynamic import Task, TaskGraph, pipeline_graph, simulate_dynamic  # noqa: E402
+from schedir.pipeline.baselines import gpipe_ops, one_f_one_b_ops
+from schedir.pipeline.ops import Bwd, Fwd, Recv, Send, Wgt
+from schedir.pipeline.problem import Interval, Mapping, PipelineProblem  # noqa: E402
+from schedir.pipeline.schedule import PipelineSchedule
 from schedir.pipeline.simulate import Noise, PipelineTrace, simulate_pipeline  # noqa: E402
+from schedir.steady import (  # noqa: E402
+    MasterWorker,
+    PeriodReport,
+    SteadyState,
+    evaluate,
+    inference_pattern,
+    training_period,
+)
 
 __all__ += [
     "Bwd",

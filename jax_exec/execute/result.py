@@ -64,14 +64,14 @@ class RunResult:
         makespan: dynamic runs: seconds from the first task's start to the last
             task's end.
         predicted: dynamic runs: the same policy run in the simulator with the
-            calibrated times (a ``schedir.pipeline.dag.DynamicTrace``).
+            calibrated times (a ``schedir.dynamic.DynamicTrace``).
         same_device: dynamic runs: fraction of tasks placed where the simulation
             placed them.
         counts, predicted_counts: dynamic runs: tasks per device, realized / simulated.
         perf_model: dynamic runs: the performance model's final mean seconds per
             ``"kind@device"``.
         trace: dynamic runs: the runtime's own account of the run (a
-            ``schedir.pipeline.dag.DynamicTrace``: placement, durations, the bytes it
+            ``schedir.dynamic.DynamicTrace``: placement, durations, the bytes it
             counted per device, evictions).
         measured_bytes: dynamic runs: after every task, device name -> bytes of the
             distinct arrays the runtime held there.

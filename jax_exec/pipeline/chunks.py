@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import jax
@@ -196,6 +197,19 @@ class WeightData(NamedTuple):
     stages: tuple = ()
 
 
+@dataclass(frozen=True)
+class ChunkBackward:
+    """What a chunk's backward made: the input gradient ``d_in`` (None on the first
+    chunk), the micro-batch's ``loss`` (the last chunk; else None) and either the
+    parameter ``grads`` (a full backward) or the :class:`WeightData` its weight part
+    reads (``weight``: an input part)."""
+
+    d_in: Any
+    loss: Any
+    grads: list | None = None
+    weight: WeightData | None = None
+
+
 class ChunkProgram:
     """One chunk [i, j) of a training pipeline run as a chain schedule of its own
     sub-chain (stages i..j-1 as local stages 0..n-1; its ``Loss`` is the arrival of
@@ -241,8 +255,8 @@ class ChunkProgram:
 
     def backward(self, p, r, stash: dict, seed, part: str = "full", per_stage: bool = False):
         """Run the loss (``seed`` = (y, scale) on the last chunk, else d_j) and the ops
-        after it. ``part``: "full" -> (grads, d_i, loss); "input" -> (d_i, loss,
-        :class:`WeightData`)."""
+        after it (:class:`ChunkBackward`: with ``part`` "full" the parameter gradients,
+        with "input" the weight part's data)."""
         table = dict(stash)  # the stash itself stays intact (a weight part may reread it)
         reads, (out,), frees = buffer_moves(Loss(), self.n, table)
         loss = None
@@ -261,15 +275,15 @@ class ChunkProgram:
             self._run(op, p, r, table, grads, mode, kept)
         d_i = table[("d", 0)][0] if table.get(("d", 0)) else None
         if part == "full":
-            return grads, d_i, loss
+            return ChunkBackward(d_i, loss, grads=grads)
         if per_stage:
-            return d_i, loss, WeightData(stages=tuple(kept))
-        return d_i, loss, WeightData(stash=stash, d=seed)
+            return ChunkBackward(d_i, loss, weight=WeightData(stages=tuple(kept)))
+        return ChunkBackward(d_i, loss, weight=WeightData(stash=stash, d=seed))
 
     def weight(self, p, r, data: WeightData) -> list:
         """The parameter gradients of a split backward from its :class:`WeightData`."""
         if not data.stages:
-            return self.backward(p, r, data.stash, data.d)[0]
+            return self.backward(p, r, data.stash, data.d).grads
         grads: list = [None] * self.n
         for k, leaves, d in data.stages:
             grads[k] = self.parts[k].weight(p[k], r[k], leaves, d)

@@ -1,6 +1,6 @@
 """Dynamic mode: the tasks of a pipeline placed and started at run time, in JAX.
 
-One worker thread per device carries out what :class:`schedir.pipeline.runtime.RuntimeState`
+One worker thread per device carries out what :class:`schedir.dynamic.RuntimeState`
 decides under the policy (``solvers.pipeline.dynamic``: the same objects, the same
 rules as in the simulator): which task a device starts, what it evicts first (to the
 host with ``jax.device_get``, or dropped and recomputed), what it moves in
@@ -27,6 +27,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -36,14 +37,7 @@ from jax_exec.execute.result import RunResult
 from jax_exec.pipeline.mpmd import interval_kernels, split_microbatches
 from jax_exec.stages.split import as_stages
 from schedir import CopyEngine, Device, Link, Platform
-from schedir.pipeline.dag import (
-    Task,
-    TaskGraph,
-    simulate_dynamic,
-    task_factors,
-)
-from schedir.pipeline.dataflow import HOST
-from schedir.pipeline.runtime import RuntimeState
+from schedir.dynamic import HOST, RuntimeState, Task, TaskGraph, simulate_dynamic, task_factors
 from schedir.pipeline.simulate import Noise
 from solvers.pipeline.dynamic import Dmda, make_policy
 
@@ -73,13 +67,23 @@ def move(tree: Any, to: Any) -> Any:
 tree_add = jax.jit(lambda a, b: jax.tree_util.tree_map(jnp.add, a, b))
 
 
+@dataclass(frozen=True)
+class TaskOutput:
+    """What one task made on its device: ``values`` (datum -> new value), its compute
+    ``seconds`` and the ``recompute_seconds`` spent rebuilding dropped inputs first."""
+
+    values: dict
+    seconds: float
+    recompute_seconds: float = 0.0
+
+
 class Workers:
     """Worker threads carrying out a RuntimeState's plans on real arrays.
 
     ``compute(t, u, values, rebuilt)``: runs task ``t`` on device ``u`` with
     ``values`` (datum -> array on u, accumulators: the list of partial sums) and the
-    rebuilt stashes; returns (datum -> new value, compute seconds, recompute seconds).
-    ``sources``: the host values of the graph's sources (datum -> value).
+    rebuilt stashes; returns a :class:`TaskOutput`. ``sources``: the host values of
+    the graph's sources (datum -> value).
     """
 
     def __init__(self, state: RuntimeState, jdev: dict, sources: dict, compute: Callable):
@@ -112,12 +116,12 @@ class Workers:
         """Admit a task on every idle device, as the simulator does (called locked)."""
         state = self.state
         for u in state.names:
-            if state.busy[u] is None:
+            if state.idle(u):
                 plan = state.next_plan(u)
                 if plan is not None:
                     self.todo[u] = plan
         self._drop_freed()
-        if all(p is None for p in state.busy.values()) and not all(state.done):
+        if state.stalled:
             self.stalled = True  # nothing can start anywhere: check_done says why
         self.lock.notify_all()
 
@@ -139,10 +143,10 @@ class Workers:
 
     def _step(self, u: str) -> bool:
         """Carry out the next plan of device ``u``; False when the run is over."""
-        state = self.state
+        state, lay = self.state, self.state.layout
         with self.lock:
             while self.todo[u] is None:
-                if self.error is not None or self.stalled or all(state.done):
+                if self.error is not None or self.stalled or state.finished_all:
                     return False
                 self.lock.wait()
             plan, self.todo[u] = self.todo[u], None
@@ -161,7 +165,7 @@ class Workers:
         for d, src, value in moves:
             moved = move(value, self.jdev[u])
             with self.lock:
-                if state.kind[d] == "accumulator":
+                if lay.kind[d] == "accumulator":
                     partials.append(moved)
                 else:
                     self.store[d, u] = moved
@@ -170,20 +174,20 @@ class Workers:
         with self.lock:
             state.started(t)
             values = {}
-            for d in state.reads[t]:
-                if state.kind[d] == "accumulator":
+            for d in lay.reads[t]:
+                if lay.kind[d] == "accumulator":
                     values[d] = ([self.store[d, u]] if (d, u) in self.store else []) + partials
                 elif d not in plan.recompute:
                     values[d] = self.store[d, u]
-            for d in state.writes[t]:
-                if state.kind[d] == "accumulator" and (d, u) in self.store:
+            for d in lay.writes[t]:
+                if lay.kind[d] == "accumulator" and (d, u) in self.store:
                     values[d] = [self.store[d, u]]
-        outs, seconds, rebuild = self.compute(t, u, values, plan.recompute)
+        out = self.compute(t, u, values, plan.recompute)
         with self.lock:
-            for d, value in outs.items():
+            for d, value in out.values.items():
                 self.store[d, u] = value
             del partials, values
-            state.finished(t, seconds, rebuild)
+            state.finished(t, out.seconds, out.recompute_seconds)
             self._drop_freed()
             self._measure()
             self._dispatch()
@@ -327,8 +331,8 @@ def run_dynamic(
         out, end = _timed(kernels[g], *params[u, g], inp)
         if g == G - 1:
             results[n] = out
-            return {}, end - began, 0.0
-        return {state.writes[t][0]: out}, end - began, 0.0
+            return TaskOutput({}, end - began)
+        return TaskOutput({state.layout.writes[t][0]: out}, end - began)
 
     workers = Workers(state, jdev, {}, compute)
     workers.run()

@@ -2,7 +2,7 @@
 starts at run time (:func:`run_dynamic_training`; the runtime of
 :mod:`jax_exec.pipeline.dynamic`, docs/dynamic_training.md).
 
-The step is the graph of :func:`schedir.pipeline.dag.training_task_graph`: per group
+The step is the graph of :func:`schedir.dynamic.training_task_graph`: per group
 of stages and micro-batch a forward (``jax.vjp`` of the group's kernel: the residuals
 of its closure, parameters left out, are the stash) and a backward (the closure
 rebuilt from the parameters and the stash, applied to the incoming gradient), per
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -28,6 +29,7 @@ import jax.numpy as jnp
 from jax_exec.execute.result import RunResult
 from jax_exec.pipeline.chunks import ChunkKernels
 from jax_exec.pipeline.dynamic import (
+    TaskOutput,
     Workers,
     device_platform,
     dynamic_result,
@@ -40,8 +42,7 @@ from jax_exec.pipeline.dynamic import (
 )
 from jax_exec.pipeline.mpmd import interval_kernels, split_microbatches
 from jax_exec.stages.split import as_stages
-from schedir.pipeline.dag import GroupCosts, simulate_dynamic, training_task_graph
-from schedir.pipeline.runtime import RuntimeState
+from schedir.dynamic import GroupCosts, RuntimeState, simulate_dynamic, training_task_graph
 from schedir.pipeline.simulate import Noise
 from solvers.pipeline.dynamic import Dmda, make_policy
 
@@ -128,18 +129,18 @@ def run_dynamic_training(
     ys = split_microbatches(y, m)
     kern = [interval_kernels(stages, cuts[g], cuts[g + 1], loss_fn) for g in range(G)]
     host_params = [group_state(stages, cuts[g], cuts[g + 1]) for g in range(G)]
-    calib, sizes, loss_dtype = _calibrate(kern, host_params, xs[0], ys[0], jdev, 1.0 / m, lr)
+    cal = _calibrate(kern, host_params, xs[0], ys[0], jdev, 1.0 / m, lr)
     emulate_on = speeds is not None or noise is not None
     scale = time_scale if emulate_on else 1.0
 
     def mean(kind: str) -> float:
-        return scale * sum(calib[kind, u] for u in names) / len(names)
+        return scale * sum(cal.seconds[kind, u] for u in names) / len(names)
 
     groups = [GroupCosts(cuts[g], cuts[g + 1], mean(f"F{g}"), mean(f"B{g}"), mean(f"W{g}"),
-                         sizes["input"][g], sizes["stash"][g], sizes["param"][g],
-                         sizes["grad"][g], 0, sizes["grad"][g], sizes["update"][g])
+                         cal.input[g], cal.stash[g], cal.param[g], cal.grad[g], 0, cal.grad[g],
+                         cal.update[g])
               for g in range(G)]  # fmt: skip
-    graph = training_task_graph(groups, m, target_bytes=sizes["target"])
+    graph = training_task_graph(groups, m, target_bytes=cal.target)
     caps = per_device(memory, names, "memory")
     platform = device_platform(names, per_device(speeds, names, "speeds"), caps, bandwidth,
                          host_bandwidth)  # fmt: skip
@@ -147,7 +148,7 @@ def run_dynamic_training(
     def fresh():
         pol = make_policy(policy, graph, platform, plan=plan, **options)
         if isinstance(pol, Dmda) and not emulate_on:
-            for (kind, u), sec in calib.items():
+            for (kind, u), sec in cal.seconds.items():
                 pol.model.record(next(t for t, tk in enumerate(graph.tasks) if tk.kind == kind),
                                  u, sec)  # fmt: skip
         return pol
@@ -187,17 +188,17 @@ def run_dynamic_training(
             (out, vjp), seconds = forward(g, n, u, values, t)
             if g == G - 1:
                 losses[n] = jax.device_get(out)
-                return {ids[f"s{g}[{n}]"]: vjp}, seconds, 0.0
-            return {ids[f"s{g}[{n}]"]: vjp, ids[f"a{g + 1}[{n}]"]: out}, seconds, 0.0
+                return TaskOutput({ids[f"s{g}[{n}]"]: vjp}, seconds)
+            return TaskOutput({ids[f"s{g}[{n}]"]: vjp, ids[f"a{g + 1}[{n}]"]: out}, seconds)
         if phase == "B":
             stash, rebuild = ids[f"s{g}[{n}]"], 0.0
             if stash in rebuilt:
-                producer = state.producer[stash]
+                producer = state.layout.producer[stash]
                 (_, vjp), rebuild = forward(g, n, u, values, producer)
             else:
                 vjp = values[stash]
             if g == G - 1:
-                seed = jax.device_put(jnp.ones((), loss_dtype), jdev[u])
+                seed = jax.device_put(jnp.ones((), cal.loss_dtype), jdev[u])
             else:
                 seed = values[ids[f"d{g + 1}[{n}]"]]
             acc = ids[f"acc{g}"]
@@ -208,7 +209,7 @@ def run_dynamic_training(
             outs = {acc: gp}
             if g > 0:
                 outs[ids[f"d{g}[{n}]"]] = d
-            return outs, seconds, rebuild
+            return TaskOutput(outs, seconds, rebuild)
         partials = values[ids[f"acc{g}"]]
         began = time.perf_counter()
         total = partials[0]
@@ -217,7 +218,7 @@ def run_dynamic_training(
         out = (total, _sgd(values[ids[f"w{g}"]][0], total, lr)) if lr is not None else (total,)
         jax.block_until_ready(out)
         seconds = emulate(t, u, task.work, began) if emulate else time.perf_counter() - began
-        return {ids[f"u{g}"]: out}, seconds, 0.0
+        return TaskOutput({ids[f"u{g}"]: out}, seconds)
 
     workers = Workers(state, jdev, sources, compute)
     workers.run()
@@ -239,12 +240,29 @@ def run_dynamic_training(
                    outputs=new if lr is not None else None)  # fmt: skip
 
 
-def _calibrate(kern, host_params, x0, y0, jdev, scale, lr):
-    """Seconds of every kernel on every device (compiled first), per kind and device,
-    and the sizes of what they produce (one micro-batch, run on the first device)."""
+@dataclass(frozen=True)
+class Calibration:
+    """What calibrating a step's kernels measured: ``seconds[kind, device]`` of every
+    kernel (compiled first; kinds ``F{g}``, ``B{g}``, ``W{g}``); per group, for one
+    micro-batch run on the first device, the bytes of its ``input``, ``stash``,
+    parameters (``param``), parameter gradients (``grad``) and ``update``; the bytes
+    of a micro-batch's ``target``; the loss's dtype."""
+
+    seconds: dict
+    input: list[int]
+    stash: list[int]
+    param: list[int]
+    grad: list[int]
+    update: list[int]
+    target: int
+    loss_dtype: Any
+
+
+def _calibrate(kern, host_params, x0, y0, jdev, scale, lr) -> Calibration:
+    """Time every kernel on every device and size what it makes (:class:`Calibration`)."""
     names = list(jdev)
     G = len(kern)
-    acts, vjps, outs = [], [], []
+    acts, vjps = [], []
     a = jax.device_put(x0, jdev[names[0]])
     params0 = [move(p, jdev[names[0]]) for p in host_params]
     for g in range(G):
@@ -262,19 +280,7 @@ def _calibrate(kern, host_params, x0, y0, jdev, scale, lr):
     for g in reversed(range(G)):
         seeds[g] = seed
         grads[g], seed = _backward(kern[g], params0[g][0], vjps[g], seed)
-        outs.append(seed)
     grad_bytes = [tree_bytes(gp) for gp in grads]
-    sizes = {
-        "input": [int(v.nbytes) for v in acts],
-        "stash": [tree_bytes(v) for v in vjps],
-        "param": [tree_bytes(p) for p in params0],
-        "grad": grad_bytes,
-        "update": [
-            b + (tree_bytes(params0[g][0]) if lr is not None else 0)
-            for g, b in enumerate(grad_bytes)
-        ],  # fmt: skip
-        "target": tree_bytes(y0),
-    }
     calib = {}
     for u in names:
         dev = jdev[u]
@@ -298,4 +304,8 @@ def _calibrate(kern, host_params, x0, y0, jdev, scale, lr):
                 if lr is not None:
                     jax.block_until_ready(_sgd(p[0], total, lr))
                 calib[f"W{g}", u] = time.perf_counter() - began
-    return calib, sizes, loss_dtype
+    update = [b + (tree_bytes(params0[g][0]) if lr is not None else 0)
+              for g, b in enumerate(grad_bytes)]  # fmt: skip
+    return Calibration(calib, [int(v.nbytes) for v in acts], [tree_bytes(v) for v in vjps],
+                       [tree_bytes(p) for p in params0], grad_bytes, update, tree_bytes(y0),
+                       loss_dtype)  # fmt: skip

@@ -7,7 +7,7 @@ once with ``jax.device_put``):
 - inference ``Fwd``: ``a_j = f_ij(params, a_i)``, one jitted function;
 - training: the chunk runs as a chain schedule of its sub-chain
   (:class:`~jax_exec.pipeline.chunks.ChunkProgram`, split at its ``Loss``): store-all
-  by default, a rotor plan's chain ops when ``meta["plans"]`` carries them, the chunk
+  by default, a rotor plan's chain ops when the chunk's plan carries them, the chunk
   checkpointed whole when its backward has ``recompute > 0`` and no plan ops
   (:func:`chunk_chain_ops`). ``Fwd`` runs the chain ops before the loss and keeps
   their buffers (the stash: exactly what the chain schedule holds there), and on the
@@ -67,10 +67,11 @@ from jax_exec.pipeline.chunks import (  # the dynamic runtime imports these two 
     store_all_ops,
 )
 from jax_exec.stages.split import Stage, as_stages
-from schedir import Chain, parse_op
+from schedir import Chain
 from schedir.errors import InvalidSchedule
-from schedir.pipeline.ops import Bwd, Fwd, PipelineSchedule, Send, Wgt, effect
+from schedir.pipeline.ops import Bwd, Fwd, Send, Wgt, effect
 from schedir.pipeline.problem import PipelineProblem
+from schedir.pipeline.schedule import PipelineSchedule
 from schedir.platform import Device, Platform
 
 # The one result type (kept importable under its old name): ``loss``/``grads``
@@ -124,31 +125,29 @@ def unit_problem(schedule: PipelineSchedule, L: int, m: int, training: bool) -> 
 
 def chunk_chain_ops(schedule: PipelineSchedule, i: int, j: int) -> tuple:
     """The chain schedule chunk [i, j) runs (local stages 0..j-i-1, its ``Loss`` the
-    arrival of d_j or the real loss): the plan's ``ops`` in ``meta["plans"]`` (a rotor
-    plan), else :func:`~jax_exec.pipeline.chunks.recompute_ops` when a backward of
-    the chunk recomputes (``Bwd.recompute > 0`` without a plan: the chunk checkpointed
-    whole), else :func:`~jax_exec.pipeline.chunks.store_all_ops`."""
-    name = f"{i}:{j}"
-    for plan in schedule.meta.get("plans") or ():
-        if isinstance(plan, dict) and plan.get("chunk") == name and plan.get("ops"):
-            try:
-                ops = tuple(parse_op(o) if isinstance(o, str) else o for o in plan["ops"])
-                return check_schedule(ops, j - i)
-            except InvalidSchedule as err:
-                raise InvalidSchedule(f"meta plans: chunk {name}: {err}") from None
+    arrival of d_j or the real loss): its plan's ``ops`` (a rotor plan's), else
+    :func:`~jax_exec.pipeline.chunks.recompute_ops` when a backward of the chunk
+    recomputes (``Bwd.recompute > 0`` without plan ops: the chunk checkpointed whole),
+    else :func:`~jax_exec.pipeline.chunks.store_all_ops`."""
+    plan = schedule.plan(i, j)
+    if plan is not None and plan.ops:
+        try:
+            return check_schedule(plan.ops, j - i)
+        except InvalidSchedule as err:
+            raise InvalidSchedule(f"plan of chunk {i}:{j}: {err}") from None
     recomputes = any(isinstance(o, Bwd) and (o.first, o.last) == (i, j) and o.recompute > 0
                      for _, lst in schedule.ops for o in lst)  # fmt: skip
     return recompute_ops(j - i) if recomputes else store_all_ops(j - i)
 
 
 def _op_effects(problem: PipelineProblem, schedule: PipelineSchedule, training: bool) -> dict:
-    """(device, position) -> Effect, with the plan's per-chunk footprints
-    (``meta["stash"]``), as the simulator reads them."""
-    whole = schedule.meta.get("stash", {}) if training else {}
+    """(device, position) -> Effect, with the footprints of the chunks' plans, as the
+    simulator reads them."""
+    whole = schedule.footprints() if training else {}
     out = {}
     for dev, ops in schedule.ops:
         for k, op in enumerate(ops):
-            fp = whole.get(f"{op.first}:{op.last}") if isinstance(op, Fwd | Bwd | Wgt) else None
+            fp = whole.get((op.first, op.last)) if isinstance(op, Fwd | Bwd | Wgt) else None
             try:
                 out[dev, k] = effect(problem, dev, op, training=training, footprint=fp)
             except InvalidSchedule as err:
@@ -280,13 +279,13 @@ def run_pipeline(
         table, target = store[stash_key]
         seed = (target, 1.0 / m) if j == L else store[dev, "d", j, mb]
         if op.part == "input":
-            da, value, data = program(i, j).backward(p, r, table, seed, "input", per_stage)
-            add_loss(value)
-            return {d_out: da, w_key: data}
-        gp, da, value = program(i, j).backward(p, r, table, seed)
-        add_loss(value)
-        add_grads(i, gp)
-        return {d_out: da}
+            got = program(i, j).backward(p, r, table, seed, "input", per_stage)
+            add_loss(got.loss)
+            return {d_out: got.d_in, w_key: got.weight}
+        got = program(i, j).backward(p, r, table, seed)
+        add_loss(got.loss)
+        add_grads(i, got.grads)
+        return {d_out: got.d_in}
 
     def execute(dev: str, op, eff) -> None:
         if isinstance(op, Send):

@@ -23,7 +23,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from schedir.pipeline.ops import Bwd, Fwd, PipelineSchedule, Wgt
+from schedir.pipeline.ops import Bwd, Fwd, Wgt
+from schedir.pipeline.schedule import PipelineSchedule
 
 # Op kinds of a stage's order: F (forward), B (input gradient only), W (parameter
 # gradient only), BW (both, one tick: the backward of 1F1B and GPipe).

@@ -26,6 +26,7 @@ dependency direction ``jax_exec -> solvers -> schedir`` holds for the library.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -173,7 +174,7 @@ def _write_outputs(args, problem, schedule) -> None:
         if rel.startswith(".."):  # outside the schedule's folder: absolute is clearer
             rel = str(Path(args.problem).resolve())
         extra = {"problem": rel, **({"as_graph": True} if args.as_graph else {})}
-        schedule = type(schedule)(schedule.ops, {**schedule.meta, **extra})
+        schedule = dataclasses.replace(schedule, meta={**schedule.meta, **extra})
         out.parent.mkdir(parents=True, exist_ok=True)
         schedir.save(schedule, out)
     if args.plot:

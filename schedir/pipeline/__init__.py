@@ -1,43 +1,21 @@
 """The pipeline kind: a chain cut into intervals over several devices, inference
 streams and training schedules (GPipe, 1F1B, interleaved, zero-bubble, V-shape; split
-backwards); steady state and dynamic task graphs (docs/pipelines.md). Drawn with one
-lane per device and per link."""
+backwards), their per-device op lists and the simulator that runs them
+(docs/pipelines.md). Drawn with one lane per device and per link. The steady-state
+models of mappings are :mod:`schedir.steady`; dynamic runs, :mod:`schedir.dynamic`."""
 
 from schedir import kind as _kind
-from schedir.pipeline.dag import (
-    Datum,
-    GroupCosts,
-    Task,
-    TaskGraph,
-    pipeline_graph,
-    simulate_dynamic,
-    training_graph,
-    training_task_graph,
-)
-from schedir.pipeline.dataflow import DynamicTrace
-from schedir.pipeline.master_worker import MasterWorker, SteadyState
-from schedir.pipeline.model import (
-    PeriodReport,
-    buffer_counts,
-    evaluate,
-    training_period,
+from schedir.pipeline.baselines import gpipe_ops, one_f_one_b_ops
+from schedir.pipeline.ops import Bwd, Effect, Fwd, Recv, Send, Wgt, effect
+from schedir.pipeline.problem import (
+    Interval,
+    Mapping,
+    PipelineProblem,
+    capacity,
+    link_time,
     working_set,
 )
-from schedir.pipeline.ops import (
-    Bwd,
-    Effect,
-    Fwd,
-    PipelineSchedule,
-    Recv,
-    Send,
-    Wgt,
-    effect,
-    gpipe_ops,
-    inference_pattern,
-    one_f_one_b_ops,
-)
-from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
-from schedir.pipeline.runtime import RuntimeState
+from schedir.pipeline.schedule import ChunkPlan, PipelineSchedule, expand
 from schedir.pipeline.simulate import (
     Noise,
     PipelineTrace,
@@ -69,37 +47,24 @@ KIND = _kind.register(
 __all__ = [
     "KIND",
     "Bwd",
-    "Datum",
-    "DynamicTrace",
+    "ChunkPlan",
     "Effect",
     "Fwd",
-    "GroupCosts",
     "Interval",
     "Mapping",
-    "MasterWorker",
     "Noise",
-    "PeriodReport",
     "PipelineProblem",
     "PipelineSchedule",
     "PipelineTrace",
     "Recv",
-    "RuntimeState",
     "Send",
-    "SteadyState",
-    "Task",
-    "TaskGraph",
     "Wgt",
-    "buffer_counts",
+    "capacity",
     "effect",
-    "evaluate",
+    "expand",
     "gpipe_ops",
-    "inference_pattern",
+    "link_time",
     "one_f_one_b_ops",
-    "pipeline_graph",
-    "simulate_dynamic",
     "simulate_pipeline",
-    "training_graph",
-    "training_task_graph",
-    "training_period",
     "working_set",
 ]

@@ -3,7 +3,8 @@
 Each generator takes a training :class:`PipelineProblem` and ``devices`` (names, in
 pipeline order; default: the platform's), cuts the chain into chunks of balanced
 work (:func:`schedir.pipeline.placement.balanced_cuts`; or ``cuts``) and returns one
-training step as a :class:`PipelineSchedule` (``meta["pattern"]``, ``meta["chunks"]``):
+training step as a :class:`PipelineSchedule` (its ``plans``: one per chunk, its
+``meta["pattern"]``):
 
 - :func:`gpipe` (Huang et al., NeurIPS 2019): all forwards, then all backwards;
 - :func:`one_f_one_b` (PipeDream-Flush; Narayanan et al., SC 2021): stage d runs
@@ -24,21 +25,25 @@ training step as a :class:`PipelineSchedule` (``meta["pattern"]``, ``meta["chunk
 
 Their bubbles and peaks under uniform costs are the formulas of docs/pipelines.md
 ("Baselines"), checked exactly in tests/schedir/test_pipeline_baselines.py.
+
+:func:`gpipe_ops` and :func:`one_f_one_b_ops` build GPipe and 1F1B on an interval
+mapping without replication (one chunk per interval; the schedule keeps the mapping).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 
 from schedir.errors import InvalidSchedule
-from schedir.pipeline.ops import PipelineSchedule, one_f_one_b_order
 from schedir.pipeline.placement import (
     Order,
     balanced_cuts,
     place,
     schedule_from_orders,
 )
-from schedir.pipeline.problem import PipelineProblem
+from schedir.pipeline.problem import Mapping, PipelineProblem
+from schedir.pipeline.schedule import PipelineSchedule
 
 
 def _setup(problem: PipelineProblem, devices, chunks_per_device: int, cuts, shape: str = "loop"):
@@ -77,6 +82,21 @@ def one_f_one_b(problem: PipelineProblem, devices: Sequence[str] | None = None, 
     orders = {u: [(kind, d, n) for kind, n in one_f_one_b_order(d, p, m)]
               for d, u in enumerate(devs)}  # fmt: skip
     return _build(problem, chunks, orders, "1f1b", recompute)
+
+
+def one_f_one_b_order(p: int, P: int, m: int) -> list[tuple[str, int]]:
+    """1F1B order of stage p of P (PipeDream-Flush, Narayanan et al., SC 2021): P-p-1
+    warm-up forwards, then alternate one forward and one backward, then drain; at most
+    P - p micro-batches are in flight on stage p."""
+    warm = min(P - p - 1, m)
+    seq = [("F", i) for i in range(warm)]
+    f = warm
+    for b in range(m):
+        if f < m:
+            seq.append(("F", f))
+            f += 1
+        seq.append(("B", b))
+    return seq
 
 
 def interleaved_order(d: int, p: int, v: int, m: int) -> Order:
@@ -206,3 +226,45 @@ BASELINES = {
     "zb_h2": zb_h2,
     "v_shape": v_shape,
 }
+
+
+def _on_mapping(
+    problem: PipelineProblem,
+    mapping: Mapping,
+    order: Callable[[int, int], list[tuple[str, int]]],
+    recompute: list[float] | None,
+    pattern: str,
+) -> PipelineSchedule:
+    """The step whose interval p (of P, one device each) runs ``order(p, P)``: (kind,
+    micro-batch) pairs, kind "F" or "B"."""
+    mapping.check(problem)
+    if any(len(iv.devices) != 1 for iv in mapping.intervals):
+        raise InvalidSchedule("training pipelines take one device per interval (no replication)")
+    chunks = [(iv.first, iv.last, iv.devices[0]) for iv in mapping.intervals]
+    P = len(chunks)
+    orders = {u: [(kind, p, mb) for kind, mb in order(p, P)] for p, (_, _, u) in enumerate(chunks)}
+    s = schedule_from_orders(problem, chunks, orders, {"pattern": pattern},
+                             recompute or [0.0] * P)  # fmt: skip
+    return dataclasses.replace(s, mapping=mapping)
+
+
+def gpipe_ops(
+    problem: PipelineProblem, mapping: Mapping, recompute: list[float] | None = None
+) -> PipelineSchedule:
+    """GPipe (Huang et al., NeurIPS 2019) on ``mapping``: all forwards, then all
+    backwards (reversed)."""
+    m = problem.microbatches
+
+    def order(p: int, P: int):
+        return [("F", i) for i in range(m)] + [("B", i) for i in reversed(range(m))]
+
+    return _on_mapping(problem, mapping, order, recompute, "gpipe")
+
+
+def one_f_one_b_ops(
+    problem: PipelineProblem, mapping: Mapping, recompute: list[float] | None = None
+) -> PipelineSchedule:
+    """The 1F1B schedule of ``problem.microbatches`` micro-batches on ``mapping``."""
+    m = problem.microbatches
+    return _on_mapping(problem, mapping, lambda p, P: one_f_one_b_order(p, P, m), recompute,
+                       "1f1b")  # fmt: skip

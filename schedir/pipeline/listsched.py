@@ -20,10 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from schedir.errors import InvalidSchedule
-from schedir.pipeline.model import link_time
 from schedir.pipeline.ops import Bwd, Fwd, Wgt, effect
 from schedir.pipeline.placement import Chunk, Order, check_placement
-from schedir.pipeline.problem import PipelineProblem
+from schedir.pipeline.problem import PipelineProblem, link_time
 
 
 @dataclass(frozen=True)
@@ -66,8 +65,8 @@ def list_schedule(
     this wait on device u, a W goes before forwards. A micro-batch's first forward on
     a device reserves the stashes of its later chunks there (so that a V-shape never
     starts a micro-batch it cannot finish). ``footprint[c]``: a per-micro-batch
-    footprint of chunk c (``meta["stash"]``), ``recompute[c]``: extra backward seconds.
-    ``messages``: the caps also cover the messages between devices as the simulator
+    footprint of chunk c (its ``ChunkPlan.footprint``), ``recompute[c]``: extra backward
+    seconds. ``messages``: the caps also cover the messages between devices as the simulator
     counts them inside footprints: a received buffer from its sender's op end until its
     consumer starts, a sent gradient from its backward's end until its transfer ends;
     an op starts only if what it sends fits its receiver (credit-based flow control).

@@ -19,28 +19,18 @@ Ops (each names a micro-batch or item ``mb``; a device may run several chunks
 - ``Recv(kind, index, mb, peer)``: declares that this device receives it from ``peer``.
 
 Times and memory of every op are :func:`effect` (the rules, written once; the
-simulator and the executors read them).
-
-A :class:`PipelineSchedule` holds ``ops`` = ((device, (op, ...)), ...) and ``meta``.
-When ``meta["periodic"]`` = K, the ops describe items 0..K-1 and item n + rK repeats
-the pattern of item n (see :func:`expand`): for a training schedule with K = m this
-is the same step repeated, each device starting the next step when it is done with
-its own part of this one (no barrier between steps).
+simulator and the executors read them). The schedule holding the ops per device is
+:class:`schedir.pipeline.schedule.PipelineSchedule`.
 """
 
 from __future__ import annotations
 
-import copy
-import math
 import numbers
 import re
 from dataclasses import dataclass
-from typing import ClassVar
 
-from schedir.chain.schedule import Schedule
 from schedir.errors import InvalidSchedule
-from schedir.pipeline.model import evaluate, working_set
-from schedir.pipeline.problem import Mapping, PipelineProblem
+from schedir.pipeline.problem import PipelineProblem, working_set
 from schedir.platform import LIMIT
 
 
@@ -272,9 +262,9 @@ def effect(
 
     ``training`` (default ``problem.training``): whether a Fwd keeps what its backward
     needs. ``footprint``: bytes per micro-batch that a plan reserves for the op's chunk
-    (``meta["stash"]``: e.g. a rotor plan's peak, which covers the chunk's input, its
-    activations, the incoming gradient and the temporaries) from its Fwd's start to
-    its backward's end, in place of the chunk's own accounting below.
+    (its ``ChunkPlan.footprint``: e.g. a rotor plan's peak, which covers the chunk's
+    input, its activations, the incoming gradient and the temporaries) from its Fwd's
+    start to its backward's end, in place of the chunk's own accounting below.
 
     Memory (bytes, x_k = ``in_size[k]``; docs/pipelines.md "Lifetimes"):
 
@@ -378,178 +368,3 @@ def effect(
     late = ((wdata, sum(problem.wgrad_bytes[i:j])),) if split else ()
     return Effect(compute, reads, adds, work, 0, allocs=out, allocs_end=late, releases=freed,
                   temp=working_set(problem, i, j, backward=True))  # fmt: skip
-
-
-@dataclass(frozen=True)
-class PipelineSchedule(Schedule):
-    """Per-device op lists and JSON-compatible metadata (see the module docstring).
-
-    ``ops`` = ((device name, (op, ...)), ...); ``len(schedule)`` counts the ops of
-    every device. JSON format ``schedir.pipeline_schedule`` (version 1; a missing
-    version reads as 1)::
-
-        {"format": "schedir.pipeline_schedule", "version": 1,
-         "ops": [["gpu0", ["F(0:2,0)", "Send(a2,0,gpu1)"]], ["gpu1", [...]]], "meta": {}}
-    """
-
-    FORMAT: ClassVar[str] = "schedir.pipeline_schedule"
-    OPS: ClassVar[str] = "a pipeline op (Fwd, Bwd, Wgt, Send, Recv)"
-
-    @staticmethod
-    def parse_op(text: str):
-        return parse_pipeline_op(text)
-
-    @staticmethod
-    def is_op(op) -> bool:
-        return isinstance(op, Fwd | Bwd | Wgt | Send | Recv)
-
-    def checked_ops(self, ops) -> tuple:
-        lists = []
-        for k, entry in enumerate(ops):
-            if (
-                not isinstance(entry, list | tuple)
-                or len(entry) != 2
-                or not isinstance(entry[0], str)
-                or isinstance(entry[1], str)
-                or not isinstance(entry[1], list | tuple)
-            ):
-                raise InvalidSchedule(f"ops[{k}]: expected [device name, [op, ...]]")
-            dev, dev_ops = entry
-            dev_ops = tuple(self.parse_op(o) if isinstance(o, str) else o for o in dev_ops)
-            for o in dev_ops:
-                if not self.is_op(o):
-                    raise InvalidSchedule(f"device {dev}: {o!r} is not a pipeline op")
-            lists.append((str(dev), dev_ops))
-        return tuple(lists)
-
-    def ops_to_json(self) -> list:
-        return [[dev, [str(o) for o in ops]] for dev, ops in self.ops]
-
-    def __len__(self) -> int:
-        return sum(len(ops) for _, ops in self.ops)
-
-    @property
-    def mapping(self) -> Mapping | None:
-        m = self.meta.get("mapping")
-        return None if m is None else Mapping.from_dict(m)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> PipelineSchedule:
-        if isinstance(d, dict) and "version" not in d:
-            d = {**d, "version": 1}
-        if isinstance(d, dict) and d.get("format") == cls.FORMAT:
-            ops = d.get("ops")
-            if not isinstance(ops, list):
-                raise InvalidSchedule(f"ops = {ops!r}: expected a list of [device, [op, ...]]")
-        return super().from_dict(d)
-
-
-def _shift(op: PipelineOp, offset: int) -> PipelineOp:
-    """``op`` for item mb + offset (offset >= 0: still a valid op, not checked again)."""
-    moved = copy.copy(op)
-    object.__setattr__(moved, "mb", op.mb + offset)
-    return moved
-
-
-def expand(schedule: PipelineSchedule, items: int) -> PipelineSchedule:
-    """The op lists of ``items`` items from a periodic pattern (a no-op otherwise)."""
-    K = schedule.meta.get("periodic")
-    if not K:
-        return schedule
-    reps = math.ceil(items / K)
-    lists = []
-    for dev, ops in schedule.ops:
-        out = [_shift(o, r * K) for r in range(reps) for o in ops]
-        lists.append((dev, tuple(o for o in out if o.mb < items)))
-    meta = {k: v for k, v in schedule.meta.items() if k != "periodic"}
-    return PipelineSchedule(tuple(lists), {**meta, "items": items})
-
-
-def inference_pattern(problem: PipelineProblem, mapping: Mapping) -> PipelineSchedule:
-    """The periodic round-robin pattern of an inference mapping (K = lcm of |R|)."""
-    mapping.check(problem)
-    ivs = mapping.intervals
-    K = math.lcm(*(len(iv.devices) for iv in ivs))
-    lists: dict[str, list] = {u: [] for iv in ivs for u in iv.devices}
-    for n in range(K):
-        for g, iv in enumerate(ivs):
-            u = iv.devices[n % len(iv.devices)]
-            if g > 0:
-                prev = ivs[g - 1].devices
-                lists[u].append(Recv("a", iv.first, n, prev[n % len(prev)]))
-            lists[u].append(Fwd(iv.first, iv.last, n))
-            if g + 1 < len(ivs):
-                nxt = ivs[g + 1].devices
-                lists[u].append(Send("a", iv.last, n, nxt[n % len(nxt)]))
-    rep = evaluate(problem, mapping)
-    meta = {"mapping": mapping.to_dict(), "periodic": K, "kind": "inference",
-            "period": rep.period, "latency": rep.latency}  # fmt: skip
-    return PipelineSchedule(tuple((u, tuple(v)) for u, v in lists.items()), meta)
-
-
-def _stage_devices(problem: PipelineProblem, mapping: Mapping) -> list[str]:
-    mapping.check(problem)
-    if any(len(iv.devices) != 1 for iv in mapping.intervals):
-        raise InvalidSchedule("training pipelines take one device per interval (no replication)")
-    return [iv.devices[0] for iv in mapping.intervals]
-
-
-def _training_ops(problem, mapping, order, recompute) -> PipelineSchedule:
-    devs = _stage_devices(problem, mapping)
-    ivs, P = mapping.intervals, len(mapping.intervals)
-    recompute = recompute or [0.0] * P
-    lists = []
-    for p, (iv, u) in enumerate(zip(ivs, devs, strict=True)):
-        ops: list = []
-        for kind, mb in order(p, P):
-            if kind == "F":
-                if p > 0:
-                    ops.append(Recv("a", iv.first, mb, devs[p - 1]))
-                ops.append(Fwd(iv.first, iv.last, mb))
-                if p + 1 < P:
-                    ops.append(Send("a", iv.last, mb, devs[p + 1]))
-            else:
-                if p + 1 < P:
-                    ops.append(Recv("d", iv.last, mb, devs[p + 1]))
-                ops.append(Bwd(iv.first, iv.last, mb, recompute[p]))
-                if p > 0:
-                    ops.append(Send("d", iv.first, mb, devs[p - 1]))
-        lists.append((u, tuple(ops)))
-    return PipelineSchedule(tuple(lists), {"mapping": mapping.to_dict(), "kind": "training"})
-
-
-def gpipe_ops(
-    problem: PipelineProblem, mapping: Mapping, recompute: list[float] | None = None
-) -> PipelineSchedule:
-    """GPipe (Huang et al., NeurIPS 2019): all forwards, then all backwards (reversed)."""
-    m = problem.microbatches
-
-    def order(p: int, P: int):
-        return [("F", i) for i in range(m)] + [("B", i) for i in reversed(range(m))]
-
-    s = _training_ops(problem, mapping, order, recompute)
-    return PipelineSchedule(s.ops, {**s.meta, "pattern": "gpipe"})
-
-
-def one_f_one_b_order(p: int, P: int, m: int) -> list[tuple[str, int]]:
-    """1F1B order of stage p of P (PipeDream-Flush, Narayanan et al., SC 2021): P-p-1
-    warm-up forwards, then alternate one forward and one backward, then drain; at most
-    P - p micro-batches are in flight on stage p."""
-    warm = min(P - p - 1, m)
-    seq = [("F", i) for i in range(warm)]
-    f = warm
-    for b in range(m):
-        if f < m:
-            seq.append(("F", f))
-            f += 1
-        seq.append(("B", b))
-    return seq
-
-
-def one_f_one_b_ops(
-    problem: PipelineProblem, mapping: Mapping, recompute: list[float] | None = None
-) -> PipelineSchedule:
-    """The 1F1B schedule of ``problem.microbatches`` micro-batches on ``mapping``."""
-    m = problem.microbatches
-    s = _training_ops(problem, mapping, lambda p, P: one_f_one_b_order(p, P, m), recompute)
-    return PipelineSchedule(s.ops, {**s.meta, "pattern": "1f1b"})

@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from schedir.errors import InvalidSchedule
-from schedir.pipeline.ops import Bwd, Fwd, PipelineSchedule, Recv, Send, Wgt
+from schedir.pipeline.ops import Bwd, Fwd, Recv, Send, Wgt
 from schedir.pipeline.problem import PipelineProblem
+from schedir.pipeline.schedule import ChunkPlan, PipelineSchedule
 
 Chunk = tuple[int, int, str]
 Order = list[tuple[str, int, int]]
@@ -82,12 +83,15 @@ def schedule_from_orders(
     orders: dict[str, Order],
     meta: dict | None = None,
     recompute: Sequence[float] | None = None,
+    footprints: Sequence[int | None] | None = None,
 ) -> PipelineSchedule:
     """The op lists of per-device ``orders`` on ``chunks`` (module docstring), with
-    ``recompute[c]`` seconds on every backward of chunk c."""
+    ``recompute[c]`` seconds on every backward of chunk c; one plan per chunk, holding
+    ``footprints[c]`` bytes per micro-batch (None: its own accounting)."""
     chunks = check_placement(problem, chunks)
     C = len(chunks)
     rec = list(recompute) if recompute is not None else [0.0] * C
+    fp = list(footprints) if footprints is not None else [None] * C
     lists = []
     for dev, order in orders.items():
         ops: list = []
@@ -114,5 +118,5 @@ def schedule_from_orders(
             else:
                 raise InvalidSchedule(f"order of {dev}: op kind {kind!r} (expected F, B, Bi, W)")
         lists.append((dev, tuple(ops)))
-    info = {"kind": "training", "chunks": [list(ch) for ch in chunks]}
-    return PipelineSchedule(tuple(lists), {**info, **(meta or {})})
+    plans = tuple(ChunkPlan(a, b, u, f) for (a, b, u), f in zip(chunks, fp, strict=True))
+    return PipelineSchedule(tuple(lists), {"kind": "training", **(meta or {})}, plans=plans)

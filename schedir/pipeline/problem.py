@@ -1,33 +1,23 @@
-"""Several devices: pipeline problems, interval mappings and their period model (docs/pipelines.md).
+"""Pipeline problems: a Chain over several devices, and interval mappings
+(docs/pipelines.md, "Problems").
 
-A :class:`PipelineProblem` is a Chain cut into consecutive intervals, each placed on
-one device or replicated on several (round-robin, which keeps outputs in order). The
-analytical model, reproduced exactly by the discrete-event simulator
-(:mod:`schedir.pipeline_sim`) at zero noise, is documented in ``docs/pipelines.md``:
-
-- interval [i, j) on replicas R (a_i in, a_j out) with work W = sum fwd_time[i:j]:
-  period max_{u in R} (W / speed_u) / |R|;
-- boundary j between intervals on R and R': each directed link (u, v) is a serial
-  resource; item n goes from R[n mod |R|] to R'[n mod |R'|], so every used pair carries
-  one item out of lcm(|R|, |R'|), each taking latency + x_j / bandwidth. Its period is
-  max over used pairs of that time / lcm(|R|, |R'|);
-- period of the mapping = the max of these; latency = sum along the path of the
-  slowest replica's time and the slowest used link's time.
-
-References: Subhlok and Vondran (SPAA 1996) and Benoit and Robert (JPDC 2008) for
-interval mappings with replication. The master-worker problem (:class:`MasterWorker`)
-lives in :mod:`schedir.pipeline.master_worker` and is re-exported here.
+:class:`PipelineProblem` is the chain, the stages' weights, the platform and the
+micro-batches; an :class:`Interval` places stages [first, last) on one device or
+replicates it on several (round-robin), and a :class:`Mapping` is consecutive
+intervals covering the chain. The costs the simulator, the models and the solvers
+share are read here: :func:`link_time`, :func:`working_set`, :func:`capacity`. The
+period model of mappings is :mod:`schedir.steady.periods`.
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from schedir.chain.problem import Chain
 from schedir.errors import InvalidProblem
-from schedir.pipeline.master_worker import MasterWorker, SteadyState  # noqa: F401 (re-exported)
 from schedir.platform import Platform, check_bytes, check_number
 
 # A schedule holds ops per micro-batch and stage, and the simulator runs every one of
@@ -262,3 +252,25 @@ class Mapping:
 
     def __str__(self) -> str:
         return " ".join(str(iv) for iv in self.intervals)
+
+
+def link_time(problem: PipelineProblem, src: str, dst: str, nbytes: int) -> float:
+    """Seconds a message of ``nbytes`` occupies link src -> dst (inf if there is none)."""
+    link = problem.platform.find_link(src, dst)
+    return math.inf if link is None else link.time(nbytes)
+
+
+def working_set(problem: PipelineProblem, i: int, j: int, backward: bool = False) -> int:
+    """Bytes live inside one op on stages [i, j) besides its input and output: the
+    largest temporary (fwd_tmp or bwd_tmp) plus the activations between stages."""
+    c = problem.chain
+    x, tmp = c.in_size, (c.bwd_tmp if backward else c.fwd_tmp)
+    return max(
+        tmp[k] + (x[k] if k > i else 0) + (x[k + 1] if k + 1 < j else 0) for k in range(i, j)
+    )
+
+
+def capacity(problem: PipelineProblem, name: str, budget: int | None = None) -> int | None:
+    """Bytes device ``name`` may hold: its memory, and ``budget`` if given (None: no limit)."""
+    caps = [c for c in (problem.platform.device(name).memory, budget) if c is not None]
+    return min(caps) if caps else None

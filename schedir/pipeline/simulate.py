@@ -20,9 +20,9 @@ once (same law, ``device_sigma``), seeded, so runs are reproducible.
 Memory per device (bytes): the weights of every stage it runs, plus the buffers of
 :func:`schedir.pipeline.ops.effect` (inputs, outputs, stashes, receive buffers from
 the start of their transfer, the weight-gradient data of split backwards, working
-sets), each from its allocation until the last op that releases it has done so.
-``meta["stash"]["i:j"]`` gives chunk [i, j) a per-micro-batch footprint in place of
-its own accounting (see ``effect``). At equal times (to 1e-9 relative) frees come
+sets), each from its allocation until the last op that releases it has done so. A
+chunk whose plan has a footprint (``schedule.plans``) holds it per micro-batch in
+place of its own accounting (see ``effect``). At equal times (to 1e-9 relative) frees come
 before allocations.
 """
 
@@ -36,9 +36,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from schedir.errors import InvalidProblem, InvalidSchedule
-from schedir.pipeline.model import link_time
-from schedir.pipeline.ops import Bwd, Fwd, PipelineSchedule, Send, Wgt, effect, expand
-from schedir.pipeline.problem import PipelineProblem
+from schedir.pipeline.ops import Bwd, Fwd, Send, Wgt, effect
+from schedir.pipeline.problem import PipelineProblem, link_time
+from schedir.pipeline.schedule import PipelineSchedule, check_count, check_seconds, expand
 from schedir.trace import Span
 
 
@@ -146,7 +146,7 @@ def simulate_pipeline(
 
     ``items``: items to simulate for a periodic pattern (default: 50 hyperperiods, at
     least ``problem.microbatches``). ``release_interval``: item n enters at n times
-    that many seconds (default: ``meta["period"]`` for inference, else 0: all at once,
+    that many seconds (default: the schedule's ``release_interval``; 0: all at once,
     which measures the throughput but lets queues, and memory, grow). Raises
     InvalidSchedule on a missing producer, an unmatched Send / Recv, an unknown device
     or link, or a deadlock.
@@ -157,26 +157,20 @@ def simulate_pipeline(
     if not isinstance(schedule, PipelineSchedule):
         raise InvalidSchedule(f"a {type(schedule).__name__} is not a schedule of a pipeline "
                               "problem (expected format schedir.pipeline_schedule)")  # fmt: skip
-    hyper = _meta_count(schedule.meta, "periodic") or 1
+    hyper = schedule.periodic or 1
     if items is not None:
-        _meta_count({"items": items}, "items")
+        check_count("items", items)
     if release_interval is None:
-        inference = schedule.meta.get("kind") == "inference"
-        release_interval = _meta_seconds(schedule.meta, "period") if inference else 0.0
+        release_interval = schedule.release_interval
     else:
-        release_interval = _meta_seconds({"release_interval": release_interval},
-                                         "release_interval")  # fmt: skip
-    if schedule.meta.get("periodic"):
+        release_interval = check_seconds("release_interval", release_interval)
+    if schedule.periodic:
         schedule = expand(schedule, items or max(problem.microbatches, 50 * hyper))
     plat = problem.platform
     noise = noise or Noise()
     rng = noise.generator() if noise.sigma > 0 else None
     dev_factor = noise.device_factors([d.name for d in plat.devices])
-    stash_override = schedule.meta.get("stash", {})
-    if not isinstance(stash_override, dict) or not all(
-        isinstance(v, int) and not isinstance(v, bool) and 0 <= v for v in stash_override.values()
-    ):
-        raise InvalidSchedule(f"meta stash = {stash_override!r}: expected {{'i:j': bytes}}")
+    footprints = schedule.footprints()
     training = problem.training or any(isinstance(o, Bwd) for _, ops in schedule.ops for o in ops)
     # Tasks: resource, duration, data deps, release time, effect.
     res, dur, deps, rel, label, owner, effects = [], [], [], [], [], [], []
@@ -190,7 +184,7 @@ def simulate_pipeline(
         for op in ops:
             whole = None
             if training and isinstance(op, Fwd | Bwd | Wgt):
-                whole = stash_override.get(f"{op.first}:{op.last}")
+                whole = footprints.get((op.first, op.last))
             try:
                 eff = effect(problem, dev, op, training=training, footprint=whole)
             except InvalidSchedule as err:
@@ -246,29 +240,6 @@ def _needs(key: tuple) -> str:
     if key[1] == "s":
         return f"its forward F({first}:{last},{key[3]})"
     return f"its input-gradient backward Bi({first}:{last},{key[3]})"
-
-
-def _meta_count(meta: dict, key: str) -> int | None:
-    value = meta.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidSchedule(f"{key} = {value!r}: expected an integer >= 1")
-    return value
-
-
-def _meta_seconds(meta: dict, key: str) -> float:
-    value = meta.get(key, 0.0)
-    if value is None:
-        return 0.0
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < 0
-    ):
-        raise InvalidSchedule(f"{key} = {value!r}: expected finite non-negative seconds")
-    return float(value)
 
 
 def _longest_path(res, dur, deps, rel, label, owner):

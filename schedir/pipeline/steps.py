@@ -17,11 +17,13 @@ a periodic pattern of m items, :func:`schedir.pipeline.ops.expand`) and measures
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from schedir.errors import InvalidSchedule
-from schedir.pipeline.ops import Bwd, Fwd, PipelineSchedule, Wgt
+from schedir.pipeline.ops import Bwd, Fwd, Wgt
 from schedir.pipeline.problem import PipelineProblem
+from schedir.pipeline.schedule import PipelineSchedule
 from schedir.pipeline.simulate import PipelineTrace, simulate_pipeline
 
 
@@ -52,10 +54,10 @@ def step_report(problem: PipelineProblem, schedule: PipelineSchedule, steps: int
     """Simulate ``steps`` >= 2 repeated steps of ``schedule`` (module docstring)."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
         raise InvalidSchedule(f"steps = {steps!r}: expected an integer >= 2")
-    if schedule.meta.get("periodic"):
+    if schedule.periodic:
         raise InvalidSchedule("step_report takes one step, not a periodic pattern")
     m = step_microbatches(schedule)
-    periodic = PipelineSchedule(schedule.ops, {**schedule.meta, "periodic": m})
+    periodic = dataclasses.replace(schedule, periodic=m)
     trace = simulate_pipeline(problem, periodic, items=steps * m)
     # step 0 runs as it would alone: every resource serves it before the next step
     ends = [0.0] * steps

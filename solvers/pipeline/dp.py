@@ -1,9 +1,9 @@
 """Exact DP for interval mapping with replication on identical devices (``"pipeline_dp"``).
 
-Minimizes the period of docs/pipelines.md (``schedir.pipeline.evaluate``) of an inference
+Minimizes the period of docs/pipelines.md (``schedir.steady.evaluate``) of an inference
 pipeline when every device has the same speed and memory and every pair of devices is
 linked by the same link. A replica's memory depends on the replica counts of its
-neighbours (``schedir.pipeline.buffer_counts``: the senders that feed it and the
+neighbours (``schedir.steady.buffer_counts``: the senders that feed it and the
 receivers it feeds), so the state also holds the count of the interval that follows.
 Let T(j, q, r, n) be the least period of stages 0..j-1 mapped on q devices with the
 last interval replicated r times and the next one n times (n = 0 when j = L):
@@ -23,13 +23,13 @@ extended with the link term of round-robin replication and its buffers.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import cache
 
 from schedir import InvalidProblem
-from schedir.pipeline.model import capacity, evaluate, interval_memory
-from schedir.pipeline.ops import PipelineSchedule, inference_pattern
-from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
+from schedir.pipeline.problem import Interval, Mapping, PipelineProblem, capacity
+from schedir.steady import evaluate, inference_pattern, interval_memory
 from solvers.registry import Infeasible, register
 
 
@@ -123,7 +123,7 @@ def mapping_schedule(problem: PipelineProblem, mapping: Mapping, method: str, **
     # a period of 0 (no work, free links) has no finite throughput: None, not inf in JSON
     meta = {**s.meta, "method": method, "period": rep.period, "latency": rep.latency,
             "throughput": 1 / rep.period if rep.period > 0 else None, **meta}  # fmt: skip
-    return PipelineSchedule(s.ops, meta)
+    return dataclasses.replace(s, meta=meta)
 
 
 @register(

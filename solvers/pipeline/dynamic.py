@@ -2,9 +2,9 @@
 and (:mod:`solvers.pipeline.guided`) ``static`` and ``guided``.
 
 Each is written once and run both by the simulator (:func:`run_policy`, i.e.
-:func:`schedir.pipeline.dag.simulate_dynamic`) and by the JAX runtime
+:func:`schedir.dynamic.simulate_dynamic`) and by the JAX runtime
 (``jax_exec.pipeline.dynamic``): it reads the one
-:class:`schedir.pipeline.runtime.RuntimeState`, which admits tasks under the devices'
+:class:`schedir.dynamic.RuntimeState`, which admits tasks under the devices'
 memory and evicts as DTR does (docs/dynamic_training.md).
 
 - ``eager``: one shared pool; an idle device starts the oldest ready task that fits
@@ -29,10 +29,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from schedir.pipeline.dag import DynamicTrace, TaskGraph, pipeline_graph, simulate_dynamic
-from schedir.pipeline.model import capacity
-from schedir.pipeline.ops import Fwd, PipelineSchedule, Recv, Send
-from schedir.pipeline.problem import PipelineProblem
+from schedir.dynamic import DynamicTrace, TaskGraph, pipeline_graph, simulate_dynamic
+from schedir.pipeline.ops import Fwd, Recv, Send
+from schedir.pipeline.problem import PipelineProblem, capacity
+from schedir.pipeline.schedule import PipelineSchedule
 from schedir.pipeline.simulate import Noise, simulate_pipeline
 from schedir.platform import Platform
 from solvers.pipeline.guided import Guided, Static, plan_lists

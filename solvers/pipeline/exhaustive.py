@@ -1,6 +1,6 @@
 """Brute force over interval mappings (tests and tiny instances): every split of the
 chain into intervals, every assignment of devices, scored by the model of
-docs/pipelines.md (:func:`schedir.pipeline.model.evaluate`)."""
+docs/pipelines.md (:func:`schedir.steady.evaluate`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import itertools
 import math
 from collections.abc import Iterator
 
-from schedir.pipeline.model import evaluate
 from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
+from schedir.steady import evaluate
 
 
 def compositions(length: int, parts: int | None = None) -> Iterator[tuple[int, ...]]:

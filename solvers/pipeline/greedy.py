@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import math
 
-from schedir.pipeline.model import boundary_period, capacity, evaluate, mapping_memory
-from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
+from schedir.pipeline.problem import Interval, Mapping, PipelineProblem, capacity
+from schedir.steady import boundary_period, evaluate, mapping_memory
 from solvers.pipeline.dp import mapping_schedule, require_inference
 from solvers.registry import Infeasible, register
 

@@ -30,9 +30,10 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+from schedir.dynamic import TaskGraph, simulate_dynamic
 from schedir.errors import InvalidProblem
-from schedir.pipeline.dag import TaskGraph, simulate_dynamic
-from schedir.pipeline.ops import Bwd, Fwd, PipelineSchedule
+from schedir.pipeline.ops import Bwd, Fwd
+from schedir.pipeline.schedule import PipelineSchedule
 from schedir.platform import Platform
 from solvers.pipeline.policies import Heft, list_schedule
 

@@ -24,24 +24,27 @@ step_report`); one whose simulated peak exceeds a device is retried with that
 device's budget lowered by the excess, then dropped. The store-all and full-remat
 versions of every pattern on balanced cuts are candidates too, so the answer is
 never slower than a baseline that fits. Not exact (``meta["exact"]`` is False):
-a heuristic search whose every answer the simulator judges.
+a heuristic search whose every answer the simulator judges. The schedule's ``plans``
+say per chunk its plan, footprint and (rotor) chain ops.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from schedir.errors import InvalidSchedule
 from schedir.pipeline.baselines import one_f_one_b, v_shape, zb_h1, zb_h2
 from schedir.pipeline.listsched import list_schedule
-from schedir.pipeline.model import capacity
-from schedir.pipeline.ops import Bwd, Fwd, PipelineSchedule, Wgt, wgrad_hold
+from schedir.pipeline.ops import Bwd, Fwd, Wgt, wgrad_hold
 from schedir.pipeline.placement import balanced_cuts, place, schedule_from_orders
-from schedir.pipeline.problem import PipelineProblem
-from schedir.pipeline.steps import step_report
+from schedir.pipeline.problem import PipelineProblem, capacity
+from schedir.pipeline.schedule import ChunkPlan, PipelineSchedule
+from schedir.pipeline.steps import StepReport, step_report
 from solvers.pipeline.one_f_one_b import message_reserve
 from solvers.pipeline.stage_plans import Plan, shared_plans
 from solvers.registry import Infeasible, register
@@ -116,13 +119,28 @@ def footprint_margin(problem, rows, chunks_here, room: float, footprint: float) 
                 if a > 0), default=math.inf)  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """A simulated candidate: its repeated-step ``period`` (seconds per step), the
+    ``schedule``, its :class:`~schedir.pipeline.steps.StepReport`, and what made it:
+    the ``pattern``, the ``cuts``, the chunks' ``plans`` and the planning ``mode``."""
+
+    period: float
+    schedule: PipelineSchedule
+    report: StepReport
+    pattern: str
+    cuts: tuple[int, ...]
+    plans: tuple[Plan, ...]
+    mode: str
+
+
 class _Search:
     def __init__(self, problem, budget, slots, steps, patterns, max_evals, progress, walk=4):
         self.problem, self.budget, self.steps = problem, budget, steps
         self.patterns, self.max_evals, self.progress = patterns, max_evals, progress
         self.walk = walk
         self.plans = shared_plans(problem, slots)
-        self.best: tuple | None = None  # (period, schedule, report, info)
+        self.best: Candidate | None = None
         self.evals = 0
         self.seen: set = set()
 
@@ -175,9 +193,8 @@ class _Search:
         over = {u: rep.device_peak.get(u, 0) - self.cap(u) for u in rep.device_peak}
         if any(v > 0 for v in over.values()):
             return None, over
-        info = {"pattern": pattern, "cuts": list(cuts), "plans": plans, "mode": mode}
-        if self.best is None or rep.period < self.best[0] - 1e-12:
-            self.best = (rep.period, s, rep, info)
+        if self.best is None or rep.period < self.best.period - 1e-12:
+            self.best = Candidate(rep.period, s, rep, pattern, tuple(cuts), tuple(plans), mode)
         return rep.period, over
 
     def _walk(self, pattern, devs, cuts, chunks, rows):
@@ -239,18 +256,16 @@ class _Search:
         order = parts[2] if len(parts) > 2 else "BFW"
         got = list_schedule(pb, chunks, caps=caps if fp is not None else None, footprint=fp,
                             recompute=rec, priority=tuple(order), messages=True)  # fmt: skip
-        s = schedule_from_orders(pb, chunks, got.orders, {"pattern": "list"}, rec)
-        if fp is not None:
-            stash = {f"{a}:{b}": int(f) for (a, b, _), f in zip(chunks, fp, strict=True)}
-            s = PipelineSchedule(s.ops, {**s.meta, "stash": stash})
+        s = schedule_from_orders(pb, chunks, got.orders, {"pattern": "list"}, rec, fp)
         return s, got.cap_slack
 
     def _orders(self, pattern, devs, cuts, chunks, fp, rec) -> PipelineSchedule:
         """The fixed-order pattern's schedule on these cuts, with footprints ``fp``."""
         s = PATTERNS[pattern](self.problem, list(devs), cuts=list(cuts), recompute=rec)
         if fp is not None:
-            stash = {f"{a}:{b}": int(f) for (a, b, _), f in zip(chunks, fp, strict=True)}
-            s = PipelineSchedule(s.ops, {**s.meta, "stash": stash})
+            s = s.with_plans(
+                ChunkPlan(a, b, u, int(f)) for (a, b, u), f in zip(chunks, fp, strict=True)
+            )
         return s
 
     def _fixed(self, dev, chunks) -> float:
@@ -349,27 +364,28 @@ class _Search:
             period, cuts = best
 
 
-def apply_plans(schedule: PipelineSchedule, plans: dict[str, Plan]) -> PipelineSchedule:
-    """``schedule`` with chunk ``"i:j"`` run by ``plans["i:j"]``: its footprint in
-    ``meta["stash"]``, its extra seconds on every backward (``Bwd.recompute``)."""
+def apply_plans(schedule: PipelineSchedule, plans: dict[tuple[int, int], Plan]):
+    """``schedule`` with chunk [i, j) run by ``plans[i, j]``: its footprint reserved,
+    its extra seconds on every backward (``Bwd.recompute``)."""
     lists = []
     for dev, ops in schedule.ops:
         out = []
         for op in ops:
-            plan = plans.get(f"{op.first}:{op.last}") if isinstance(op, Bwd) else None
+            plan = plans.get((op.first, op.last)) if isinstance(op, Bwd) else None
             out.append(op if plan is None else Bwd(op.first, op.last, op.mb, plan.extra, op.part))
         lists.append((dev, tuple(out)))
-    stash = {**schedule.meta.get("stash", {}), **{k: p.footprint for k, p in plans.items()}}
-    return PipelineSchedule(tuple(lists), {**schedule.meta, "stash": stash})
+    chunks = [c for c in schedule.plans if (c.first, c.last) in plans]
+    new = [dataclasses.replace(c, footprint=plans[c.first, c.last].footprint) for c in chunks]
+    return dataclasses.replace(schedule, ops=tuple(lists)).with_plans(new)
 
 
 def full_remat(problem: PipelineProblem, schedule: PipelineSchedule, slots: int = 500):
-    """``schedule`` with every chunk of ``meta["chunks"]`` at rotor's least memory (full
+    """``schedule`` with every chunk of its plans at rotor's least memory (full
     rematerialization, the Megatron-style fallback when activations do not fit)."""
     plans = shared_plans(problem, slots, offload=False)
-    chunks = [tuple(ch) for ch in schedule.meta["chunks"]]
-    return apply_plans(schedule, {f"{a}:{b}": plans.within(a, b, plans.least(a, b))
-                                  for a, b, _ in chunks})  # fmt: skip
+    return apply_plans(schedule, {(c.first, c.last): plans.within(c.first, c.last,
+                                                                  plans.least(c.first, c.last))
+                                  for c in schedule.plans})  # fmt: skip
 
 
 def device_orders(problem: PipelineProblem, every: int = 3) -> list[list[str]]:
@@ -470,12 +486,12 @@ def pipeline_joint(
     if search.best is None:
         raise Infeasible("pipeline_joint", budget, None,
                          "no pattern, cut and per-chunk plan fits the devices' memory")  # fmt: skip
-    period, s, rep, info = search.best
-    plans = search.plans.describe([tuple(ch) for ch in s.meta["chunks"]], info["plans"])
-    m = problem.microbatches
-    meta = {**s.meta, "method": "pipeline_joint", "period": period / m,
-            "step_period": period, "step_throughput": rep.throughput, "bubble": rep.bubble,
-            "plans": plans, "candidates": search.evals, "exact": False,
-            "plans_exact": all(p.exact for p in info["plans"]),
+    best, m = search.best, problem.microbatches
+    s, rep = best.schedule, best.report
+    meta = {**s.meta, "method": "pipeline_joint", "period": best.period / m,
+            "step_period": best.period, "step_throughput": rep.throughput,
+            "bubble": rep.bubble, "candidates": search.evals, "exact": False,
+            "plans_exact": all(p.exact for p in best.plans),
             "search_time": time.perf_counter() - t0}  # fmt: skip
-    return PipelineSchedule(s.ops, meta)
+    s = s.with_plans(search.plans.chunk_plans(s.plans, best.plans))
+    return dataclasses.replace(s, meta=meta)

@@ -37,21 +37,22 @@ may be better.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
+from dataclasses import dataclass
 
-import highspy
 import numpy as np
 
-from schedir.pipeline.model import capacity, link_time
-from schedir.pipeline.ops import PipelineSchedule, wgrad_hold
+from schedir.pipeline.ops import wgrad_hold
 from schedir.pipeline.placement import place, schedule_from_orders
-from schedir.pipeline.problem import PipelineProblem
+from schedir.pipeline.problem import PipelineProblem, capacity, link_time
+from schedir.pipeline.schedule import PipelineSchedule
 from schedir.pipeline.steps import step_report
 from solvers.pipeline.exhaustive import compositions
 from solvers.pipeline.joint import device_orders
-from solvers.pipeline.milp import _highs_model, _Rows
+from solvers.pipeline.milp import HighsOutcome, _highs_model, _Rows
 from solvers.pipeline.one_f_one_b import message_reserve
 from solvers.pipeline.stage_plans import Plan, StagePlans, shared_plans
 from solvers.registry import Infeasible, register
@@ -78,8 +79,22 @@ def _ops(C: int, m: int, split: bool) -> list[tuple[str, int, int]]:
     return [(k, c, n) for c in range(C) for k in kinds for n in range(m)]
 
 
-def _solve_combo(problem, devs, cuts, plans, budget, time_limit, unit):
-    """(T in seconds, orders, chosen plans, info) of one combination, or None."""
+@dataclass(frozen=True)
+class ComboSolution:
+    """The MILP's answer for one device order and cuts: its period ``T`` (seconds), the
+    ``chunks``, the per-device ``orders``, the chosen ``plans`` (one per chunk), whether
+    every menu plan was exact (``menus_exact``) and how the solve ended (``outcome``)."""
+
+    T: float
+    chunks: tuple
+    orders: dict
+    plans: list[Plan]
+    menus_exact: bool
+    outcome: HighsOutcome
+
+
+def _solve_combo(problem, devs, cuts, plans, budget, time_limit, unit) -> ComboSolution | None:
+    """The MILP of one combination (None: no plan menu fits, or no solution)."""
     pb = problem
     m, C = pb.microbatches, len(devs)
     split = pb.wgrad_fraction is not None
@@ -185,12 +200,9 @@ def _solve_combo(problem, devs, cuts, plans, budget, time_limit, unit):
     if time_limit is not None:
         highs.setOptionValue("time_limit", max(0.01, float(time_limit)))
     highs.run()
-    status = highs.getModelStatus()
-    info = highs.getInfo()
-    if info.primal_solution_status != 2:
+    if highs.getInfo().primal_solution_status != 2:
         return None
     val = np.asarray(highs.getSolution().col_value)
-    limited = status == highspy.HighsModelStatus.kTimeLimit
     chosen = [menus[c][int(np.argmax([val[R.index["z", c, q]] for q in range(len(menus[c]))]))]
               for c in range(C)]  # fmt: skip
     rank = {"F": 0, "B": 1, "Bi": 1, "W": 2}
@@ -199,11 +211,8 @@ def _solve_combo(problem, devs, cuts, plans, budget, time_limit, unit):
         mine = sorted((val[R.index["S", *o]], rank[o[0]], o) for o in ops if o[1] == c)
         orders[u] = [o for _, _, o in mine]
     exact = all(p.exact for menu in menus for p in menu)
-    out = {"status": status.name, "time_limited": limited, "variables": n_cols,
-           "rows": len(R.lo), "menus_exact": exact}  # fmt: skip
-    if limited and math.isfinite(info.mip_dual_bound):
-        out["lower_bound"] = float(info.mip_dual_bound) * unit
-    return float(val[T]) * unit, chunks, orders, chosen, out
+    outcome = HighsOutcome.of(highs, n_cols, len(R.lo), unit)
+    return ComboSolution(float(val[T]) * unit, chunks, orders, chosen, exact, outcome)
 
 
 def _fixed(o, o2, bk: str):
@@ -317,9 +326,8 @@ def pipeline_joint_milp(
     combos.sort(key=lambda t: t[0])
     unit = max(pb.work(0, L) / max(d.speed for d in pb.platform.devices), 1e-30)
     best, solved, limited, complete, menus_exact = None, 0, False, True, True
-    bounds = []
     for k, (lb, devs, cuts) in enumerate(combos):
-        if best is not None and lb >= best[0] * (1 - 1e-9):
+        if best is not None and lb >= best[0].T * (1 - 1e-9):
             break
         if solved >= max_combinations:
             complete = False
@@ -330,28 +338,25 @@ def pipeline_joint_milp(
         solved += 1
         if got is None:
             continue
-        T, chunks, ords, chosen, info = got
-        limited = limited or info["time_limited"]
-        menus_exact = menus_exact and info["menus_exact"]
-        bounds.append(info.get("lower_bound", T))
-        fp = [p.footprint for p in chosen]
-        rec = [p.extra for p in chosen]
-        stash = {f"{a}:{b}": int(f) for (a, b, _), f in zip(chunks, fp, strict=True)}
-        s = schedule_from_orders(pb, chunks, ords, {"pattern": "milp", "stash": stash}, rec)
+        limited = limited or got.outcome.time_limited
+        menus_exact = menus_exact and got.menus_exact
+        fp = [int(p.footprint) for p in got.plans]
+        rec = [p.extra for p in got.plans]
+        s = schedule_from_orders(pb, got.chunks, got.orders, {"pattern": "milp"}, rec, fp)
         rep = step_report(pb, s, steps)
         fits = all(rep.device_peak.get(u, 0) <= (capacity(pb, u, budget) or math.inf)
                    for u in devs)  # fmt: skip
-        if fits and (best is None or T < best[0]):
-            best = (T, s, rep, chosen, info)
+        if fits and (best is None or got.T < best[0].T):
+            best = (got, s, rep)
     if best is None:
         raise Infeasible("pipeline_joint_milp", budget, None,
                          "no cut, order and plan menu fits the devices' memory")  # fmt: skip
-    T, s, rep, chosen, info = best
+    got, s, rep = best
     exact = complete and not limited and menus_exact
-    meta = {**s.meta, "method": "pipeline_joint_milp", "model_period": T,
+    meta = {**s.meta, "method": "pipeline_joint_milp", "model_period": got.T,
             "step_period": rep.period, "period": rep.period / m,
             "step_throughput": rep.throughput, "bubble": rep.bubble,
-            "plans": plans.describe([tuple(ch) for ch in s.meta["chunks"]], chosen),
             "combinations": solved, "exact": exact, "time_limited": limited,
-            "milp": info, "search_time": time.perf_counter() - t0}  # fmt: skip
-    return PipelineSchedule(s.ops, meta)
+            "milp": {**got.outcome.report(), "menus_exact": got.menus_exact},
+            "search_time": time.perf_counter() - t0}  # fmt: skip
+    return dataclasses.replace(s.with_plans(plans.chunk_plans(s.plans, got.plans)), meta=meta)

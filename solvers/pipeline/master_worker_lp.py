@@ -27,7 +27,7 @@ import time
 import numpy as np
 from scipy.optimize import linprog
 
-from schedir.pipeline.problem import MasterWorker, SteadyState
+from schedir.steady import MasterWorker, SteadyState
 from solvers.registry import register
 
 

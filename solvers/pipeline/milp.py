@@ -14,7 +14,7 @@ which has a replicas). With T the period:
 - links: end[k, u, a] >= sum_{I to k} (x[I, u] + z[I, a]) - 1, likewise start; then
   T >= t_uv(x_k) / lcm(a, b) (end[k, u, a] + start[k, v, b] - 1), and u, v may not face
   each other across k when there is no link u -> v;
-- memory (``schedir.pipeline.buffer_counts``): a replica of I = [i, j) with r
+- memory (``schedir.steady.buffer_counts``): a replica of I = [i, j) with r
   replicas after an interval of a replicas and before one of b holds
   1 + a / gcd(a, r) copies of a_i and 1 + b / gcd(r, b) of a_j. With
   w_end[k, a] = sum_{I to k} z[I, a] (1 iff the interval ending at k has a replicas)
@@ -25,13 +25,13 @@ which has a replicas). With T the period:
 
 The memory model also charges upstream intervals whose replicas differ in speed or
 links (their items arrive unevenly); that part is not linear, so it is added lazily:
-when the optimum's mapping does not fit by ``schedir.pipeline.evaluate``, a cut
+when the optimum's mapping does not fit by ``schedir.steady.evaluate``, a cut
 forbids the intervals (with their exact device sets) up to the one after the first
 interval that does not fit, and the MILP is solved again. The linear rows only drop
 non-negative terms, so the loop ends at an optimum of the full model.
 
 The link term charges every pair of replicas (``pairs="all"`` in
-``schedir.pipeline.evaluate``), an order-free bound that equals the exact round-robin
+``schedir.steady.evaluate``), an order-free bound that equals the exact round-robin
 term when gcd(a, b) = 1 or the links are identical; the reported ``period`` is the exact
 one of the returned order (never larger). Minimizing T gives the optimum of this model,
 checked against exhaustive search in the tests. HiGHS (highspy), with no MIP gap.
@@ -42,13 +42,14 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from dataclasses import dataclass
 
 import highspy
 import numpy as np
 import scipy.sparse as sp
 
-from schedir.pipeline.model import capacity, evaluate, interval_memory, link_time, mapping_memory
-from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
+from schedir.pipeline.problem import Interval, Mapping, PipelineProblem, capacity, link_time
+from schedir.steady import evaluate, interval_memory, mapping_memory
 from solvers._highs import quiet_highs
 from solvers.pipeline.dp import mapping_schedule, require_inference
 from solvers.registry import Infeasible, register
@@ -196,6 +197,50 @@ def _cut(problem: PipelineProblem, m: _Rows, ivs: list, mapping: Mapping, budget
     return None
 
 
+@dataclass(frozen=True)
+class HighsOutcome:
+    """How a HiGHS solve ended: its ``status``, the model's ``variables`` and ``rows``,
+    whether it was ``time_limited`` and then ``lower_bound`` (the solver's bound on the
+    optimum of the model, in seconds; None when not time-limited or unknown)."""
+
+    status: str
+    variables: int
+    rows: int
+    time_limited: bool
+    lower_bound: float | None = None
+
+    @classmethod
+    def of(cls, highs, variables: int, rows: int, scale: float) -> HighsOutcome:
+        """The outcome of ``highs``'s last run (its objective in units of ``scale``)."""
+        status = highs.getModelStatus()
+        limited = status == highspy.HighsModelStatus.kTimeLimit
+        bound = float(highs.getInfo().mip_dual_bound) * scale
+        return cls(status.name, variables, rows, limited,
+                   bound if limited and math.isfinite(bound) else None)  # fmt: skip
+
+    def report(self) -> dict:
+        """These facts for a schedule's meta."""
+        out = {"status": self.status, "variables": self.variables, "rows": self.rows,
+               "time_limited": self.time_limited}  # fmt: skip
+        if self.lower_bound is not None:
+            out["lower_bound"] = self.lower_bound
+        return out
+
+
+@dataclass(frozen=True)
+class MilpMapping:
+    """What :func:`milp_mapping` found: the MILP's ``objective`` (seconds per item),
+    its ``mapping``, the ``milp_time`` (seconds) of its ``rounds`` of solves (cuts + 1)
+    and how the last one ended (``outcome``; a time-limited answer is the best
+    mapping found, with the bound on the optimum when HiGHS has one)."""
+
+    objective: float
+    mapping: Mapping
+    milp_time: float
+    rounds: int
+    outcome: HighsOutcome
+
+
 def milp_mapping(
     problem: PipelineProblem,
     replicate: bool = True,
@@ -203,13 +248,8 @@ def milp_mapping(
     max_replicas: int | None = None,
     budget: int | None = None,
     progress=None,
-) -> tuple[float, Mapping, dict]:
-    """(objective, mapping, info) of the MILP; raises Infeasible.
-
-    ``info`` has ``status``, ``milp_time`` (seconds), ``rounds`` (solves, cuts + 1),
-    ``time_limited`` and, when time-limited, ``lower_bound`` (seconds per item; the
-    solver's bound on the optimum of the model).
-    """
+) -> MilpMapping:
+    """The MILP's best mapping (:class:`MilpMapping`); raises Infeasible."""
     start = time.perf_counter()
     deadline = None if time_limit is None else start + float(time_limit)
     P = len(problem.platform.devices)
@@ -255,12 +295,9 @@ def milp_mapping(
             raise Infeasible("pipeline_milp", budget, None, why)
         cols = np.array(list(cut), dtype=np.int32)
         highs.addRow(-highspy.kHighsInf, len(cut) - 1.0, len(cols), cols, np.ones(len(cols)))
-    info_out = {"status": status.name, "milp_time": time.perf_counter() - start,
-                "rounds": rounds, "variables": n, "rows": len(m.lo) + rounds - 1,
-                "time_limited": limited}  # fmt: skip
-    if limited and math.isfinite(info.mip_dual_bound):
-        info_out["lower_bound"] = float(info.mip_dual_bound) * scale
-    return float(val[m.index["T",]]) * scale, mapping, info_out
+    outcome = HighsOutcome.of(highs, n, len(m.lo) + rounds - 1, scale)
+    return MilpMapping(float(val[m.index["T",]]) * scale, mapping, time.perf_counter() - start,
+                       rounds, outcome)  # fmt: skip
 
 
 def _highs_model(m: _Rows, n: int, scale: float):
@@ -324,15 +361,15 @@ def pipeline_milp(
     best mapping found (``meta["time_limited"]``, ``meta["lower_bound"]``), not an
     optimum. ``max_replicas`` restricts the model (the answer is exact for it)."""
     require_inference(problem, "pipeline_milp")
-    obj, mapping, info = milp_mapping(
-        problem, replicate, time_limit, max_replicas, budget, progress
-    )
+    got = milp_mapping(problem, replicate, time_limit, max_replicas, budget, progress)
     # the model's period of the mapping, recomputed (the MILP's T carries its tolerances)
-    model_period = evaluate(problem, mapping, pairs="all").period
-    meta = {"model_period": model_period, "milp": {**info, "objective": obj},
-            "exact": not info["time_limited"]}  # fmt: skip
-    if info["time_limited"]:
+    model_period = evaluate(problem, got.mapping, pairs="all").period
+    end = got.outcome
+    meta = {"model_period": model_period, "exact": not end.time_limited,
+            "milp": {**end.report(), "milp_time": got.milp_time, "rounds": got.rounds,
+                     "objective": got.objective}}  # fmt: skip
+    if end.time_limited:
         meta["time_limited"] = True
-        if "lower_bound" in info:
-            meta["lower_bound"] = info["lower_bound"]
-    return mapping_schedule(problem, mapping, "pipeline_milp", **meta)
+        if end.lower_bound is not None:
+            meta["lower_bound"] = end.lower_bound
+    return mapping_schedule(problem, got.mapping, "pipeline_milp", **meta)

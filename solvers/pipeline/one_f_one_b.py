@@ -11,12 +11,12 @@ the last stage) must fit in b_p: if store-all fits, it costs its forward + backw
 otherwise the exact chain DP (rotor, :mod:`solvers.rotor`) gives the least time in b_p
 bytes and the difference is recompute time; below rotor's least memory the stage is
 infeasible. This is conservative (every micro-batch reserves its whole peak). The
-schedule gives these peaks to the simulator as footprints (``meta["stash"]``), which
+schedule gives these peaks to the simulator as its chunks' footprints, which
 adds inputs that arrive before their forward and gradients still being sent after
 their backward; a candidate whose simulated peaks exceed a device is skipped, so
 the returned schedule always passes the judge.
 
-The period is :func:`schedir.pipeline.training_period` (1F1B's cycle means, with
+The period is :func:`schedir.steady.training_period` (1F1B's cycle means, with
 communication); the solver enumerates the number of stages, the device orders and
 the cut points (exhaustive, cached per interval and budget), so it is exact for this
 model; ``max_candidates`` bounds the enumeration on large instances.
@@ -24,14 +24,17 @@ model; ``max_candidates`` bounds the enumeration on large instances.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
+from dataclasses import dataclass
 from functools import cache
 
-from schedir.pipeline.model import capacity, link_time, training_period
-from schedir.pipeline.ops import PipelineSchedule, one_f_one_b_ops
-from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
+from schedir.pipeline.baselines import one_f_one_b_ops
+from schedir.pipeline.problem import Interval, Mapping, PipelineProblem, capacity, link_time
+from schedir.pipeline.schedule import PipelineSchedule
 from schedir.pipeline.simulate import simulate_pipeline
+from schedir.steady import training_period
 from solvers.pipeline.exhaustive import compositions
 from solvers.pipeline.stage_plans import Plan, StagePlans, sub_chain  # noqa: F401 (re-exported)
 from solvers.registry import Infeasible, register
@@ -46,21 +49,46 @@ def message_reserve(problem: PipelineProblem, i: int, j: int) -> int:
     return (2 * x[i] if i > 0 else 0) + (x[j] if j < L else 0) + wgt
 
 
+@dataclass(frozen=True)
+class StageCost:
+    """A stage of 1F1B on its device: ``seconds`` per micro-batch there, and the
+    ``plan`` of one micro-batch within its share of the device (its recompute seconds
+    ``plan.extra`` at speed 1, its bytes per micro-batch ``plan.footprint``)."""
+
+    seconds: float
+    plan: Plan
+
+
+@dataclass(frozen=True)
+class StagedMapping:
+    """The 1F1B mapping of least period: its ``period`` (seconds per micro-batch), the
+    ``mapping`` and each stage's ``plans`` (store-all or rotor); ``exact`` is False
+    when the enumeration was cut or a rotor answer was not exact (discretized)."""
+
+    period: float
+    mapping: Mapping
+    plans: tuple[Plan, ...]
+    exact: bool
+
+    @property
+    def recompute(self) -> list[float]:
+        """Recompute seconds at speed 1 per micro-batch, per stage."""
+        return [p.extra for p in self.plans]
+
+    @property
+    def footprints(self) -> list[int]:
+        """Bytes per micro-batch, per stage."""
+        return [p.footprint for p in self.plans]
+
+
 class StageCosts:
-    """Cached (time at speed 1, recompute, per-micro-batch bytes) of an interval:
-    store-all, else rotor (:class:`solvers.pipeline.stage_plans.StagePlans`, no
-    offloading)."""
+    """Cached plans of an interval under a per-micro-batch budget: store-all, else
+    rotor (:class:`solvers.pipeline.stage_plans.StagePlans`, no offloading)."""
 
     def __init__(self, problem: PipelineProblem, slots: int = 500):
         self.problem, self.slots = problem, slots
         self.plans = StagePlans(problem, slots, offload=False)
-
-        @cache
-        def cost(i: int, j: int, budget: float) -> tuple[float, float, int] | None:
-            got = self.plans.within(i, j, budget)
-            return None if got is None else (got.time, got.extra, got.footprint)
-
-        self.cost = cost
+        self.cost = cache(self.plans.within)
 
     @property
     def exact(self) -> bool:
@@ -68,7 +96,8 @@ class StageCosts:
         return self.plans.exact
 
     def stage(self, i: int, j: int, device, inflight: int, budget: int | None = None):
-        """(seconds on ``device``, recompute seconds at speed 1, bytes per micro-batch).
+        """The :class:`StageCost` of stages [i, j) on ``device`` with ``inflight``
+        micro-batches sharing it (None: no plan fits).
 
         The shares leave room for the messages around the footprints: an input a_i
         arriving before its forward, a gradient d_j waiting for its backward and the
@@ -84,10 +113,7 @@ class StageCosts:
             return None
         share = cap / inflight if math.isfinite(cap) else math.inf
         got = self.cost(i, j, math.floor(share) if math.isfinite(share) else math.inf)
-        if got is None:
-            return None
-        t, rec, per_mb = got
-        return t / device.speed, rec, per_mb
+        return None if got is None else StageCost(got.time / device.speed, got)
 
 
 def best_1f1b(
@@ -96,13 +122,13 @@ def best_1f1b(
     slots: int = 500,
     budget: int | None = None,
     progress=None,
-) -> tuple:
-    """(period, mapping, recompute per stage, bytes per micro-batch per stage, exact).
+) -> StagedMapping:
+    """The 1F1B mapping of least period (:class:`StagedMapping`).
 
     Candidates are taken by increasing period; one whose schedule the simulator finds
     over a device's memory (the buffers in flight come on top of the shares) is
-    skipped. ``exact`` is False when ``max_candidates`` cut the enumeration or a
-    stage's rotor answer was not exact (discretized).
+    skipped. Not exact when ``max_candidates`` cut the enumeration or a stage's rotor
+    answer was not exact (discretized).
     """
     if not problem.training:
         raise ValueError("pipeline_1f1b needs a training problem (training=True)")
@@ -110,7 +136,7 @@ def best_1f1b(
     devs = problem.platform.devices
     costs = StageCosts(problem, slots)
     x = problem.chain.in_size
-    best = (math.inf, None, None, None)
+    best: tuple = (math.inf, None, ())
     seen, complete = 0, True
     P = len(devs)
     total = sum(math.perm(P, S) * math.comb(L - 1, S - 1) for S in range(1, min(P, L) + 1))
@@ -131,7 +157,7 @@ def best_1f1b(
                         break
                     stages.append(got)
                 else:
-                    c = [s[0] for s in stages]
+                    c = [s.seconds for s in stages]
                     f = [link_time(problem, order[p].name, order[p + 1].name, x[cuts[p + 1]])
                          for p in range(S - 1)]  # fmt: skip
                     b = [link_time(problem, order[p + 1].name, order[p].name, x[cuts[p + 1]])
@@ -142,24 +168,23 @@ def best_1f1b(
                     mapping = Mapping(tuple(
                         Interval(cuts[p], cuts[p + 1], (order[p].name,)) for p in range(S)
                     ))  # fmt: skip
-                    rec = [s[1] for s in stages]
+                    rec = [s.plan.extra for s in stages]
                     period = training_period(problem, mapping, rec)
-                    per_mb = [s[2] for s in stages]
+                    per_mb = [s.plan.footprint for s in stages]
                     if period < best[0] - 1e-15 and _fits(problem, mapping, rec, per_mb, budget):
-                        best = (period, mapping, rec, per_mb)
+                        best = (period, mapping, tuple(s.plan for s in stages))
     if best[1] is None:
         raise Infeasible("pipeline_1f1b", budget, None, "no stage split fits the devices' memory")
-    return (*best, complete and costs.exact)
+    return StagedMapping(*best, complete and costs.exact)
 
 
 def _schedule(problem: PipelineProblem, mapping: Mapping, rec, per_mb) -> PipelineSchedule:
-    """The 1F1B ops; ``meta["stash"]`` gives every stage's per-micro-batch footprint
-    (its store-all or rotor peak), which the simulator holds from the forward's start
-    to the backward's end in place of its own accounting."""
+    """The 1F1B ops; every stage's plan reserves its per-micro-batch footprint (its
+    store-all or rotor peak), which the simulator holds from the forward's start to
+    the backward's end in place of its own accounting."""
     s = one_f_one_b_ops(problem, mapping, rec)
-    stash = {f"{iv.first}:{iv.last}": int(b)
-             for iv, b in zip(mapping.intervals, per_mb, strict=True)}  # fmt: skip
-    return PipelineSchedule(s.ops, {**s.meta, "stash": stash})
+    return s.with_plans(dataclasses.replace(c, footprint=int(b))
+                        for c, b in zip(s.plans, per_mb, strict=True))  # fmt: skip
 
 
 def _fits(problem: PipelineProblem, mapping: Mapping, rec, per_mb, budget) -> bool:
@@ -187,18 +212,10 @@ def pipeline_1f1b(
     progress=None,
 ) -> PipelineSchedule:
     """``budget`` (bytes, optional) bounds every device besides its own memory."""
-    period, mapping, rec, per_mb, exact = best_1f1b(
-        problem, max_candidates, slots, budget, progress
-    )
-    s = _schedule(problem, mapping, rec, per_mb)
+    best = best_1f1b(problem, max_candidates, slots, budget, progress)
+    s = _schedule(problem, best.mapping, best.recompute, best.footprints)
     plans = StagePlans(problem, slots, offload=False)
-    chosen = []
-    for iv, r, b in zip(mapping.intervals, rec, per_mb, strict=True):
-        base = plans.store_all(iv.first, iv.last)
-        rotor = r > 0 or b < base.footprint
-        chosen.append(Plan(base.time + r, r, int(b), "rotor") if rotor else base)
-    chunks = [(iv.first, iv.last, iv.devices[0]) for iv in mapping.intervals]
-    meta = {**s.meta, "method": "pipeline_1f1b", "period": period, "recompute": rec,
-            "microbatches": problem.microbatches, "exact": exact,
-            "plans": plans.describe(chunks, chosen)}  # fmt: skip
-    return PipelineSchedule(s.ops, meta)
+    meta = {**s.meta, "method": "pipeline_1f1b", "period": best.period,
+            "recompute": best.recompute, "microbatches": problem.microbatches,
+            "exact": best.exact}  # fmt: skip
+    return dataclasses.replace(s.with_plans(plans.chunk_plans(s.plans, best.plans)), meta=meta)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from schedir.pipeline.dag import TaskGraph
+from schedir.dynamic import TaskGraph
 from schedir.platform import Platform
 
 
@@ -64,7 +64,7 @@ class Dmda:
                 best, best_end = dev, end
         if best is None:  # fits nowhere: the device that holds the most (the run reports it)
             best = max(state.names, key=lambda u: _capacity(state, u))
-        state.predicted_end[task] = best_end
+        state.record_prediction(task, best_end)
         return best
 
     def complete(self, task, dev, seconds, state):

@@ -19,17 +19,20 @@ plan feasible in slots is feasible in bytes; ``Plan.exact`` says when the sizes'
 made the table exact). A plan's footprint is the least tabulated budget with its
 time.
 
-A pipeline schedule carries a plan as the chunk's footprint (``meta["stash"]``, held
-from its forward's start to its backward's end, :func:`schedir.pipeline.ops.effect`)
-and its extra seconds as ``Bwd.recompute`` (speed 1). The plan of a chunk is computed
-on the chunk alone: its copies do not contend with other micro-batches' (one op at
-a time runs on a device) and host memory is split evenly among the micro-batches in
-flight of all devices.
+A pipeline schedule carries a plan as the chunk's
+:class:`~schedir.pipeline.schedule.ChunkPlan` (its footprint, held from its forward's
+start to its backward's end, :func:`schedir.pipeline.ops.effect`; its kind; a rotor
+plan's chain ops) and its extra seconds as ``Bwd.recompute`` (speed 1). The plan of
+a chunk is computed on the chunk alone: its copies do not contend with other
+micro-batches' (one op at a time runs on a device) and host memory is split evenly
+among the micro-batches in flight of all devices.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 
@@ -38,6 +41,7 @@ import numpy as np
 from schedir import Chain, OffloadProblem, discretize, simulate
 from schedir.chain.discretize import size_unit
 from schedir.pipeline.problem import PipelineProblem
+from schedir.pipeline.schedule import ChunkPlan
 from schedir.platform import Device, Platform
 from solvers.chain._rotor_dp import build_table as rotor_table
 from solvers.chain.store_all import store_all_ops
@@ -224,19 +228,16 @@ class StagePlans:
             return None
         return curve.table.ops(units)
 
-    def describe(self, chunks, plans) -> list[dict]:
-        """``meta["plans"]`` of a schedule: per chunk ``(first, last, device)`` its
-        plan's kind, footprint (bytes), extra seconds and, for a rotor plan, the chain
-        ops an executor runs (:meth:`chain_ops`, printed)."""
-        out = []
-        for (a, b, u), p in zip(chunks, plans, strict=True):
-            entry = {"chunk": f"{a}:{b}", "device": u, "plan": p.kind,
-                     "footprint": p.footprint, "extra": p.extra}  # fmt: skip
-            ops = self.chain_ops(a, b, p)
-            if ops is not None:
-                entry["ops"] = [str(op) for op in ops]
-            out.append(entry)
-        return out
+    def chunk_plans(self, chunks: Sequence[ChunkPlan], plans: Sequence[Plan]) -> tuple:
+        """The schedule's ``chunks`` (their plans, in order) running ``plans``: each
+        keeps its footprint (what the schedule reserves) and gets its plan's kind,
+        extra seconds and, for a rotor plan, the chain ops an executor runs
+        (:meth:`chain_ops`)."""
+        return tuple(
+            dataclasses.replace(c, kind=p.kind, extra=p.extra,
+                                ops=self.chain_ops(c.first, c.last, p) or ())
+            for c, p in zip(chunks, plans, strict=True)
+        )  # fmt: skip
 
     def within(self, i: int, j: int, budget: float, share_host: int = 1) -> Plan | None:
         """:meth:`plan` for a real-valued budget (floored; inf: store-all)."""

@@ -1,6 +1,6 @@
 """An upper bound on the throughput of any run of a task graph: a steady-state LP.
 
-The LP relaxes everything :class:`schedir.pipeline.runtime.RuntimeState` allows (any
+The LP relaxes everything :class:`schedir.dynamic.RuntimeState` allows (any
 placement of every task, one kind of task split over several devices, parameters
 copied anywhere, offloading and dropping with recomputation), so no run, simulated or
 measured, exceeds its value when it is given that run's task durations
@@ -51,8 +51,7 @@ import numpy as np
 from scipy.optimize import linprog
 from scipy.sparse import coo_matrix
 
-from schedir.pipeline.dag import SOURCES, DynamicTrace, TaskGraph
-from schedir.pipeline.dataflow import data_layout
+from schedir.dynamic import SOURCES, DynamicTrace, TaskGraph, data_layout
 from schedir.platform import Platform
 
 RESIDENT = ("activation", "stash", "gradient")  # produced, read later: a lifetime

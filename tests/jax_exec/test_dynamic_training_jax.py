@@ -45,7 +45,7 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
 
     from jax_exec.models import mlp_stack, mse_loss
     from jax_exec.pipeline.dynamic_training import run_dynamic_training
-    from schedir.pipeline.dag import task_factors
+    from schedir.dynamic import task_factors
     from schedir.pipeline.simulate import Noise
     from solvers.pipeline.training_lp import bound_of_trace
 

@@ -78,15 +78,10 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
         stage_orders,
     )
     from jax_exec.stages import as_stages
-    from schedir.pipeline.baselines import BASELINES
-    from schedir.pipeline.ops import (
-        PipelineSchedule,
-        expand,
-        gpipe_ops,
-        inference_pattern,
-        one_f_one_b_ops,
-    )
+    from schedir.pipeline.baselines import BASELINES, gpipe_ops, one_f_one_b_ops
     from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
+    from schedir.pipeline.schedule import PipelineSchedule, expand
+    from schedir.steady import inference_pattern
     from solvers.pipeline.stage_plans import sub_chain
 
     assert len(jax.devices()) == 4
@@ -207,7 +202,7 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
                                                   for u in range(4)], 1e9)  # fmt: skip
         pbt = PipelineProblem(prof, [0] * L, tight, 4, True, target_bytes=target)
         sched = solvers.solve(pbt, None, "pipeline_1f1b")
-        assert any(p["plan"] == "rotor" and p["ops"] for p in sched.meta["plans"])
+        assert any(p.kind == "rotor" and p.ops for p in sched.plans)
         r = run_pipeline(layers, sched, x, y, mse_loss, problem=pbt, block=True)
         _close(r.grads, ref_grads, f"tight 1f1b {memory}")
         assert max(r.op_device_bytes) <= memory, (memory, r.device_peaks)
@@ -232,11 +227,11 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
                           target_bytes=target)  # fmt: skip
     joint = PipelineSchedule.from_dict(json.loads(json.dumps(
         solvers.solve(pb2, None, "pipeline_joint").to_dict())))  # fmt: skip
-    rotor = [p for p in joint.meta["plans"] if p["plan"] == "rotor"]
-    assert rotor and all(p["ops"] for p in rotor), joint.meta["plans"]
+    rotor = [p for p in joint.plans if p.kind == "rotor"]
+    assert rotor and all(p.ops for p in rotor), joint.plans
     specs = _activation_avals(stages, x[:4])
     for plan in rotor:
-        i, j = (int(v) for v in plan["chunk"].split(":"))
+        i, j = plan.first, plan.last
         ops = chunk_chain_ops(joint, i, j)
         held = {}
         for kind, chain_ops in (("rotor", ops), ("store_all", store_all_ops(j - i)),
@@ -249,7 +244,7 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
             held[kind] = sum({id(a): int(a.nbytes) for a in jax.tree_util.tree_leaves(table)}
                              .values())  # fmt: skip
             assert held[kind] == trace.resident[at - 1], (kind, held, trace.resident)
-            assert kind != "rotor" or trace.peak_memory <= plan["footprint"]
+            assert kind != "rotor" or trace.peak_memory <= plan.footprint
         assert held["recompute"] < held["rotor"] < held["store_all"], held
     r = run_pipeline(layers, joint, x, y, mse_loss, problem=pb2, block=True)
     _close(r.loss, ref_loss, "joint_rotor")

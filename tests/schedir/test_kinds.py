@@ -12,7 +12,7 @@ import pytest
 import schedir
 from schedir import Chain, Device, Platform, kind
 from schedir.cli import main
-from schedir.pipeline.ops import one_f_one_b_ops
+from schedir.pipeline.baselines import one_f_one_b_ops
 from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
 
 ROOT = Path(__file__).resolve().parents[2]

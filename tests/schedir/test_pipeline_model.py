@@ -10,25 +10,20 @@ import pytest
 from pipeline_instances import random_problem
 
 import schedir
-from schedir.pipeline.model import (
+from schedir.pipeline.baselines import gpipe_ops, one_f_one_b_ops
+from schedir.pipeline.ops import Fwd, Recv, Send, parse_pipeline_op
+from schedir.pipeline.problem import Interval, Mapping
+from schedir.pipeline.schedule import PipelineSchedule
+from schedir.pipeline.simulate import Noise, simulate_pipeline
+from schedir.steady import (
+    MasterWorker,
     buffer_counts,
     evaluate,
+    inference_pattern,
     interval_memory,
     mapping_memory,
     training_period,
 )
-from schedir.pipeline.ops import (
-    Fwd,
-    PipelineSchedule,
-    Recv,
-    Send,
-    gpipe_ops,
-    inference_pattern,
-    one_f_one_b_ops,
-    parse_pipeline_op,
-)
-from schedir.pipeline.problem import Interval, Mapping, MasterWorker
-from schedir.pipeline.simulate import Noise, simulate_pipeline
 from solvers.pipeline.exhaustive import all_mappings
 
 
@@ -40,7 +35,7 @@ def test_simulated_period_equals_formula_on_every_kind_of_mapping():
         mapping = rng.choice(list(all_mappings(pb)))
         rep = evaluate(pb, mapping)
         pattern = inference_pattern(pb, mapping)
-        K = pattern.meta["periodic"]
+        K = pattern.periodic
         trace = simulate_pipeline(pb, pattern, items=60 * K, release_interval=0.0)
         assert trace.period == pytest.approx(rep.period, rel=1e-9, abs=0)
         checked += 1
@@ -113,7 +108,7 @@ def test_inference_memory_bound_holds_when_items_arrive_at_the_period():
         mapping = rng.choice(list(all_mappings(pb)))
         rep = evaluate(pb, mapping)
         pattern = inference_pattern(pb, mapping)
-        trace = simulate_pipeline(pb, pattern, items=max(40, 20 * pattern.meta["periodic"]))
+        trace = simulate_pipeline(pb, pattern, items=max(40, 20 * pattern.periodic))
         needs = mapping_memory(pb, mapping.intervals)
         for iv, need in zip(mapping.intervals, needs, strict=True):
             for u in iv.devices:
@@ -205,7 +200,7 @@ def _bad_inputs():
     devs = [schedir.Device("a"), schedir.Device("b")]
     plat = schedir.Platform.fully_connected(devs, 10.0)
     huge = schedir.Chain.from_rotor([1e300, 1.0], [1, 1, 1], [4, 4, 4], [0, 4, 4], [0, 0], [0] * 3)
-    from schedir.pipeline.dag import Task, TaskGraph
+    from schedir.dynamic import Task, TaskGraph
 
     return [
         (lambda: schedir.Device("a", 0), "speed = 0"),
@@ -267,8 +262,8 @@ def test_bad_schedules_are_refused_with_a_one_line_error():
         with pytest.raises(schedir.InvalidSchedule) as err:
             PipelineSchedule.from_dict(d)
         assert "\n" not in str(err.value)
-    ok = PipelineSchedule((("d0", (Fwd(0, 2, 0),)),), {"periodic": "2"})
+    ops = (("d0", (Fwd(0, 2, 0),)),)
     with pytest.raises(schedir.InvalidSchedule, match="periodic = '2'"):
-        simulate_pipeline(pb, ok)
-    with pytest.raises(schedir.InvalidSchedule, match="period = 'x'"):
-        simulate_pipeline(pb, PipelineSchedule(ok.ops, {"kind": "inference", "period": "x"}))
+        simulate_pipeline(pb, PipelineSchedule(ops, periodic="2"))
+    with pytest.raises(schedir.InvalidSchedule, match="release_interval = 'x'"):
+        simulate_pipeline(pb, PipelineSchedule(ops, release_interval="x"))

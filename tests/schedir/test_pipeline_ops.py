@@ -3,24 +3,17 @@ their lifetimes (schedir.pipeline.ops.effect), read by the simulator."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 
 import schedir
 from schedir.errors import InvalidProblem, InvalidSchedule
-from schedir.pipeline.ops import (
-    Bwd,
-    Fwd,
-    PipelineSchedule,
-    Recv,
-    Send,
-    Wgt,
-    effect,
-    one_f_one_b_ops,
-    parse_pipeline_op,
-)
+from schedir.pipeline.baselines import one_f_one_b_ops
+from schedir.pipeline.ops import Bwd, Fwd, Recv, Send, Wgt, effect, parse_pipeline_op
 from schedir.pipeline.problem import Interval, Mapping
+from schedir.pipeline.schedule import ChunkPlan, PipelineSchedule
 
 
 def two_devices(**split):
@@ -90,7 +83,7 @@ def with_split_backwards(schedule: PipelineSchedule) -> PipelineSchedule:
             else:
                 out.append(o)
         lists.append((dev, tuple(out)))
-    return PipelineSchedule(tuple(lists), schedule.meta)
+    return dataclasses.replace(schedule, ops=tuple(lists))
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -118,7 +111,8 @@ def test_default_split_reproduces_the_full_backward(seed):
     )
     assert split.makespan == full.makespan and split.device_peak == full.device_peak
     # with footprints too (the rotor plans of pipeline_1f1b)
-    fp = PipelineSchedule(s.ops, {**s.meta, "stash": {"0:2": 50, "2:3": 7, f"3:{L}": 30}})
+    fp = s.with_plans((ChunkPlan(0, 2, "g0", 50), ChunkPlan(2, 3, "g1", 7),
+                       ChunkPlan(3, L, "g2", 30)))  # fmt: skip
     full = schedir.simulate_pipeline(pb, fp)
     split = schedir.simulate_pipeline(pb, with_split_backwards(fp))
     assert split.makespan == full.makespan and split.device_peak == full.device_peak
@@ -136,7 +130,7 @@ def test_footprint_counts_a_gradient_waiting_for_its_backward():
                 Recv("d", 1, 0, "g1"), Bwd(0, 1, 0), Recv("d", 1, 1, "g1"), Bwd(0, 1, 1))),
         ("g1", (Recv("a", 1, 0, "g0"), Fwd(1, 2, 0), Bwd(1, 2, 0), Send("d", 1, 0, "g0"),
                 Recv("a", 1, 1, "g0"), Fwd(1, 2, 1), Bwd(1, 2, 1), Send("d", 1, 1, "g0"))),
-    ), {"stash": {"0:1": 100, "1:2": 100}})  # fmt: skip
+    ), plans=(ChunkPlan(0, 1, "g0", 100), ChunkPlan(1, 2, "g1", 100)))  # fmt: skip
     tr = schedir.simulate_pipeline(pb, s)
     when = {r.op: (r.start, r.end) for r in tr.records}
     assert when["Send(d1,1,g0)"] == (10.0, 13.0) and when["B(0:1,0)"] == (10.0, 14.0)

@@ -15,7 +15,7 @@ from pipeline_instances import random_problem
 import schedir
 import solvers
 from schedir import CopyEngine, Device, InvalidProblem, Platform
-from schedir.pipeline.dag import (
+from schedir.dynamic import (
     Datum,
     GroupCosts,
     Task,
@@ -24,7 +24,7 @@ from schedir.pipeline.dag import (
     training_graph,
     training_task_graph,
 )
-from schedir.pipeline.ops import gpipe_ops
+from schedir.pipeline.baselines import gpipe_ops
 from schedir.pipeline.simulate import Noise, simulate_pipeline
 from solvers.pipeline.dynamic import POLICIES, make_policy, run_policy
 from solvers.pipeline.training_lp import bound_of_trace, training_lp

@@ -10,9 +10,9 @@ from pipeline_instances import random_problem
 
 import schedir
 import solvers
-from schedir.pipeline.dag import Task, TaskGraph, pipeline_graph
-from schedir.pipeline.ops import inference_pattern
+from schedir.dynamic import Task, TaskGraph, pipeline_graph
 from schedir.pipeline.simulate import Noise, simulate_pipeline
+from schedir.steady import inference_pattern
 from solvers.pipeline.dynamic import run_policy
 from solvers.pipeline.milp import milp_mapping
 
@@ -30,7 +30,7 @@ def test_dmda_is_within_a_reported_gap_of_the_best_static_mapping_at_zero_noise(
     ratios = []
     for _ in range(5):
         pb = random_problem(rng, L=4, P=4)
-        _, mapping, _ = milp_mapping(pb)
+        mapping = milp_mapping(pb).mapping
         static = _static_throughput(pb, mapping)
         dyn = run_policy(pipeline_graph(pb, ITEMS), pb.platform, "dmda")
         ratios.append((ITEMS / dyn.makespan) / static)

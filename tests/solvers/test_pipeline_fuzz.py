@@ -20,9 +20,9 @@ import pytest
 
 import solvers
 from schedir import Chain, Device, Link, Platform
-from schedir.pipeline.model import capacity, interval_memory, training_period
-from schedir.pipeline.problem import PipelineProblem
+from schedir.pipeline.problem import PipelineProblem, capacity
 from schedir.pipeline.simulate import simulate_pipeline
+from schedir.steady import interval_memory, training_period
 from solvers.pipeline.exhaustive import all_mappings, exhaustive
 
 INFERENCE_CASES = 200

@@ -67,11 +67,11 @@ def test_milp_equals_brute_force_over_every_order_and_plan():
         chunks = place([0, 1, 2], names)
         menus = [plan_menu(plans, a, b, 24 - 1, 2) for a, b, _ in chunks]
         for chosen in itertools.product(*menus):
-            stash = {f"{a}:{b}": p.footprint for (a, b, _), p in zip(chunks, chosen, strict=True)}
+            fp = [p.footprint for p in chosen]
             rec = [p.extra for p in chosen]
             for o0, o1 in itertools.product(orders_of(0, 2), orders_of(1, 2)):
-                s = schedule_from_orders(pb, chunks, {names[0]: o0, names[1]: o1},
-                                         {"stash": stash}, rec)  # fmt: skip
+                s = schedule_from_orders(pb, chunks, {names[0]: o0, names[1]: o1}, None, rec,
+                                         fp)  # fmt: skip
                 try:
                     r = step_report(pb, s, 4)
                 except InvalidSchedule:  # a deadlock
@@ -141,7 +141,7 @@ def test_offload_is_chosen_when_the_host_link_beats_recomputation():
     with_host = solvers.solve(pb, None, "pipeline_joint")
     without = solvers.solve(schedir.PipelineProblem(chain, [0] * L, plain, 4, True), None,
                             "pipeline_joint")  # fmt: skip
-    assert "offload" in {p["plan"] for p in with_host.meta["plans"]}
+    assert "offload" in {p.kind for p in with_host.plans}
     assert with_host.meta["step_period"] < without.meta["step_period"]
 
 

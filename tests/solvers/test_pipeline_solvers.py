@@ -11,9 +11,8 @@ from pipeline_instances import random_problem
 
 import schedir
 import solvers
-from schedir.pipeline.model import evaluate
-from schedir.pipeline.problem import MasterWorker
 from schedir.pipeline.simulate import simulate_pipeline
+from schedir.steady import MasterWorker, evaluate
 from solvers.pipeline.dp import dp_mapping
 from solvers.pipeline.exhaustive import exhaustive
 from solvers.pipeline.greedy import greedy_mapping
@@ -31,7 +30,8 @@ def test_milp_equals_exhaustive_search_on_small_heterogeneous_instances():
             with pytest.raises(solvers.Infeasible):
                 milp_mapping(pb)
             continue
-        obj, mapping, _ = milp_mapping(pb)
+        got = milp_mapping(pb)
+        obj, mapping = got.objective, got.mapping
         assert obj == pytest.approx(best, rel=1e-6)
         rep = evaluate(pb, mapping, pairs="all")
         assert rep.fits and rep.period == pytest.approx(best, rel=1e-6)
@@ -50,7 +50,7 @@ def test_dp_equals_milp_and_exhaustive_on_identical_devices():
         assert period == pytest.approx(best, rel=1e-9)
         assert evaluate(pb, mapping).period == pytest.approx(period, rel=1e-9)
         if pb.length <= 4:
-            assert milp_mapping(pb)[0] == pytest.approx(period, rel=1e-6)
+            assert milp_mapping(pb).objective == pytest.approx(period, rel=1e-6)
 
 
 def test_dp_refuses_heterogeneous_devices():
@@ -94,7 +94,8 @@ def test_1f1b_is_exact_for_its_model_and_uses_rotor_when_memory_is_short():
     devs = [schedir.Device("fast", 2.0), schedir.Device("s1"), schedir.Device("s2")]
     plat = schedir.Platform.fully_connected(devs, 1e4, 0.0)
     pb = schedir.PipelineProblem(chain, [10] * L, plat, 8, True)
-    period, mapping, rec, _, exact = best_1f1b(pb)
+    best = best_1f1b(pb)
+    period, mapping, rec, exact = best.period, best.mapping, best.recompute, best.exact
     assert exact
     assert rec == [0.0] * len(mapping.intervals)  # unlimited memory: no recompute
     s = solvers.get("pipeline_1f1b", pb).function(pb)
@@ -104,7 +105,8 @@ def test_1f1b_is_exact_for_its_model_and_uses_rotor_when_memory_is_short():
     tight = [schedir.Device(d.name, d.speed, int(0.6 * need)) for d in devs]
     pb2 = schedir.PipelineProblem(chain, [10] * L, schedir.Platform.fully_connected(tight, 1e4),
                                   8, True)  # fmt: skip
-    period2, mapping2, rec2, per_mb, _ = best_1f1b(pb2)
+    best2 = best_1f1b(pb2)
+    period2, mapping2, rec2, per_mb = best2.period, best2.mapping, best2.recompute, best2.footprints
     assert any(rec2)  # some stage recomputes
     assert period2 >= period - 1e-12
     for iv, b in zip(mapping2.intervals, per_mb, strict=True):

@@ -1,10 +1,23 @@
-"""The analytical model of interval mappings: period, latency, memory (docs/pipelines.md).
+"""The period model of interval mappings: period, latency, memory (docs/pipelines.md).
 
-What a mapping of a :class:`~schedir.pipeline.problem.PipelineProblem` achieves in
-steady state by the formulas of docs/pipelines.md (:func:`evaluate`, the 1F1B
-:func:`training_period`), the per-device memory bound (:func:`buffer_counts`,
-:func:`mapping_memory`) and the link times they read. The discrete-event simulator
-(:mod:`schedir.pipeline.simulate`) reproduces these figures at zero noise.
+What a mapping of a :class:`~schedir.pipeline.problem.PipelineProblem` (a Chain cut
+into consecutive intervals, each placed on one device or replicated on several,
+round-robin, which keeps outputs in order) achieves in steady state
+(:func:`evaluate`; the 1F1B :func:`training_period`) and the per-device memory bound
+(:func:`buffer_counts`, :func:`mapping_memory`). The discrete-event simulator
+(:mod:`schedir.pipeline.simulate`) reproduces these figures at zero noise:
+
+- interval [i, j) on replicas R (a_i in, a_j out) with work W = sum fwd_time[i:j]:
+  period max_{u in R} (W / speed_u) / |R|;
+- boundary j between intervals on R and R': each directed link (u, v) is a serial
+  resource; item n goes from R[n mod |R|] to R'[n mod |R'|], so every used pair carries
+  one item out of lcm(|R|, |R'|), each taking latency + x_j / bandwidth. Its period is
+  max over used pairs of that time / lcm(|R|, |R'|);
+- period of the mapping = the max of these; latency = sum along the path of the
+  slowest replica's time and the slowest used link's time.
+
+References: Subhlok and Vondran (SPAA 1996) and Benoit and Robert (JPDC 2008) for
+interval mappings with replication.
 """
 
 from __future__ import annotations
@@ -14,19 +27,20 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
+from schedir.pipeline.problem import (
+    Interval,
+    Mapping,
+    PipelineProblem,
+    capacity,
+    link_time,
+    working_set,
+)
 
 
 def used_pairs(left: Sequence[str], right: Sequence[str]) -> list[tuple[str, str]]:
     """Pairs (sender, receiver) used by round-robin on both sides: one item each per lcm."""
     a, b = len(left), len(right)
     return sorted({(left[n % a], right[n % b]) for n in range(math.lcm(a, b))})
-
-
-def link_time(problem: PipelineProblem, src: str, dst: str, nbytes: int) -> float:
-    """Seconds a message of ``nbytes`` occupies link src -> dst (inf if there is none)."""
-    link = problem.platform.find_link(src, dst)
-    return math.inf if link is None else link.time(nbytes)
 
 
 @dataclass(frozen=True)
@@ -49,16 +63,6 @@ class PeriodReport:
     links: tuple[float, ...]
     memory: dict
     fits: bool
-
-
-def working_set(problem: PipelineProblem, i: int, j: int, backward: bool = False) -> int:
-    """Bytes live inside one op on stages [i, j) besides its input and output: the
-    largest temporary (fwd_tmp or bwd_tmp) plus the activations between stages."""
-    c = problem.chain
-    x, tmp = c.in_size, (c.bwd_tmp if backward else c.fwd_tmp)
-    return max(
-        tmp[k] + (x[k] if k > i else 0) + (x[k + 1] if k + 1 < j else 0) for k in range(i, j)
-    )
 
 
 def interval_memory(
@@ -153,12 +157,6 @@ def mapping_memory(
     counts = buffer_counts(problem, intervals, next_replicas)
     return [interval_memory(problem, iv.first, iv.last, *c)
             for iv, c in zip(intervals, counts, strict=True)]  # fmt: skip
-
-
-def capacity(problem: PipelineProblem, name: str, budget: int | None = None) -> int | None:
-    """Bytes device ``name`` may hold: its memory, and ``budget`` if given (None: no limit)."""
-    caps = [c for c in (problem.platform.device(name).memory, budget) if c is not None]
-    return min(caps) if caps else None
 
 
 def boundary_period(
