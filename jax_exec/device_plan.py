@@ -42,7 +42,7 @@ from jax.sharding import Mesh
 
 import solvers
 from jax_exec import auto
-from jax_exec.auto.api import Plan
+from jax_exec.auto.plan import Plan
 from jax_exec.program.analysis import CostModel
 from jax_exec.zero import AXIS, HOST, ZeroStep, measured_bytes, state_bytes
 from jax_exec.zero_blocks import planned_value_and_grad

@@ -6,7 +6,8 @@ budget, from its code alone (docs/auto.md).
 - :func:`value_and_grad`: a drop-in ``nnx.value_and_grad`` following a plan.
 """
 
-from jax_exec.auto.api import Plan, plan, value_and_grad
+from jax_exec.auto.drop_in import value_and_grad
+from jax_exec.auto.plan import Plan, plan
 from jax_exec.program.analysis import CostModel
 from jax_exec.program.trace import UnsupportedModel
 

@@ -252,7 +252,7 @@ def _set_storages(model: LowBitModel, storages: tuple[str, ...]) -> None:
 
 def _store_all(model: LowBitModel, storage: str | None) -> Schedule:
     """Every block recorded once with the option the store-all reference uses
-    (:func:`jax_exec.auto.api.reference_schedule`), in ``storage`` where it has one."""
+    (:func:`jax_exec.auto.reference.reference_schedule`), in ``storage`` where it has one."""
     in_scan = set()
     for scan in model.program.scans:
         lo, hi = scan.starts[0], scan.starts[-1]

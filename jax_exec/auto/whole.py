@@ -41,12 +41,29 @@ WHOLE_GRAPH_VARIABLES = 4_000
 @dataclass(frozen=True)
 class WholeResult:
     """A whole-graph plan: ``model`` (``model.options`` extended by the save sets found),
-    ``schedule`` (every block recorded, then the backward; ``meta`` as every block-chain
-    schedule's, plus ``meta["whole_milp"]``), and the last MILP answer."""
+    ``schedule`` (every block recorded, then the backward; its ``meta`` reports the
+    figures and ``whole_milp``, :attr:`report`), the last MILP answer, the exact
+    ``makespan`` of the schedule and the MILP ``rounds`` solved."""
 
     model: BlockModel
     schedule: Schedule
     answer: WholeAnswer
+    makespan: float
+    rounds: int
+    report: dict
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """``auto``'s choice on a small graph: the ``schedule`` kept (the whole-graph plan's
+    or the block DP's) and its ``makespan``, the ``model`` (extended by the MILP's save
+    sets, or the block model when it found none), and what the MILP found (``report``,
+    also in ``schedule.meta["whole_milp"]``)."""
+
+    model: BlockModel
+    schedule: Schedule
+    makespan: float
+    report: dict
 
 
 def groups(bm: BlockModel) -> tuple[int, ...]:
@@ -187,20 +204,21 @@ def whole_plan(
             f"after {len(tries)} rounds of the linear model",
         )  # fmt: skip
     model, trace, schedule, answer, target = best
+    report = {
+        "optimal": answer.optimal,
+        "variables": answer.variables,
+        "solve_time": solve_time,
+        "time": time.perf_counter() - start,
+        "rounds": len(tries),
+        "model_budget": target,
+    }
     schedule.meta.update(
         peak_memory=trace.peak_memory,
         makespan=trace.makespan,
         exact=False,  # optimal at most for the MILP's linear model, not the block chain
-        whole_milp={
-            "optimal": answer.optimal,
-            "variables": answer.variables,
-            "solve_time": solve_time,
-            "time": time.perf_counter() - start,
-            "rounds": len(tries),
-            "model_budget": target,
-        },
+        whole_milp=report,
     )
-    return WholeResult(model, schedule, answer)
+    return WholeResult(model, schedule, answer, trace.makespan, len(tries), report)
 
 
 def small_enough(bm: BlockModel, limit: int = WHOLE_GRAPH_VARIABLES) -> bool:
@@ -212,25 +230,23 @@ def small_enough(bm: BlockModel, limit: int = WHOLE_GRAPH_VARIABLES) -> bool:
 
 
 def fallback(
-    bm: BlockModel, schedule: Schedule, budget: int, reference: list[int], exact: bool, **kw: Any
-):
-    """``auto`` on a small graph: ``(model, schedule)``, the model extended by the save
-    sets of the whole-graph plan (calibrated on ``reference``, the store-all options, as
-    ``method="whole_milp"`` is; ``bm`` when it found none) and the faster of that plan
-    and the block DP's ``schedule``; ``schedule.meta["whole_milp"]`` says what the MILP
-    found and whether it was ``chosen``."""
+    bm: BlockModel, schedule: Schedule, makespan: float, budget: int, reference: list[int],
+    exact: bool, **kw: Any,
+) -> Fallback:  # fmt: skip
+    """``auto`` on a small graph: the whole-graph plan (calibrated on ``reference``, the
+    store-all options, as ``method="whole_milp"`` is) against the block DP's
+    ``schedule`` of ``makespan`` seconds; the faster is kept (:class:`Fallback`)."""
     try:
-        found = whole_plan(
-            bm, budget, reference, exact=exact, to_beat=schedule.meta["makespan"], **kw
-        )
+        found = whole_plan(bm, budget, reference, exact=exact, to_beat=makespan, **kw)
     except Infeasible as err:
-        schedule.meta["whole_milp"] = {"found": False, "why": err.detail}
-        return bm, schedule
-    info = dict(found.schedule.meta["whole_milp"], found=True,
-                makespan=found.schedule.meta["makespan"])  # fmt: skip
-    if found.schedule.meta["makespan"] < schedule.meta["makespan"]:
-        found.schedule.meta["whole_milp"] = dict(info, chosen=True)
-        found.schedule.meta["dp_makespan"] = schedule.meta["makespan"]
-        return found.model, found.schedule
-    schedule.meta["whole_milp"] = dict(info, chosen=False)
-    return found.model, schedule
+        report = {"found": False, "why": err.detail}
+        schedule.meta["whole_milp"] = report
+        return Fallback(bm, schedule, makespan, report)
+    info = dict(found.report, found=True, makespan=found.makespan)
+    if found.makespan < makespan:
+        report = dict(info, chosen=True)
+        found.schedule.meta.update(whole_milp=report, dp_makespan=makespan)
+        return Fallback(found.model, found.schedule, found.makespan, report)
+    report = dict(info, chosen=False)
+    schedule.meta["whole_milp"] = report
+    return Fallback(found.model, schedule, makespan, report)

@@ -41,9 +41,6 @@ from schedir.dynamic import HOST, RuntimeState, Task, TaskGraph, simulate_dynami
 from schedir.pipeline.simulate import Noise
 from solvers.pipeline.dynamic import Dmda, make_policy
 
-# The one result type (kept importable under its old name).
-DynamicRunResult = RunResult
-
 
 def tree_bytes(tree: Any) -> int:
     return sum(int(a.nbytes) for a in unique_leaves(tree))

@@ -74,12 +74,6 @@ from schedir.pipeline.problem import PipelineProblem
 from schedir.pipeline.schedule import PipelineSchedule
 from schedir.platform import Device, Platform
 
-# The one result type (kept importable under its old name): ``loss``/``grads``
-# (training) or ``outputs`` (inference), ``op_log``, ``total_time``, ``placement``,
-# ``device_peaks`` and the per-op bytes.
-PipelineRunResult = RunResult
-
-
 _HOST_NAME = re.compile(r"^h(\d+)/d(\d+)$")
 
 

@@ -7,7 +7,7 @@ problem: cut values and cotangents from their shapes (exact); saved residuals fr
 the traced ``record`` function of each option and temporaries from the compiled
 kernels the op-by-op runtime runs (``memory_analysis()``), both exact once the option
 is traced / the kernel compiled and estimated before (the planner makes exact what a
-schedule uses, :func:`jax_exec.auto.api.plan`). Times come from the roofline model
+schedule uses, :func:`jax_exec.auto.plan.plan`). Times come from the roofline model
 (:class:`~jax_exec.program.analysis.CostModel`).
 """
 

@@ -17,7 +17,7 @@ from test_auto_plan import assert_close, reference
 
 import jax_exec
 import solvers
-from jax_exec.auto.api import CHAIN_METHODS, GRAPH_METHODS
+from jax_exec.auto.methods import CHAIN_METHODS, GRAPH_METHODS
 from jax_exec.execute.lowering import expected_residuals, saved_residuals
 from schedir import GraphSchedule, simulate
 

@@ -400,7 +400,7 @@ def zoo_unet():
     return case.factory, case.loss_fn, case.args
 
 
-# [14] The least budget is found by lower bounds (jax_exec.auto.api.exact_least), which
+# [14] The least budget is found by lower bounds (jax_exec.auto.exact.exact_least), which
 # compiles only the kernels of the least-memory schedules it tries: it must equal the
 # least budget of the problem with every kernel of every option compiled.
 @pytest.mark.parametrize("seed", [3, 7])

@@ -1,0 +1,92 @@
+"""``value_and_grad``: ``nnx.value_and_grad`` following a plan made on the first call
+per model and input shapes (docs/auto.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from flax import nnx
+
+from jax_exec.auto.methods import solver_of
+from jax_exec.auto.plan import plan
+from jax_exec.program.trace import same, split_model
+
+
+def _shape_key(tree: Any) -> tuple:
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    shapes = tuple(
+        (tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x)))) for x in leaves
+    )
+    return (treedef, shapes)
+
+
+class PlanCache:
+    """Plans by what determines them: the model's graph definition (its classes,
+    structure and static attributes, compared by equality: configurations held as
+    unhashable dataclasses or lists are fine) and the shapes and dtypes of its state and
+    of the arguments (hashed)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple, list[tuple[Any, Any]]] = {}
+
+    def get(self, graphdef: Any, key: tuple) -> Any:
+        for planned, value in self.entries.get(key, ()):
+            if same(planned, graphdef):
+                return value
+        return None
+
+    def put(self, graphdef: Any, key: tuple, value: Any) -> None:
+        self.entries.setdefault(key, []).append((graphdef, value))
+
+    def values(self) -> list:
+        return [value for entries in self.entries.values() for _, value in entries]
+
+    def __len__(self) -> int:
+        return sum(len(e) for e in self.entries.values())
+
+
+def value_and_grad(
+    loss_fn: Callable,
+    *,
+    budget: int | str,
+    method: str = "auto",
+    has_aux: bool = False,
+    **plan_options: Any,
+) -> Callable:
+    """``f(model, *args) -> (loss, grads)`` (``((loss, aux), grads)`` with ``has_aux``),
+    like ``nnx.value_and_grad(loss_fn, has_aux=has_aux)``, following a plan made on the
+    first call for each model (its graph definition: classes, structure, static
+    attributes) and shapes and dtypes of its state and the arguments (like
+    ``jax.jit``'s cache). ``f.plans`` holds them, ``f.plan`` is the last one used. The
+    model's state (BatchNorm statistics, RNG counters) is updated in place as the plain
+    call would. Called eagerly, the step runs compiled (one ``jax.jit`` per plan); it
+    composes with ``nnx.jit`` / ``jax.jit`` and optax. Plans are made as :func:`plan`
+    makes them (``exact=True`` unless ``plan_options`` say otherwise), so a budget means
+    the same bytes here and there.
+    """
+    if solver_of(method)[0] == "graph":
+        raise ValueError(
+            f"method = {method!r}: value_and_grad runs the compiled step, which follows "
+            f"block-chain schedules; a graph method's schedule runs op by op (plan(...).run)"
+        )
+    plans = PlanCache()
+
+    def f(model: Any, *args: Any):
+        graphdef, params, rest = split_model(model)
+        key = (_shape_key(params), _shape_key(rest), _shape_key(args))
+        found = plans.get(graphdef, key)
+        if found is None:
+            p = plan(loss_fn, model, *args, budget=budget, method=method, has_aux=has_aux,
+                     **plan_options)  # fmt: skip
+            found = (p, jax.jit(jax.value_and_grad(p.lowered(), has_aux=True)))
+            plans.put(graphdef, key, found)
+        f.plan, step = found
+        (loss, (aux, new_rest)), grads = step(params, rest, args)
+        nnx.update(model, new_rest)
+        return ((loss, aux), grads) if has_aux else (loss, grads)
+
+    f.plans = plans  # type: ignore[attr-defined]
+    f.plan = None  # type: ignore[attr-defined]
+    return f

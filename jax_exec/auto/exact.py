@@ -1,0 +1,222 @@
+"""Planning exactly: solve, compile the kernels the answer runs, solve again
+(docs/auto.md, "Planning exactly"); the least budget by lower bounds."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, replace
+from typing import Any
+
+import solvers
+from jax_exec.auto.methods import fixed_options, solve_fixed
+from jax_exec.auto.reference import StoreAll, reference_schedule
+from jax_exec.auto.whole import fallback, small_enough, whole_plan
+from jax_exec.program.model import BlockModel, build_problem
+from schedir import Schedule, simulate
+from schedir.blocks.schedule import BlockSchedule
+from schedir.budget import parse_budget
+from solvers.blocks.policies import policy_schedule
+from solvers.blocks.rotor import least_memory, least_memory_ops
+
+
+@dataclass(frozen=True)
+class Solved:
+    """What a solve found: the ``schedule`` of ``model`` (the solved copy: the whole-graph
+    MILP may add save sets), the ``budget`` in bytes, the store-all ``reference``, the
+    number of solves (``rounds``) and, for a graph method, the options of its block
+    graph (``graph_options``)."""
+
+    schedule: Schedule
+    budget: int
+    reference: StoreAll
+    rounds: int
+    model: BlockModel
+    graph_options: tuple[int, ...] = ()
+
+
+def solve(bm: BlockModel, budget: Any, solver: tuple, options: dict, exact: bool, whole: int = 0):
+    """:func:`_solve_lazily`; with low-bit storage, until the schedule's measured
+    gradient error is within the tolerance (:func:`jax_exec.auto.lowbit.within_tolerance`)."""
+    if getattr(bm, "tolerance", 0.0) > 0:
+        from jax_exec.auto.lowbit import within_tolerance
+
+        return within_tolerance(bm, lambda: _solve_lazily(bm, budget, solver, options, exact))
+    return _solve_lazily(bm, budget, solver, options, exact, whole)
+
+
+# Exact planning compiles the kernels each answer runs and solves again; after this many
+# solves, the fastest answer priced exactly so far that fits is kept (every one of them
+# is exact: its kernels were compiled). Deterministic: a count, not a clock.
+MAX_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class Priced:
+    """A schedule and its figures on the block model's problem (exact where its kernels
+    are compiled): ``peak`` bytes, ``makespan`` seconds."""
+
+    schedule: BlockSchedule
+    peak: int
+    makespan: float
+
+
+def _priced(bm: BlockModel, schedule: BlockSchedule) -> Priced:
+    """``schedule`` priced by ``bm.problem`` (its ``meta`` reports the figures too)."""
+    trace = simulate(bm.problem, schedule)
+    schedule.meta.update(peak_memory=trace.peak_memory, makespan=trace.makespan)
+    return Priced(schedule, trace.peak_memory, trace.makespan)
+
+
+def _faster(best: Priced | None, other: Priced | None) -> Priced | None:
+    if other is None or (best is not None and best.makespan <= other.makespan):
+        return best
+    return other
+
+
+def _solve_lazily(
+    bm: BlockModel, budget: Any, solver: tuple, options: dict, exact: bool, whole: int = 0
+):
+    """Solve; with ``exact``, compile the kernels the answer runs and solve again, so
+    that the predicted figures are those the op-by-op runtime measures (kernels not
+    compiled yet are priced with estimated temporaries): until the answer runs only
+    compiled kernels, or after :data:`MAX_ROUNDS` solves, the fastest exactly priced
+    answer that fits (the store-all reference among them). The reference's kernels are
+    compiled first, together with those of the answer at the estimated budget (one
+    round fewer). For ``min_budget``, every option's kernels are compiled (the least
+    budget is then exact). Chain and graph methods compile every kernel of the
+    store-all options first and solve once. ``whole`` > 0: the block DP's answer
+    competes with the whole-graph MILP's when that has at most ``whole`` variables
+    (:func:`jax_exec.auto.whole.fallback`)."""
+    family, solver = solver
+    if bm.known:  # a solve of its own: what earlier solves compiled is not known to it
+        bm.known.clear()
+        bm.problem = build_problem(bm)
+    ref = reference_schedule(bm)
+    if exact:  # the reference's kernels, and a first answer's at the estimated budget
+        guess = []
+        if family == "blocks" and solver == "block_rotor":
+            try:  # (none where store-all fits: it is the fastest answer)
+                estimated_peak = simulate(bm.problem, ref).peak_memory
+                estimated = parse_budget(budget, estimated_peak)
+                if estimated < estimated_peak:
+                    guess = bm.used_kernels(solvers.solve(bm.problem, estimated, method=solver))
+            except solvers.Infeasible:
+                pass
+        if bm.compile(bm.used_kernels(ref) + guess):
+            bm.problem = build_problem(bm)
+    reference = simulate(bm.problem, ref)
+    plain = simulate(bm.problem, policy_schedule(bm.problem, "everything_saveable"))
+    reference = StoreAll(reference.peak_memory, plain.makespan)
+    nbytes = parse_budget(budget, reference.peak_memory)
+    if family != "blocks":
+        chosen = fixed_options(bm, options.get("graph_option", "store_all"))
+        if exact and bm.compile(bm.every_kernel(chosen)):
+            bm.problem = build_problem(bm)
+        schedule = solve_fixed(bm, nbytes, family, solver, options)
+        return Solved(schedule, nbytes, reference, 1, bm, chosen if family == "graph" else ())
+    if solver == "whole_milp":
+        found = whole_plan(bm, nbytes, list(ref.options), exact=exact, **options)
+        return Solved(found.schedule, nbytes, reference, found.rounds, found.model)
+    best, rounds = _solve_rounds(bm, nbytes, solver, options, exact, ref)
+    if whole and best.makespan > reference.makespan and small_enough(bm, whole):
+        found = fallback(bm, best.schedule, best.makespan, nbytes, list(ref.options), exact)
+        schedule, model = found.schedule, found.model
+        if model is not bm:  # the DP may do better still with the new save sets
+            mixed = _solve_rounds(model, nbytes, solver, {}, exact, ref)[0]
+            if mixed.makespan < found.makespan:
+                mixed.schedule.meta.update(
+                    whole_milp=dict(found.report, chosen=False, mixed=True),
+                    dp_makespan=best.makespan,
+                )
+                schedule = mixed.schedule
+        return Solved(schedule, nbytes, reference, rounds, model)
+    return Solved(best.schedule, nbytes, reference, rounds, bm)
+
+
+def _solve_rounds(
+    bm: BlockModel, nbytes: int, solver: str, options: dict, exact: bool, ref: Schedule
+) -> tuple[Priced, int]:
+    """The block method's answer for ``nbytes`` and the number of solves
+    (:func:`_solve_lazily`): the store-all reference ``ref`` competes when it fits."""
+    best = None
+    if solver == "block_rotor":  # the DP discretizes sizes: store-all may beat it
+        fits = _priced(bm, replace(ref, meta=dict(ref.meta, method=solver, exact=True)))
+        if fits.peak <= nbytes:  # the fastest schedule fits
+            return fits, 1
+    rounds, bounded = 0, False
+    while True:
+        rounds += 1
+        try:
+            schedule = solvers.solve(bm.problem, nbytes, method=solver, **options)
+        except solvers.Infeasible as err:
+            if not exact or err.min_budget is None or bounded:
+                raise
+            least = exact_least(bm, solver)
+            bounded = True
+            if nbytes < least:
+                raise solvers.Infeasible(solver, nbytes, least, err.detail) from None
+            bm.problem = build_problem(bm)  # feasible once its figures are exact
+            continue
+        compiled = bm.compile_used(schedule) if exact else 0
+        if compiled:
+            bm.problem = build_problem(bm)
+            priced = _priced(bm, replace(schedule, meta=dict(schedule.meta)))
+            best = _faster(best, priced if priced.peak <= nbytes else None)
+        else:  # every figure of this answer is exact (or estimates are asked for)
+            best = _faster(best, _priced(bm, schedule))
+        if not compiled or (rounds >= MAX_ROUNDS and best is not None):
+            return best, rounds
+        if rounds >= MAX_ROUNDS:  # estimates keep misleading: what is compiled only
+            found = _compiled_only(bm, nbytes, solver, options)
+            if found is not None:
+                return _faster(found, best), rounds + 1
+
+
+def exact_least(bm: BlockModel, solver: str) -> int:
+    """The least budget of a block method, exact for the kernels its least-memory
+    schedule runs, compiling only those.
+
+    A policy's schedule is fixed: its kernels compiled, its peak is its least budget.
+    For the block DP, every option's recording and backward are traced (exact saved
+    bytes and frees) and the kernels not compiled yet priced at 0 temporary bytes, a
+    lower bound of every figure; the least-memory schedule of that problem (options
+    already compiled tried first) has its kernels compiled, until it runs only compiled
+    kernels. Its peak is then exact and no schedule needs less: every other one's
+    figures are bounded from below by the same problem."""
+    if solver != "block_rotor":
+        schedule = policy_schedule(bm.problem, solver)
+        bm.compile_used(schedule)
+        bm.problem = build_problem(bm)
+        return simulate(bm.problem, schedule).peak_memory
+    bm.trace_options()
+    while True:
+        bound = build_problem(bm, lower=True)
+        least, _ = least_memory(bound)
+        prefer = [
+            sorted(range(len(stage.options)), key=lambda o, k=k: (not bm.option_exact(k, o), o))
+            for k, stage in enumerate(bound.stages)
+        ]
+        ops, options = least_memory_ops(bound, least, prefer)
+        if bm.compile_used(BlockSchedule(ops, {}, options)) == 0:
+            return least
+
+
+def _compiled_only(bm: BlockModel, nbytes: int, solver: str, options: dict) -> Priced | None:
+    """The method's answer among the options whose kernels are compiled (every forward
+    kernel compiled first): exact by construction; None when none fits."""
+    if bm.compile([("forward", k, 0) for k in range(bm.length)]):
+        bm.problem = build_problem(bm)
+    p = bm.problem
+    keep = [[o for o in range(len(stage.options)) if bm.option_exact(k, o)]
+            for k, stage in enumerate(p.stages)]  # fmt: skip
+    stages = tuple(
+        dataclasses.replace(stage, options=tuple(stage.options[o] for o in keep[k]))
+        for k, stage in enumerate(p.stages)
+    )
+    try:
+        schedule = solvers.solve(dataclasses.replace(p, stages=stages), nbytes, method=solver,
+                                 **options)  # fmt: skip
+    except solvers.Infeasible:
+        return None
+    chosen = tuple(keep[k][o] for k, o in enumerate(schedule.options))
+    return _priced(bm, BlockSchedule(schedule.ops, dict(schedule.meta), chosen))

@@ -1,0 +1,71 @@
+"""Which solver a method name means, and the chain and graph methods, solved on fixed
+options of a block model (docs/auto.md, "Chain and graph methods")."""
+
+from __future__ import annotations
+
+import solvers
+from jax_exec.auto.reference import reference_schedule
+from jax_exec.program.model import BlockModel
+from schedir import Chain, Graph, simulate
+from schedir.blocks.graph import block_graph
+from schedir.blocks.schedule import BlockSchedule
+from solvers.blocks.policies import POLICIES
+
+BLOCK_METHODS = ("auto", "block_rotor", "whole_milp", *POLICIES)
+CHAIN_METHODS = tuple(m.name for m in solvers.available(Chain))
+GRAPH_METHODS = tuple(m.name for m in solvers.available(Graph))
+
+
+def solver_of(method: str) -> tuple[str, str]:
+    """``(family, registered name)`` of ``method``: family ``"blocks"``, ``"chain"`` or
+    ``"graph"`` (names both kinds have are chain methods unless ``"graph:<name>"``)."""
+    if isinstance(method, str) and method.startswith("graph:") and method[6:] in GRAPH_METHODS:
+        return "graph", method[6:]
+    if method in BLOCK_METHODS:
+        return "blocks", "block_rotor" if method == "auto" else method
+    if method in CHAIN_METHODS:
+        return "chain", method
+    if method in GRAPH_METHODS:
+        return "graph", method
+    names = (*BLOCK_METHODS, *CHAIN_METHODS, *(m for m in GRAPH_METHODS if m not in CHAIN_METHODS),
+             *(f"graph:{m}" for m in GRAPH_METHODS if m in CHAIN_METHODS))  # fmt: skip
+    raise ValueError(f"method = {method!r}: expected one of {', '.join(names)}")
+
+
+def whole_limit(method: str, whole_graph: int) -> int:
+    """The ``whole_graph`` limit ``method`` plans with: ``"auto"``'s, 0 for the rest."""
+    if isinstance(whole_graph, bool) or not isinstance(whole_graph, int) or whole_graph < 0:
+        raise ValueError(f"whole_graph = {whole_graph!r}: expected an int >= 0 (variables)")
+    return whole_graph if method == "auto" else 0
+
+
+def fixed_options(bm: BlockModel, name: str = "store_all") -> tuple[int, ...]:
+    """One option per block: the store-all reference's, or the option called ``name``."""
+    if name == "store_all":
+        return reference_schedule(bm).options
+    found = []
+    for k, stage in enumerate(bm.problem.stages):
+        names = [o.name for o in stage.options]
+        if name not in names:
+            raise ValueError(f"graph_option = {name!r}: block {k} has options {names}")
+        found.append(names.index(name))
+    return tuple(found)
+
+
+def solve_fixed(bm: BlockModel, nbytes: int, family: str, name: str, options: dict):
+    """A chain or graph method on fixed options (the store-all reference's, or
+    ``options["graph_option"]``): on ``to_chain`` (an upper bound of the block chain,
+    which prices the schedule) or on the block graph (exact)."""
+    options = dict(options)
+    chosen = fixed_options(bm, options.pop("graph_option", "store_all"))
+    if family == "graph":
+        graph, _ = block_graph(bm.problem, chosen)
+        schedule = solvers.solve(graph, nbytes, method=name, **options)
+        return schedule
+    chain_schedule = solvers.solve(bm.problem.to_chain(chosen), nbytes, method=name, **options)
+    meta = {**chain_schedule.meta, "solved_on": "to_chain"}
+    meta["chain_peak_memory"] = meta.pop("peak_memory")
+    schedule = BlockSchedule(chain_schedule.ops, meta, chosen)
+    trace = simulate(bm.problem, schedule)
+    schedule.meta.update(peak_memory=trace.peak_memory, makespan=trace.makespan)
+    return schedule

@@ -1,0 +1,303 @@
+"""``plan`` and its :class:`Plan`: the automatic planner's entry point (docs/auto.md).
+
+It follows Flax NNX's calling convention: ``loss_fn(model, *args)`` returns a scalar
+(or ``(scalar, aux)`` with ``has_aux``), gradients are for the model's ``nnx.Param``s.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+
+import solvers
+from jax_exec.auto.exact import Solved, solve
+from jax_exec.auto.methods import solver_of, whole_limit
+from jax_exec.auto.whole import WHOLE_GRAPH_VARIABLES
+from jax_exec.execute.graph import run_graph_schedule
+from jax_exec.execute.interpreter import run_schedule
+from jax_exec.execute.lowering import lower
+from jax_exec.execute.result import RunResult
+from jax_exec.program.analysis import CostModel
+from jax_exec.program.model import BlockModel, block_model
+from jax_exec.program.trace import graph_difference, split_model
+from schedir import Graph, GraphSchedule, Schedule
+from schedir.blocks.graph import block_graph
+from schedir.blocks.problem import BlockChain
+from schedir.blocks.schedule import BlockSchedule
+
+
+@dataclass
+class Plan:
+    """A schedule for one model, loss and input shapes.
+
+    Attributes:
+        problem: the problem it solved, exact bytes of the op-by-op runtime: the block
+            chain (block, chain and JAX-policy methods), or its graph (graph methods,
+            :func:`schedir.blocks.graph.block_graph`).
+        schedule: the chosen schedule; ``meta`` holds the predicted ``peak_memory``
+            (bytes) and ``makespan`` (roofline seconds); a ``BlockSchedule`` (its
+            ``options``: one per block).
+            A graph method's is a ``GraphSchedule`` (``Compute``/``Free`` ops).
+        method: the method asked for.
+        budget: bytes.
+        store_all_peak: bytes of the store-all reference (every block recorded keeping
+            what XLA keeps for a plain step, :class:`StoreAll`), the reference of
+            percentage budgets.
+        store_all_time: seconds without any recomputation (the reference of overheads).
+        plan_time: seconds spent planning (tracing, options, kernels, solving).
+        exact: whether the figures of the schedule are those of compiled kernels (the
+            op-by-op runtime measures exactly them); else temporaries are estimated.
+        whole_graph: the ``whole_graph`` limit its replans use (:func:`plan`).
+        base: the traced model with its blocks' own options, which replans start from
+            (``model`` is it, or a copy whose blocks also offer the save sets of the
+            whole-graph MILP, :mod:`jax_exec.auto.whole`).
+    """
+
+    model: BlockModel = field(repr=False)
+    problem: BlockChain | Graph = field(repr=False)
+    schedule: Schedule
+    method: str
+    budget: int
+    store_all_peak: int
+    store_all_time: float
+    plan_time: float
+    exact: bool = True
+    whole_graph: int = WHOLE_GRAPH_VARIABLES
+    base: BlockModel | None = field(default=None, repr=False)
+    graph_options: tuple[int, ...] = ()  # a graph method's: the options of its block graph
+
+    @property
+    def overhead(self) -> float:
+        """Predicted time overhead over store-all (``makespan / store_all_time - 1``)."""
+        return self.schedule.meta["makespan"] / self.store_all_time - 1.0
+
+    @property
+    def options(self) -> tuple[int, ...]:
+        if isinstance(self.schedule, BlockSchedule):
+            return self.schedule.options
+        return self.graph_options
+
+    def replan(
+        self, budget: int | str, method: str | None = None, exact: bool | None = None,
+        whole_graph: int | None = None, **options: Any,
+    ) -> Plan:  # fmt: skip
+        """A plan of the same model for another budget or method (no new tracing;
+        kernels compiled so far are reused)."""
+        method = method or self.method
+        exact = self.exact if exact is None else exact
+        whole_graph = self.whole_graph if whole_graph is None else whole_graph
+        start = time.perf_counter()
+        solver = solver_of(method)
+        whole = whole_limit(method, whole_graph)
+        base = self.base or self.model
+        done = solve(base, budget, solver, options, exact, whole)
+        return make_plan(done, method, start, exact, whole_graph, base)
+
+    def least_budget(self) -> int:
+        """The least budget (bytes) at which the method finds a schedule (exact for the
+        kernels it would run when the plan is exact)."""
+        try:
+            self.replan(0)
+        except solvers.Infeasible as err:
+            if err.min_budget is None:  # pragma: no cover - every block method knows it
+                raise
+            return err.min_budget
+        return 0
+
+    def lowered(self, *, loops: bool = True) -> Callable:
+        """``fn(params, rest, args) -> (loss, (aux, new_rest))`` following the schedule
+        (the compiled path, :func:`jax_exec.execute.lowering.lower`; ``loops=False``
+        unrolls the scan runs it keeps as loops). Graph schedules have no compiled
+        path (they run op by op, :meth:`run`)."""
+        if isinstance(self.schedule, GraphSchedule):
+            raise ValueError(
+                f"method {self.method!r} makes a graph schedule, which runs op by op only "
+                f"(Plan.run); the compiled path follows block-chain schedules (method "
+                f"'auto', a JAX policy or a chain method)"
+            )
+        return lower(self.model, self.schedule, loops=loops)
+
+    def run(self, model: Any, *args: Any) -> RunResult:
+        """Run the schedule op by op (measured memory) on ``model`` and ``args`` (same
+        shapes as planned). The model is not modified: the state after the step is
+        ``result.new_state`` (``nnx.update(model, result.new_state)`` applies it). An
+        inexact plan is made exact first (its schedule may change)."""
+        if not self.exact:
+            exact = self.replan(self.budget, exact=True)
+            self.schedule, self.exact, self.problem = exact.schedule, True, exact.problem
+            self.model = exact.model
+        graphdef, params, rest = split_model(model)
+        difference = graph_difference(self.model.traced.graphdef, graphdef)
+        if difference is not None:
+            raise ValueError(
+                f"model: {difference}; the plan follows the planned model's computation, "
+                f"plan this model (e.g. after eval() or train()) on its own"
+            )
+        params, rest, args = _on_one_device((params, rest, tuple(args)))
+        if isinstance(self.schedule, GraphSchedule):
+            return run_graph_schedule(self.model, self.schedule, self.graph_options, params,
+                                      rest, args)  # fmt: skip
+        return run_schedule(self.model, self.schedule, params, rest, args)
+
+    def summary(self) -> str:
+        """A readable table: per block, what it saves and recomputes, and the totals."""
+        p = self.problem if isinstance(self.problem, BlockChain) else self.model.problem
+        meta = self.schedule.meta
+        lines = [
+            f"plan: method {self.method}, budget {self.budget:,} B "
+            f"({self.budget / self.store_all_peak:.0%} of store-all {self.store_all_peak:,} B)",
+            f"predicted peak {meta['peak_memory']:,} B, makespan {meta['makespan']:.3e} s "
+            f"(overhead {self.overhead:+.1%}), {p.length} blocks + loss, "
+            f"planned in {self.plan_time:.1f} s",
+        ]
+        recorded = _record_counts(self.model, self.schedule, self.options)
+        lines.append(f"{'block':>5}  {'equations':>11}  {'input B':>12}  {'option':<22}"
+                     f"{'saved B':>12}  {'forwards':>8}  {'bwd tmp B':>11}")  # fmt: skip
+        for k, stage in enumerate(p.stages):
+            b = self.model.blocks.blocks[k]
+            o = stage.options[self.options[k]]
+            size = sum(p.value_sizes[v] for v in p.cuts[k])
+            lines.append(
+                f"{k:>5}  {b.start:>5}..{b.stop - 1:<5}  {size:>12,}  {o.name:<22}"
+                f"{o.saved:>12,}  {recorded[k]:>8}  {o.bwd_tmp - o.bwd_release:>11,}"
+            )
+        lines.append(
+            "forwards: how many times the block's forward runs (1: never recomputed); "
+            "'saved B' is what its recording keeps beyond its outputs, the rest of its "
+            "residuals is recomputed in its backward; 'bwd tmp B': its backward's "
+            "temporaries less what it frees of its own buffers before its peak."
+        )
+        return "\n".join(lines)
+
+
+def _on_one_device(tree: Any) -> Any:
+    """``tree`` with arrays sharded over several devices gathered on the first of them,
+    with a warning: the op-by-op runtime measures one device's program (the compiled
+    path, ``Plan.lowered`` under ``jax.jit``, keeps the shardings)."""
+    leaves = jax.tree.leaves(tree)
+    spread = [x for x in leaves if isinstance(x, jax.Array) and len(x.sharding.device_set) > 1]
+    if not spread:
+        return tree
+    device = sorted(spread[0].sharding.device_set, key=lambda d: d.id)[0]
+    warnings.warn(
+        f"Plan.run: {len(spread)} arrays are sharded over several devices; the op-by-op "
+        f"runtime runs on one device ({device}) and measures its memory",
+        stacklevel=3,
+    )
+    return jax.tree.map(
+        lambda x: jax.device_put(x, device) if isinstance(x, jax.Array) else x, tree
+    )
+
+
+def _record_counts(model: BlockModel, schedule: Schedule, options: tuple) -> list[int]:
+    """How many times each block's forward runs (graph: computes of F{k} and R{k})."""
+    counts = [0] * model.length
+    if isinstance(schedule, GraphSchedule):
+        _, where = block_graph(model.problem, options)
+        for op in schedule.ops:
+            role, k = where.role(op.node)
+            if type(op).__name__ == "Compute" and role in ("fwd", "res"):
+                counts[k] += 1
+        return counts
+    for op in schedule.ops:
+        if hasattr(op, "index") and type(op).__name__ in ("F_ck", "F_n", "F_all"):
+            counts[op.index] += 1
+    return counts
+
+
+def plan(
+    loss_fn: Callable,
+    model: Any,
+    *args: Any,
+    budget: int | str,
+    method: str = "auto",
+    has_aux: bool = False,
+    cost_model: CostModel | None = None,
+    exact: bool = True,
+    max_anchors: int = 4,
+    activation_tolerance: float = 0.0,
+    activation_storages: tuple[str, ...] | None = None,
+    whole_graph: int = WHOLE_GRAPH_VARIABLES,
+    **options: Any,
+) -> Plan:
+    """Plan a training step of ``loss_fn(model, *args)`` under ``budget``.
+
+    ``budget``: bytes of activations (int), or a percentage of the store-all peak
+    (``"50%"``). ``method``: ``"auto"`` (the block DP, :mod:`solvers.block_rotor`),
+    one of JAX's policies applied to every block (``"checkpoint_dots"``,
+    ``"nothing_saveable"``, ``"everything_saveable"``), a chain method (``"rotor"``,
+    ``"revolve"``, ``"chen_sqrt"``...: on ``problem.to_chain`` of the store-all options,
+    an upper bound of the block chain, which then prices the schedule) or a graph method
+    (``"checkmate_milp"``, ``"dtr"``, ``"checkmate_lp"``, or ``"graph:<name>"`` for a
+    name chains have too: on the block graph of the store-all options), all priced by
+    the same simulators of the op-by-op runtime.
+    ``exact``: compile the kernels the schedule runs so that its predicted peak is the
+    op-by-op runtime's to the byte (else temporaries are estimated: faster, enough for
+    the compiled path, whose memory XLA decides). ``max_anchors``: at most this many
+    matmuls or convolutions pass without a cut (1: a block per matmul/convolution, the
+    finest blocks). ``activation_tolerance`` > 0 also offers low-bit storage of saved
+    residuals whose measured gradient error on ``args`` stays within it
+    (:mod:`jax_exec.auto.lowbit`, ``schedule.meta["lowbit"]``; the storages tried:
+    ``activation_storages``, default all); with 0, never. Other ``options`` go to the
+    solver (e.g. ``time_limit`` of ``checkmate_milp``); graph methods also read
+    ``graph_option``, the option every block's graph nodes use (default
+    ``"store_all"``: what XLA keeps; or a JAX policy's name such as
+    ``"nothing_saveable"``: no residual nodes, each backward recomputes its block).
+    ``whole_graph``: ``"auto"`` also solves the whole-graph MILP
+    (:mod:`jax_exec.auto.whole`, ``method="whole_milp"`` alone) when it has at most
+    this many binary variables, and keeps it when it is faster
+    (``schedule.meta["whole_milp"]`` says what it found); 0: never.
+
+    Raises:
+        solvers.Infeasible: the budget is below the least feasible one (``min_budget``).
+        TypeError / ValueError: a malformed model, loss, budget or method.
+        jax_exec.auto.UnsupportedModel: an operation the planner cannot handle.
+    """
+    solver = solver_of(method)
+    start = time.perf_counter()
+    if isinstance(max_anchors, bool) or not isinstance(max_anchors, int) or max_anchors < 1:
+        raise ValueError(f"max_anchors = {max_anchors!r}: expected an int >= 1")
+    bm = block_model(
+        loss_fn, model, args, has_aux=has_aux, cost_model=cost_model, max_anchors=max_anchors
+    )
+    if activation_storages is not None and not activation_tolerance:
+        raise ValueError("activation_storages: low-bit storage needs activation_tolerance > 0")
+    if activation_tolerance and solver[0] == "graph":
+        raise ValueError(
+            f"method = {method!r}: low-bit storage measures the compiled step's gradient, "
+            f"and a graph schedule has no compiled path"
+        )
+    if activation_tolerance:  # low-bit residuals (jax_exec/auto/lowbit.py)
+        from jax_exec.auto.lowbit import with_lowbit
+
+        bm = with_lowbit(bm, args, activation_tolerance, activation_storages)
+    whole = whole_limit(method, whole_graph)  # low-bit storage plans by the DP alone
+    done = solve(bm, budget, solver, options, exact, whole)
+    return make_plan(done, method, start, exact, whole_graph, bm)
+
+
+def make_plan(done: Solved, method: str, start: float, exact: bool, whole_graph: int,
+          base: BlockModel) -> Plan:  # fmt: skip
+    done.schedule.meta["compile_rounds"] = done.rounds
+    problem = done.model.problem
+    if isinstance(done.schedule, GraphSchedule):
+        problem = block_graph(done.model.problem, done.graph_options)[0]
+    return Plan(
+        model=done.model,
+        problem=problem,
+        schedule=done.schedule,
+        method=method,
+        budget=done.budget,
+        store_all_peak=done.reference.peak_memory,
+        store_all_time=done.reference.makespan,
+        plan_time=time.perf_counter() - start,
+        exact=exact,
+        whole_graph=whole_graph,
+        base=base,
+        graph_options=done.graph_options,
+    )
