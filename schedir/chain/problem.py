@@ -46,14 +46,20 @@ def _as_size(name: str, index: int, value: object) -> int:
 
 
 def _as_time(name: str, index: int, value: object) -> float:
+    return seconds(f"{name}[{index}]", value)
+
+
+def seconds(where: str, value: object) -> float:
+    """``value`` as a time in seconds: a finite, non-negative real, or InvalidProblem
+    naming ``where`` (the chain's and the graph's times alike)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InvalidProblem(f"{name}[{index}] = {value!r}: times must be real numbers (seconds)")
+        raise InvalidProblem(f"{where} = {value!r}: times must be real numbers (seconds)")
     try:
         time = float(value)
     except OverflowError:
-        raise InvalidProblem(f"{name}[{index}] = {value!r}: time too large for a float") from None
+        raise InvalidProblem(f"{where} = {value!r}: time too large for a float") from None
     if not math.isfinite(time) or time < 0:
-        raise InvalidProblem(f"{name}[{index}] = {value!r}: times must be finite and non-negative")
+        raise InvalidProblem(f"{where} = {value!r}: times must be finite and non-negative")
     return time
 
 

@@ -17,6 +17,7 @@ import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from schedir.chain.problem import seconds
 from schedir.errors import InvalidProblem
 
 NODE_KINDS = ("input", "forward", "backward")
@@ -63,15 +64,7 @@ def _size(where: str, value: object) -> int:
 
 
 def _cost(where: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InvalidProblem(f"{where} = {value!r}: costs must be real numbers (seconds)")
-    try:
-        cost = float(value)
-    except OverflowError:
-        raise InvalidProblem(f"{where} = {value!r}: too large for a float (seconds)") from None
-    if not math.isfinite(cost) or cost < 0:
-        raise InvalidProblem(f"{where} = {value!r}: costs must be finite and non-negative")
-    return cost
+    return seconds(where, value)
 
 
 def _check_cost_sum(nodes: Sequence[Node]) -> None:
