@@ -22,12 +22,17 @@ profile, plan, run, the compiled path), :mod:`jax_exec.graph` (DAG models),
 programs), :mod:`jax_exec.auto` (the planner).
 """
 
+import logging
+
 from jax_exec import auto, execute, graph, parallel, program, stages  # noqa: F401 (subpackages)
 from jax_exec.auto import CostModel, Plan, UnsupportedModel, plan, value_and_grad
 from jax_exec.device_plan import DevicePlan, plan_device
 from jax_exec.execute.copies import measure_platform
 from jax_exec.execute.result import RunResult
 from jax_exec.executor import run
+
+# Silent unless the application configures logging: one INFO line per plan.
+logging.getLogger("jax_exec").addHandler(logging.NullHandler())
 
 __all__ = [
     "CostModel",

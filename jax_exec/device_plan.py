@@ -42,7 +42,8 @@ from jax.sharding import Mesh
 
 import solvers
 from jax_exec import auto
-from jax_exec.auto.plan import Plan
+from jax_exec.auto.exact import in_user_units
+from jax_exec.auto.plan import Plan, device_memory
 from jax_exec.program.analysis import CostModel
 from jax_exec.zero import AXIS, HOST, ZeroStep, measured_bytes, state_bytes
 from jax_exec.zero_blocks import planned_value_and_grad
@@ -361,6 +362,8 @@ def plan_device(
             model state that is not an ``nnx.Param`` (ZeRO steps train parameters only).
     """
     start = time.perf_counter()
+    if isinstance(budget, str) and budget.strip() == "device":
+        budget = device_memory()  # the whole device, as JAX reports it
     parse_budget(budget, 1)  # a malformed budget fails before any tracing
     if not (
         callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None))
@@ -417,13 +420,14 @@ def plan_device(
         )
     least = min(a.min_budget for a in rows)
     if not any(a.fits for a in rows):
-        raise solvers.Infeasible(
+        err = solvers.Infeasible(
             "device",
             nbytes,
             least,
             f"{n} data-parallel devices, every ZeRO strategy"
             + ("" if exact else "; estimated temporaries (exact=False)"),
         )
+        raise in_user_units(err, budget, reference, "the plain step's")
 
     def rank(i: int) -> tuple:
         return (rows[i].step.step_time, rows[i].step.peak_bytes, i)

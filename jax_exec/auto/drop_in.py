@@ -87,6 +87,14 @@ def value_and_grad(
         nnx.update(model, new_rest)
         return ((loss, aux), grads) if has_aux else (loss, grads)
 
+    def summary() -> str:
+        """The last plan's :meth:`~jax_exec.auto.plan.Plan.summary` (none before the
+        first call)."""
+        if f.plan is None:
+            return "no plan yet: it is made at the first call"
+        return f.plan.summary()
+
     f.plans = plans  # type: ignore[attr-defined]
     f.plan = None  # type: ignore[attr-defined]
+    f.summary = summary  # type: ignore[attr-defined]
     return f

@@ -14,7 +14,7 @@ from jax_exec.auto.whole import fallback, small_enough, whole_plan
 from jax_exec.program.model import BlockModel, build_problem
 from schedir import Schedule, simulate
 from schedir.blocks.schedule import BlockSchedule
-from schedir.budget import parse_budget
+from schedir.budget import in_units_of, parse_budget
 from solvers.blocks.policies import policy_schedule
 from solvers.blocks.rotor import least_memory, least_memory_ops
 
@@ -117,7 +117,10 @@ def _solve_lazily(
     if solver == "whole_milp":
         found = whole_plan(bm, nbytes, list(ref.options), exact=exact, **options)
         return Solved(found.schedule, nbytes, reference, found.rounds, found.model)
-    best, rounds = _solve_rounds(bm, nbytes, solver, options, exact, ref)
+    try:
+        best, rounds = _solve_rounds(bm, nbytes, solver, options, exact, ref)
+    except solvers.Infeasible as err:  # the least budget in the user's units too
+        raise in_user_units(err, budget, reference.peak_memory, "store-all") from None
     if whole and best.makespan > reference.makespan and small_enough(bm, whole):
         found = fallback(bm, best.schedule, best.makespan, nbytes, list(ref.options), exact)
         schedule, model = found.schedule, found.model
@@ -170,6 +173,16 @@ def _solve_rounds(
             found = _compiled_only(bm, nbytes, solver, options)
             if found is not None:
                 return _faster(found, best), rounds + 1
+
+
+def in_user_units(err: solvers.Infeasible, given: Any, reference: int, what: str):
+    """``err`` whose message also says its least budget as the user gave the budget
+    (their unit, or a percentage of the ``reference``, the ``what`` peak)."""
+    if err.min_budget is None:
+        return err
+    least = in_units_of(err.min_budget, given, reference).replace(" of ", f" of {what} ", 1)
+    detail = "; ".join(d for d in (err.detail, f"least budget {least}") if d)
+    return solvers.Infeasible(err.method, err.budget, err.min_budget, detail)
 
 
 def exact_least(bm: BlockModel, solver: str) -> int:

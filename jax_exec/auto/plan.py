@@ -6,6 +6,7 @@ It follows Flax NNX's calling convention: ``loss_fn(model, *args)`` returns a sc
 
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 from collections.abc import Callable
@@ -29,6 +30,9 @@ from schedir import Graph, GraphSchedule, Schedule
 from schedir.blocks.graph import block_graph
 from schedir.blocks.problem import BlockChain
 from schedir.blocks.schedule import BlockSchedule
+from schedir.budget import BudgetError, format_bytes
+
+LOG = logging.getLogger("jax_exec")
 
 
 @dataclass
@@ -70,6 +74,7 @@ class Plan:
     whole_graph: int = WHOLE_GRAPH_VARIABLES
     base: BlockModel | None = field(default=None, repr=False)
     graph_options: tuple[int, ...] = ()  # a graph method's: the options of its block graph
+    model_name: str = ""  # the model's class (reports)
 
     @property
     def overhead(self) -> float:
@@ -96,7 +101,7 @@ class Plan:
         whole = whole_limit(method, whole_graph)
         base = self.base or self.model
         done = solve(base, budget, solver, options, exact, whole)
-        return make_plan(done, method, start, exact, whole_graph, base)
+        return make_plan(done, method, start, exact, whole_graph, base, self.model_name)
 
     def least_budget(self) -> int:
         """The least budget (bytes) at which the method finds a schedule (exact for the
@@ -148,30 +153,39 @@ class Plan:
         """A readable table: per block, what it saves and recomputes, and the totals."""
         p = self.problem if isinstance(self.problem, BlockChain) else self.model.problem
         meta = self.schedule.meta
+        mib = float(2**20)
         lines = [
-            f"plan: method {self.method}, budget {self.budget:,} B "
-            f"({self.budget / self.store_all_peak:.0%} of store-all {self.store_all_peak:,} B)",
-            f"predicted peak {meta['peak_memory']:,} B, makespan {meta['makespan']:.3e} s "
-            f"(overhead {self.overhead:+.1%}), {p.length} blocks + loss, "
-            f"planned in {self.plan_time:.1f} s",
+            f"plan: method {self.method}, budget {self.budget / mib:.3f} MiB "
+            f"({self.budget / self.store_all_peak:.0%} of store-all "
+            f"{self.store_all_peak / mib:.3f} MiB)",
+            f"predicted peak {meta['peak_memory'] / mib:.3f} MiB, step "
+            f"{meta['makespan'] * 1e3:.3g} ms (overhead {self.overhead:+.1%}; roofline "
+            f"estimate), {p.length} blocks + loss, planned in {self.plan_time:.1f} s",
         ]
         recorded = _record_counts(self.model, self.schedule, self.options)
-        lines.append(f"{'block':>5}  {'equations':>11}  {'input B':>12}  {'option':<22}"
-                     f"{'saved B':>12}  {'forwards':>8}  {'bwd tmp B':>11}")  # fmt: skip
+        lines.append(f"{'block':>5}  {'equations':>11}  {'input MiB':>10}  {'option':<22}"
+                     f"{'saved MiB':>10}  {'forwards':>8}  {'bwd tmp MiB':>11}")  # fmt: skip
         for k, stage in enumerate(p.stages):
             b = self.model.blocks.blocks[k]
             o = stage.options[self.options[k]]
             size = sum(p.value_sizes[v] for v in p.cuts[k])
             lines.append(
-                f"{k:>5}  {b.start:>5}..{b.stop - 1:<5}  {size:>12,}  {o.name:<22}"
-                f"{o.saved:>12,}  {recorded[k]:>8}  {o.bwd_tmp - o.bwd_release:>11,}"
+                f"{k:>5}  {b.start:>5}..{b.stop - 1:<5}  {size / mib:>10.4f}  {o.name:<22}"
+                f"{o.saved / mib:>10.4f}  {recorded[k]:>8}  "
+                f"{(o.bwd_tmp - o.bwd_release) / mib:>11.4f}"
             )
-        lines.append(
+        lines += [
+            "options: 'save all' keeps every materialized value, 'save i/n' i of its n "
+            "materialized values (the block's save-set MILP), 'whole i/n' the save set the "
+            "whole-graph MILP chose; 'nothing_saveable', 'checkpoint_dots', "
+            "'everything_saveable' are JAX's policies, 'xla_fused' what XLA keeps for a "
+            "plain step; a suffix '+bfloat16' (+float8, +int8) stores the saved values in "
+            "low bits.",
             "forwards: how many times the block's forward runs (1: never recomputed); "
-            "'saved B' is what its recording keeps beyond its outputs, the rest of its "
-            "residuals is recomputed in its backward; 'bwd tmp B': its backward's "
-            "temporaries less what it frees of its own buffers before its peak."
-        )
+            "'saved MiB' is what its recording keeps beyond its outputs, the rest of its "
+            "residuals is recomputed in its backward; 'bwd tmp MiB': its backward's "
+            "temporaries less what it frees of its own buffers before its peak.",
+        ]
         return "\n".join(lines)
 
 
@@ -227,8 +241,12 @@ def plan(
 ) -> Plan:
     """Plan a training step of ``loss_fn(model, *args)`` under ``budget``.
 
-    ``budget``: bytes of activations (int), or a percentage of the store-all peak
-    (``"50%"``). ``method``: ``"auto"`` (the block DP, :mod:`solvers.block_rotor`),
+    ``budget``: bytes of activations: an int, ``"12GiB"`` / ``"1.5 GB"``, a percentage
+    of the store-all peak (``"50%"``, :func:`schedir.budget.parse_budget`), or
+    ``"device"``: the device's memory as JAX reports it (``memory_stats()``) less what
+    the step holds besides activations (parameters, their gradients, the model state
+    and the arguments); on a backend that reports none (CPU) a ``BudgetError`` says to
+    give bytes. ``method``: ``"auto"`` (the block DP, :mod:`solvers.block_rotor`),
     one of JAX's policies applied to every block (``"checkpoint_dots"``,
     ``"nothing_saveable"``, ``"everything_saveable"``), a chain method (``"rotor"``,
     ``"revolve"``, ``"chen_sqrt"``...: on ``problem.to_chain`` of the store-all options,
@@ -277,17 +295,52 @@ def plan(
 
         bm = with_lowbit(bm, args, activation_tolerance, activation_storages)
     whole = whole_limit(method, whole_graph)  # low-bit storage plans by the DP alone
+    if isinstance(budget, str) and budget.strip() == "device":
+        budget = device_room(model, args)
     done = solve(bm, budget, solver, options, exact, whole)
-    return make_plan(done, method, start, exact, whole_graph, bm)
+    return make_plan(done, method, start, exact, whole_graph, bm, type(model).__name__)
+
+
+def device_memory(field: str = "budget") -> int:
+    """The first device's memory in bytes as JAX reports it (``memory_stats()
+    ["bytes_limit"]``); ``BudgetError`` naming ``field`` where the backend reports none."""
+    device = jax.devices()[0]
+    stats = device.memory_stats()
+    if not stats or "bytes_limit" not in stats:
+        raise BudgetError(
+            f"{field} = 'device': the {device.platform} backend reports no memory limit "
+            f"(memory_stats() is {stats!r}); give bytes, e.g. {field}='12GiB'"
+        )
+    return int(stats["bytes_limit"])
+
+
+def device_room(model: Any, args: tuple) -> int:
+    """Bytes the device leaves for activations: its memory less the parameters, their
+    gradients (as many bytes), the model's other state and the arguments."""
+    _, params, rest = split_model(model)
+
+    def nbytes(tree: Any) -> int:
+        return sum(int(x.nbytes) for x in jax.tree.leaves(tree) if hasattr(x, "nbytes"))
+
+    held = 2 * nbytes(params) + nbytes(rest) + nbytes(tuple(args))
+    room = device_memory() - held
+    if room <= 0:
+        raise BudgetError(
+            f"budget = 'device': the parameters, gradients, state and arguments "
+            f"({held:,} B) fill the device's {device_memory():,} B"
+        )
+    return room
 
 
 def make_plan(done: Solved, method: str, start: float, exact: bool, whole_graph: int,
-          base: BlockModel) -> Plan:  # fmt: skip
+              base: BlockModel, name: str = "") -> Plan:  # fmt: skip
+    """The :class:`Plan` of a solve, logged in one line (``logging.getLogger("jax_exec")``,
+    INFO)."""
     done.schedule.meta["compile_rounds"] = done.rounds
     problem = done.model.problem
     if isinstance(done.schedule, GraphSchedule):
         problem = block_graph(done.model.problem, done.graph_options)[0]
-    return Plan(
+    plan = Plan(
         model=done.model,
         problem=problem,
         schedule=done.schedule,
@@ -300,4 +353,20 @@ def make_plan(done: Solved, method: str, start: float, exact: bool, whole_graph:
         whole_graph=whole_graph,
         base=base,
         graph_options=done.graph_options,
+        model_name=name,
     )
+    _log(plan)
+    return plan
+
+
+def _log(p: Plan) -> None:
+    if not LOG.isEnabledFor(logging.INFO):
+        return
+    meta = p.schedule.meta
+    LOG.info(
+        "planned %s (%s, %d blocks): predicted peak %s of store-all %s (%.0f%%), "
+        "overhead %+.1f%%, budget %s, %.1f s",
+        p.model_name or "model", p.method, p.model.length, format_bytes(meta["peak_memory"]),
+        format_bytes(p.store_all_peak), 100 * meta["peak_memory"] / max(p.store_all_peak, 1),
+        100 * p.overhead, format_bytes(p.budget), p.plan_time,
+    )  # fmt: skip

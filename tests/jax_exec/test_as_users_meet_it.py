@@ -1,0 +1,97 @@
+"""The planner as users meet it (issue 26): budgets in their units, the least budget said
+in them, one log line per plan (silent unless logging is configured), the drop-in's
+plans and summary."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+import jax_exec
+import solvers
+from schedir.budget import BudgetError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class MLP(nnx.Module):
+    def __init__(self, rngs):
+        self.a = nnx.Linear(16, 64, rngs=rngs)
+        self.b = nnx.Linear(64, 16, rngs=rngs)
+
+    def __call__(self, x):
+        return self.b(jax.nn.gelu(self.a(x)))
+
+
+def mse(model, x, y):
+    return jnp.mean((model(x) - y) ** 2)
+
+
+X, Y = jnp.ones((32, 16)), jnp.zeros((32, 16))
+
+
+def test_budgets_in_units():
+    assert jax_exec.plan(mse, MLP(nnx.Rngs(0)), X, Y, budget="64KiB").budget == 64 * 1024
+    vg = jax_exec.value_and_grad(mse, budget="1MiB")
+    assert vg.summary().startswith("no plan yet")
+    loss, _ = vg(MLP(nnx.Rngs(0)), X, Y)
+    assert vg.plan.budget == 2**20 and "MiB" in vg.summary() and float(loss) > 0
+
+
+def test_the_least_budget_in_the_users_units():
+    with pytest.raises(solvers.Infeasible, match=r"least budget [\d,]+ B \([\d.]+ KiB\)"):
+        jax_exec.plan(mse, MLP(nnx.Rngs(0)), X, Y, budget="1KiB")
+    with pytest.raises(solvers.Infeasible, match=r"least budget [\d,]+ B \([\d.]+% of store-all"):
+        jax_exec.plan(mse, MLP(nnx.Rngs(0)), X, Y, budget="10%")
+
+
+def test_device_budget_on_cpu_says_to_give_bytes():
+    with pytest.raises(BudgetError, match="reports no memory limit.*give bytes"):
+        jax_exec.plan(mse, MLP(nnx.Rngs(0)), X, Y, budget="device")
+
+
+SCRIPT = """
+import logging, sys
+import jax.numpy as jnp
+from flax import nnx
+import jax_exec
+sys.path.insert(0, {tests!r})
+from jax_exec_models_for_logging import MLP, mse
+if {configure}:
+    logging.basicConfig(level="INFO")
+jax_exec.plan(mse, MLP(nnx.Rngs(0)), jnp.ones((32, 16)), jnp.zeros((32, 16)), budget="80%")
+"""
+
+
+@pytest.mark.parametrize("configure", [False, True])
+def test_one_log_line_per_plan_and_silent_by_default(tmp_path, configure):
+    (tmp_path / "jax_exec_models_for_logging.py").write_text(
+        textwrap.dedent("""
+        import jax, jax.numpy as jnp
+        from flax import nnx
+        class MLP(nnx.Module):
+            def __init__(self, rngs):
+                self.a = nnx.Linear(16, 64, rngs=rngs)
+                self.b = nnx.Linear(64, 16, rngs=rngs)
+            def __call__(self, x):
+                return self.b(jax.nn.gelu(self.a(x)))
+        def mse(model, x, y):
+            return jnp.mean((model(x) - y) ** 2)
+        """)
+    )
+    script = SCRIPT.format(tests=str(tmp_path), configure=configure)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=ROOT, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if "jax_exec" in line]
+    if configure:
+        assert len(lines) == 1 and "planned MLP (auto, " in lines[0] and "overhead" in lines[0]
+    else:
+        assert lines == [] and out.stdout == ""
