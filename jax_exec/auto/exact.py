@@ -9,10 +9,11 @@ from typing import Any
 
 import solvers
 from jax_exec.auto.methods import fixed_options, solve_fixed
+from jax_exec.auto.offload import has_host_link, joint_plans
 from jax_exec.auto.reference import StoreAll, reference_schedule
 from jax_exec.auto.whole import fallback, small_enough, whole_plan
 from jax_exec.program.model import BlockModel, build_problem
-from schedir import Schedule, simulate
+from schedir import Platform, Schedule, simulate
 from schedir.blocks.schedule import BlockSchedule
 from schedir.budget import in_units_of, parse_budget
 from solvers.blocks.policies import policy_schedule
@@ -34,14 +35,19 @@ class Solved:
     graph_options: tuple[int, ...] = ()
 
 
-def solve(bm: BlockModel, budget: Any, solver: tuple, options: dict, exact: bool, whole: int = 0):
+def solve(
+    bm: BlockModel, budget: Any, solver: tuple, options: dict, exact: bool, whole: int = 0,
+    platform: Platform | None = None,
+) -> Solved:  # fmt: skip
     """:func:`_solve_lazily`; with low-bit storage, until the schedule's measured
     gradient error is within the tolerance (:func:`jax_exec.auto.lowbit.within_tolerance`)."""
     if getattr(bm, "tolerance", 0.0) > 0:
         from jax_exec.auto.lowbit import within_tolerance
 
-        return within_tolerance(bm, lambda: _solve_lazily(bm, budget, solver, options, exact))
-    return _solve_lazily(bm, budget, solver, options, exact, whole)
+        return within_tolerance(
+            bm, lambda: _solve_lazily(bm, budget, solver, options, exact, 0, platform)
+        )
+    return _solve_lazily(bm, budget, solver, options, exact, whole, platform)
 
 
 # Exact planning compiles the kernels each answer runs and solves again; after this many
@@ -74,8 +80,9 @@ def _faster(best: Priced | None, other: Priced | None) -> Priced | None:
 
 
 def _solve_lazily(
-    bm: BlockModel, budget: Any, solver: tuple, options: dict, exact: bool, whole: int = 0
-):
+    bm: BlockModel, budget: Any, solver: tuple, options: dict, exact: bool, whole: int = 0,
+    platform: Platform | None = None,
+) -> Solved:  # fmt: skip
     """Solve; with ``exact``, compile the kernels the answer runs and solve again, so
     that the predicted figures are those the op-by-op runtime measures (kernels not
     compiled yet are priced with estimated temporaries): until the answer runs only
@@ -86,7 +93,9 @@ def _solve_lazily(
     budget is then exact). Chain and graph methods compile every kernel of the
     store-all options first and solve once. ``whole`` > 0: the block DP's answer
     competes with the whole-graph MILP's when that has at most ``whole`` variables
-    (:func:`jax_exec.auto.whole.fallback`)."""
+    (:func:`jax_exec.auto.whole.fallback`). With a ``platform`` that has a host link,
+    the block DP's answer competes with remat + offload plans
+    (:func:`jax_exec.auto.offload.joint_plans`)."""
     family, solver = solver
     if bm.known:  # a solve of its own: what earlier solves compiled is not known to it
         bm.known.clear()
@@ -117,13 +126,23 @@ def _solve_lazily(
     if solver == "whole_milp":
         found = whole_plan(bm, nbytes, list(ref.options), exact=exact, **options)
         return Solved(found.schedule, nbytes, reference, found.rounds, found.model)
+    joint = solver == "block_rotor" and has_host_link(platform)
     try:
         best, rounds = _solve_rounds(bm, nbytes, solver, options, exact, ref)
     except solvers.Infeasible as err:  # the least budget in the user's units too
+        if joint:
+            found = joint_plans(bm, nbytes, platform, [ref.options, _least_options(bm)], exact)
+            if found.found:
+                schedule, _, _ = min(found.found, key=lambda f: f[2])
+                return Solved(schedule, nbytes, reference, 1, bm)
+            if err.min_budget is not None and found.least is not None:
+                least = min(err.min_budget, found.least)
+                err = solvers.Infeasible(err.method, nbytes, least, "remat and offload")
         raise in_user_units(err, budget, reference.peak_memory, "store-all") from None
+    schedule, model, makespan = best.schedule, bm, best.makespan
     if whole and best.makespan > reference.makespan and small_enough(bm, whole):
         found = fallback(bm, best.schedule, best.makespan, nbytes, list(ref.options), exact)
-        schedule, model = found.schedule, found.model
+        schedule, model, makespan = found.schedule, found.model, found.makespan
         if model is not bm:  # the DP may do better still with the new save sets
             mixed = _solve_rounds(model, nbytes, solver, {}, exact, ref)[0]
             if mixed.makespan < found.makespan:
@@ -131,9 +150,20 @@ def _solve_lazily(
                     whole_milp=dict(found.report, chosen=False, mixed=True),
                     dp_makespan=best.makespan,
                 )
-                schedule = mixed.schedule
-        return Solved(schedule, nbytes, reference, rounds, model)
-    return Solved(best.schedule, nbytes, reference, rounds, bm)
+                schedule, makespan = mixed.schedule, mixed.makespan
+    if joint and makespan > reference.makespan:  # remat only, or remat and offload
+        choices = [schedule.options, ref.options, _least_options(model)]
+        found = joint_plans(model, nbytes, platform, choices, exact)
+        for candidate, _, seconds in found.found:
+            if seconds < makespan:
+                candidate.meta["remat_only_makespan"] = makespan
+                schedule, makespan = candidate, seconds
+    return Solved(schedule, nbytes, reference, rounds, model)
+
+
+def _least_options(bm: BlockModel) -> tuple[int, ...]:
+    """The options of the block chain's least-memory schedule (its figures as known)."""
+    return tuple(least_memory_ops(bm.problem, least_memory(bm.problem)[0])[1])
 
 
 def _solve_rounds(

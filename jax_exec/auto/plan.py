@@ -18,6 +18,7 @@ import jax
 import solvers
 from jax_exec.auto.exact import Solved, solve
 from jax_exec.auto.methods import solver_of, whole_limit
+from jax_exec.auto.offload import as_platform
 from jax_exec.auto.whole import WHOLE_GRAPH_VARIABLES
 from jax_exec.execute.graph import run_graph_schedule
 from jax_exec.execute.interpreter import run_schedule
@@ -26,7 +27,7 @@ from jax_exec.execute.result import RunResult
 from jax_exec.program.analysis import CostModel
 from jax_exec.program.model import BlockModel, block_model
 from jax_exec.program.trace import graph_difference, split_model
-from schedir import Graph, GraphSchedule, Schedule
+from schedir import Graph, GraphSchedule, Platform, Schedule
 from schedir.blocks.graph import block_graph
 from schedir.blocks.problem import BlockChain
 from schedir.blocks.schedule import BlockSchedule
@@ -75,6 +76,7 @@ class Plan:
     base: BlockModel | None = field(default=None, repr=False)
     graph_options: tuple[int, ...] = ()  # a graph method's: the options of its block graph
     model_name: str = ""  # the model's class (reports)
+    platform: Platform | None = None  # with a host link: remat and offload planned together
 
     @property
     def overhead(self) -> float:
@@ -100,8 +102,9 @@ class Plan:
         solver = solver_of(method)
         whole = whole_limit(method, whole_graph)
         base = self.base or self.model
-        done = solve(base, budget, solver, options, exact, whole)
-        return make_plan(done, method, start, exact, whole_graph, base, self.model_name)
+        done = solve(base, budget, solver, options, exact, whole, self.platform)
+        return make_plan(done, method, start, exact, whole_graph, base, self.model_name,
+                         self.platform)  # fmt: skip
 
     def least_budget(self) -> int:
         """The least budget (bytes) at which the method finds a schedule (exact for the
@@ -174,6 +177,13 @@ class Plan:
                 f"{o.saved / mib:>10.4f}  {recorded[k]:>8}  "
                 f"{(o.bwd_tmp - o.bwd_release) / mib:>11.4f}"
             )
+        if meta.get("offloaded"):
+            lines.append(
+                f"offloaded to host memory: {', '.join(meta['offloaded'])} (abar[k]: block "
+                f"k-1's recorded outputs and saved residuals; a[k]: a recomputed segment's "
+                f"input); host peak {meta['host_peak'] / mib:.3f} MiB; remat alone: step "
+                f"{meta.get('remat_only_makespan', float('nan')) * 1e3:.3g} ms"
+            )
         lines += [
             "options: 'save all' keeps every materialized value, 'save i/n' i of its n "
             "materialized values (the block's save-set MILP), 'whole i/n' the save set the "
@@ -237,6 +247,7 @@ def plan(
     activation_tolerance: float = 0.0,
     activation_storages: tuple[str, ...] | None = None,
     whole_graph: int = WHOLE_GRAPH_VARIABLES,
+    platform: Platform | str | None = None,
     **options: Any,
 ) -> Plan:
     """Plan a training step of ``loss_fn(model, *args)`` under ``budget``.
@@ -270,6 +281,11 @@ def plan(
     (:mod:`jax_exec.auto.whole`, ``method="whole_milp"`` alone) when it has at most
     this many binary variables, and keeps it when it is faster
     (``schedule.meta["whole_milp"]`` says what it found); 0: never.
+    ``platform``: a :class:`schedir.Platform` with a host link (or a preset name:
+    ``"pcie3"``, ``"pcie4"``, ``"pcie5"``, ``"nvlink-c2c"``; ``jax_exec.measure_platform()``
+    measures the machine at hand): ``"auto"`` also plans remat and host offload together
+    (:mod:`jax_exec.auto.offload`), under ``platform.host_memory`` too; None (the
+    default) plans remat and low-bit storage only.
 
     Raises:
         solvers.Infeasible: the budget is below the least feasible one (``min_budget``).
@@ -297,8 +313,9 @@ def plan(
     whole = whole_limit(method, whole_graph)  # low-bit storage plans by the DP alone
     if isinstance(budget, str) and budget.strip() == "device":
         budget = device_room(model, args)
-    done = solve(bm, budget, solver, options, exact, whole)
-    return make_plan(done, method, start, exact, whole_graph, bm, type(model).__name__)
+    platform = as_platform(platform)
+    done = solve(bm, budget, solver, options, exact, whole, platform)
+    return make_plan(done, method, start, exact, whole_graph, bm, type(model).__name__, platform)
 
 
 def device_memory(field: str = "budget") -> int:
@@ -333,7 +350,8 @@ def device_room(model: Any, args: tuple) -> int:
 
 
 def make_plan(done: Solved, method: str, start: float, exact: bool, whole_graph: int,
-              base: BlockModel, name: str = "") -> Plan:  # fmt: skip
+              base: BlockModel, name: str = "",
+              platform: Platform | None = None) -> Plan:  # fmt: skip
     """The :class:`Plan` of a solve, logged in one line (``logging.getLogger("jax_exec")``,
     INFO)."""
     done.schedule.meta["compile_rounds"] = done.rounds
@@ -354,6 +372,7 @@ def make_plan(done: Solved, method: str, start: float, exact: bool, whole_graph:
         base=base,
         graph_options=done.graph_options,
         model_name=name,
+        platform=platform,
     )
     _log(plan)
     return plan

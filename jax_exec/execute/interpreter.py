@@ -201,25 +201,43 @@ def run_schedule(
 
 class _Memories:
     """The device's default memory and its ``pinned_host`` memory (the arrays' device:
-    the first global value's, or JAX's default device), and the copies between them."""
+    the first global value's, or JAX's default device), and the copies between them. A
+    value held by several buffers is copied once each way, as the simulator counts it
+    once: an array already in host memory (or still on the device) is shared."""
 
     def __init__(self, gv: dict) -> None:
         arrays = [a for a in gv.values() if isinstance(a, jax.Array)]
         device = next(iter(arrays[0].devices())) if arrays else jax.devices()[0]
         self.device = jax.sharding.SingleDeviceSharding(device)
         self.host = jax.sharding.SingleDeviceSharding(device, memory_kind=HOST)
+        self.host_copy: dict[int, tuple] = {}  # device array id -> (device array, host array)
+        self.device_copy: dict[int, tuple] = {}  # host array id -> (host array, device array)
+
+    def to_host(self, buf: Buffers, arr: Any) -> Any:
+        held = self.host_copy.get(id(arr))
+        if held is not None and not held[1].is_deleted():
+            return held[1]
+        copy = jax.device_put(arr, self.host)
+        self.host_copy[id(arr)] = (arr, copy)
+        self.device_copy[id(copy)] = (copy, arr)
+        return copy
+
+    def to_device(self, buf: Buffers, arr: Any) -> Any:
+        held = self.device_copy.get(id(arr))
+        if held is not None and not held[1].is_deleted() and id(held[1]) in buf.live():
+            return held[1]  # still on the device (another buffer holds it)
+        copy = jax.device_put(arr, self.device)
+        self.device_copy[id(arr)] = (arr, copy)
+        self.host_copy[id(copy)] = (copy, arr)
+        return copy
 
     def copy(self, buf: Buffers, change: CopyEffect) -> None:
         """Carry out one copy effect on ``buf`` (host copies in buffer ``("host", b)``)."""
         name, on_host = change.buffer, ("host", change.buffer)
         if change.starts == "offload":  # the device arrays stay until the Wait
-            buf.table[on_host] = {
-                k: jax.device_put(a, self.host) for k, a in buf.table[name].items()
-            }
+            buf.table[on_host] = {k: self.to_host(buf, a) for k, a in buf.table[name].items()}
         elif change.starts == "prefetch":  # the device arrays count from now on
-            buf.table[name] = {
-                k: jax.device_put(a, self.device) for k, a in buf.table[on_host].items()
-            }
+            buf.table[name] = {k: self.to_device(buf, a) for k, a in buf.table[on_host].items()}
         elif change.device_drop:  # an offload waited for (or an eviction)
             jax.block_until_ready(list(buf.table.get(on_host, {}).values()))
             buf.drop(name)
