@@ -91,10 +91,12 @@ class Plan:
 
     def replan(
         self, budget: int | str, method: str | None = None, exact: bool | None = None,
-        whole_graph: int | None = None, **options: Any,
+        whole_graph: int | None = None, platform: Platform | str | None | bool = False,
+        **options: Any,
     ) -> Plan:  # fmt: skip
-        """A plan of the same model for another budget or method (no new tracing;
-        kernels compiled so far are reused)."""
+        """A plan of the same model for another budget, method or platform (False: this
+        plan's; no new tracing; kernels compiled so far are reused)."""
+        platform = self.platform if platform is False else as_platform(platform)
         method = method or self.method
         exact = self.exact if exact is None else exact
         whole_graph = self.whole_graph if whole_graph is None else whole_graph
@@ -102,9 +104,9 @@ class Plan:
         solver = solver_of(method)
         whole = whole_limit(method, whole_graph)
         base = self.base or self.model
-        done = solve(base, budget, solver, options, exact, whole, self.platform)
+        done = solve(base, budget, solver, options, exact, whole, platform)
         return make_plan(done, method, start, exact, whole_graph, base, self.model_name,
-                         self.platform)  # fmt: skip
+                         platform)  # fmt: skip
 
     def least_budget(self) -> int:
         """The least budget (bytes) at which the method finds a schedule (exact for the
