@@ -28,9 +28,9 @@ import numpy as np
 import jax_exec
 import schedir
 import solvers
-from jax_exec.models import mse_loss, transformer_stack
 from jax_exec.stages import plain_loss
-from schedir.cli.answers import answer_quality, gap_text
+from schedir_cli.answers import answer_quality, gap_text
+from schedir_cli.models import mse_loss, transformer_stack
 
 MiB = 2**20
 

@@ -1,7 +1,7 @@
 """The ``schedir`` command line: every subcommand, budgets with units, one-line errors.
 
-Most cases call ``schedir.cli.main(argv)`` in process (exit status returned, output
-captured); a few run ``python -m schedir`` and the ``schedir`` entry point in a
+Most cases call ``schedir_cli.main(argv)`` in process (exit status returned, output
+captured); a few run ``python -m schedir_cli`` and the ``schedir`` entry point in a
 subprocess to check the real exit codes and that no traceback is printed.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import schedir
-from schedir.cli.app import CLIError, main, parse_budget
+from schedir_cli.app import CLIError, main, parse_budget
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAIN = str(ROOT / "examples" / "chain_small.json")
@@ -231,15 +231,15 @@ def test_debug_shows_traceback(capsys) -> None:
 
 
 def test_subprocess_exit_codes_and_entry_point() -> None:
-    """The real process: ``python -m schedir`` and the installed ``schedir`` script."""
+    """The real process: ``python -m schedir_cli`` and the installed ``schedir`` script."""
     bad = subprocess.run(
-        [sys.executable, "-m", "schedir", "solve", CHAIN, "-b", "2 furlongs"],
+        [sys.executable, "-m", "schedir_cli", "solve", CHAIN, "-b", "2 furlongs"],
         capture_output=True, text=True, cwd=ROOT,
     )  # fmt: skip
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.count("\n") == 1 and "unknown unit 'furlongs'" in bad.stderr
     script = Path(sys.executable).parent / "schedir"
-    exe = [str(script)] if script.exists() else [sys.executable, "-m", "schedir"]
+    exe = [str(script)] if script.exists() else [sys.executable, "-m", "schedir_cli"]
     missing = subprocess.run(exe + ["simulate", CHAIN, "/no/such.json"], capture_output=True,
                              text=True)  # fmt: skip
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1, missing.stderr
@@ -248,7 +248,7 @@ def test_subprocess_exit_codes_and_entry_point() -> None:
 
 def test_import_schedir_stays_light() -> None:
     code = (
-        "import schedir, schedir.cli, schedir.render, schedir.cli.report, sys; "
+        "import schedir, schedir_cli, schedir.render, schedir_cli.report, sys; "
         "heavy = [m for m in ('solvers', 'jax', 'flax', 'cvxpy', 'matplotlib') "
         "if m in sys.modules]; assert not heavy, heavy"
     )
@@ -313,7 +313,7 @@ def test_experiments_report(capsys, tmp_path: Path) -> None:
 def test_all_experiments_quick_report(tmp_path: Path) -> None:
     """``schedir experiments --quick`` end to end: every PNG is embedded in the report."""
     proc = subprocess.run(
-        [sys.executable, "-m", "schedir", "experiments", "--quick", "--out", str(tmp_path)],
+        [sys.executable, "-m", "schedir_cli", "experiments", "--quick", "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr

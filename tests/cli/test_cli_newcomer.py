@@ -110,7 +110,7 @@ def test_no_solver_banner_unless_verbose(tmp_path: Path) -> None:
     """HiGHS prints a banner on its first use in a process: a fresh process each time."""
     graph = tmp_path / "g.json"
     schedir.save(schedir.load(CHAIN).to_graph(), graph)
-    argv = [sys.executable, "-m", "schedir", "solve", str(graph), "-b", "1400", "-m",
+    argv = [sys.executable, "-m", "schedir_cli", "solve", str(graph), "-b", "1400", "-m",
             "checkmate_milp"]  # fmt: skip
     quiet = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
     assert quiet.returncode == 0, quiet.stderr

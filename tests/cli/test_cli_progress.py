@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import solvers.registry
-from schedir.cli import main
+from schedir_cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAIN = str(ROOT / "examples" / "chain_small.json")

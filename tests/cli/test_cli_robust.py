@@ -2,7 +2,7 @@
 of internal errors): exact budgets, exactness of every answer, one-line errors (exit 2)
 where an internal error (exit 3) used to be.
 
-In process through ``schedir.cli.main`` (output captured).
+In process through ``schedir_cli.main`` (output captured).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from test_cli import one_line_error, run
 
 import schedir
 import solvers
-from schedir.cli.app import parse_budget
-from schedir.cli.common import CLIError
+from schedir_cli.app import parse_budget
+from schedir_cli.common import CLIError
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAIN = str(ROOT / "examples" / "chain_small.json")
@@ -107,7 +107,7 @@ def test_huge_integer_budgets_and_exact_percent(capsys, tmp_path: Path) -> None:
 
 
 def test_answer_quality_never_exact_when_discretized_or_time_limited() -> None:
-    from schedir.cli.answers import answer_quality
+    from schedir_cli.answers import answer_quality
 
     exact = {"makespan": 2.0, "exact": True}
     assert answer_quality(exact, claimed=False) == {

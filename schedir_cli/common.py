@@ -1,9 +1,9 @@
-"""Helpers shared by the ``schedir`` commands (:mod:`schedir.cli`, :mod:`schedir.cli_more`).
+"""Helpers shared by the ``schedir`` commands (:mod:`schedir_cli.app`, :mod:`schedir_cli.more`).
 
 Budgets in exact integer arithmetic, loading files and checking output paths with
 one-line errors, solver options checked against the solvers' signatures, quiet solver
 calls, and what each answer is worth (exact, discretized, time-limited). Imports
-``solvers`` only inside functions (see :mod:`schedir.cli`).
+``solvers`` only inside functions (see :mod:`schedir_cli.app`).
 """
 
 from __future__ import annotations

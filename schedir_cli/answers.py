@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 import re
 
-from schedir.cli.common import bytes_text
 from schedir.render import format_time
+from schedir_cli.common import bytes_text
 
 
 def _finite(value) -> float | None:

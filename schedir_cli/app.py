@@ -19,8 +19,8 @@ budgets, options, output paths), 3 for an internal error (a bug: please report i
 
 Imports: this module imports only ``schedir`` and the standard library at import time.
 ``solvers`` (which imports cvxpy) and ``jax_exec`` (jax, flax) are imported inside the
-command functions that need them, so ``import schedir`` stays light and the
-dependency direction ``jax_exec -> solvers -> schedir`` holds for the library.
+command functions that need them, so that bad input fails in milliseconds, before
+JAX is imported.
 """
 
 from __future__ import annotations
@@ -32,14 +32,16 @@ import sys
 from pathlib import Path
 
 import schedir
-from schedir.cli.answers import (
+from schedir.errors import InvalidSchedule
+from schedir.render import format_bytes, format_time
+from schedir_cli.answers import (
     answer_quality,
     gap_text,
     infeasible_detail,
     infeasible_text,
     quality_text,
 )
-from schedir.cli.common import (
+from schedir_cli.common import (
     IMAGE,
     CLIError,
     bytes_text,
@@ -57,9 +59,7 @@ from schedir.cli.common import (
     solve_quietly,
     writable_path,
 )
-from schedir.cli.more import add_more_commands
-from schedir.errors import InvalidSchedule
-from schedir.render import format_bytes, format_time
+from schedir_cli.more import add_more_commands
 
 __all__ = ["CLIError", "build_parser", "main", "parse_budget"]
 
@@ -411,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_show)
 
     add_more_commands(sub, solver_flags)
-    from schedir.cli.launch import add_launch_command  # stdlib only; kept out of import time
+    from schedir_cli.launch import add_launch_command  # stdlib only; kept out of import time
 
     add_launch_command(sub)
     return parser
@@ -423,7 +423,7 @@ def one_line(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; returns the exit status (``python -m schedir`` exits with it)."""
+    """Run the command line; returns the exit status (``python -m schedir_cli`` exits with it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     # ``--debug`` is schedir's anywhere before a ``--`` (after it, the launched command's)
     cut = argv.index("--") if "--" in argv else len(argv)

@@ -1,4 +1,4 @@
-"""``schedir tradeoff``, ``methods``, ``profile`` and ``experiments`` (see :mod:`schedir.cli`).
+"""``schedir tradeoff``, ``methods``, ``profile`` and ``experiments`` (see :mod:`schedir_cli.app`).
 
 ``solvers``, ``jax_exec`` and matplotlib are imported inside the command functions.
 """
@@ -13,10 +13,11 @@ import math
 from pathlib import Path
 
 import schedir
-from schedir.cli.answers import (
+from schedir.render import byte_unit, format_bytes, format_time, time_unit
+from schedir_cli.answers import (
     answer_quality,
 )
-from schedir.cli.common import (
+from schedir_cli.common import (
     ANY,
     IMAGE,
     CLIError,
@@ -36,7 +37,6 @@ from schedir.cli.common import (
     writable_dir,
     writable_path,
 )
-from schedir.render import byte_unit, format_bytes, format_time, time_unit
 
 # ---------------------------------------------------------------- tradeoff
 
@@ -296,7 +296,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     import jax
 
     import jax_exec
-    from jax_exec.models import mlp_stack, mse_loss, transformer_stack
+    from schedir_cli.models import mlp_stack, mse_loss, transformer_stack
 
     depth = args.depth if args.depth is not None else MODELS[args.model][1]
     kx, ky = jax.random.split(jax.random.key(0))
@@ -329,12 +329,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def default_experiments_dir() -> Path:
     """``paper_experiments/`` of the checkout this package runs from, else of the cwd."""
-    bundled = Path(schedir.__file__).resolve().parents[1] / "paper_experiments"
+    bundled = Path(__file__).resolve().parents[1] / "paper_experiments"
     return bundled if bundled.is_dir() else Path("paper_experiments")
 
 
 def cmd_experiments(args: argparse.Namespace) -> int:
-    from schedir.cli import report
+    from schedir_cli import report
 
     directory = Path(args.dir) if args.dir else default_experiments_dir()
     try:
