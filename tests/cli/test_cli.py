@@ -85,10 +85,11 @@ def test_solve_percent_and_json(capsys) -> None:
     assert status == 0
     data = json.loads(out)
     assert data["budget"] == 1222 and data["store_all"]["peak_memory"] == 1630
-    assert data["method"] == "recompute_all" and data["status"] == "ok"
-    assert data["peak_memory"] <= 1222
+    (result,) = data["results"]
+    assert result["method"] == "recompute_all" and result["status"] == "ok"
+    assert result["peak_memory"] <= 1222 and result["label"] == "fixed"
     status, out, err = run(capsys, "solve", CHAIN, "-b", "50%", "--json")
-    assert status == 1 and json.loads(out)["min_budget"] == 1140
+    assert status == 1 and json.loads(out)["results"][0]["min_budget"] == 1140
     assert "no schedule fits 815 B" in one_line_error(err)
 
 
@@ -117,7 +118,7 @@ def test_solve_all_on_graph(capsys, tmp_path: Path) -> None:
     status, out, _ = run(capsys, "solve", graph, "-b", "90%", "-m", "all", "--json")
     assert status == 0
     data = json.loads(out)  # solver chatter (HiGHS) must not pollute stdout
-    assert data["kind"] == "Graph" and {r["method"] for r in data["results"]} >= {"dtr"}
+    assert data["kind"] == "graph" and {r["method"] for r in data["results"]} >= {"dtr"}
 
 
 def test_solve_out_show_simulate(capsys, tmp_path: Path) -> None:
@@ -156,13 +157,13 @@ def test_tradeoff(capsys, tmp_path: Path) -> None:
     status, out, _ = run(capsys, *argv)
     assert status == 0 and png.stat().st_size > 5000
     lines = table.read_text().splitlines()
-    assert lines[0] == "budget,method,makespan,overhead,exact,lower_bound,gap"
+    assert lines[0] == "budget,method,makespan,overhead,label,exact,fixed,lower_bound,gap"
     assert len(lines) == 1 + 5 * 5
     assert "+0.0%" in out and "rotor" in out
     status, out, _ = run(capsys, "tradeoff", CHAIN, "-m", "rotor", "--points", "3", "--json")
-    rows = json.loads(out)["rows"]
-    assert [r["budget"] for r in rows] == [1140, 1385, 1630]
-    assert rows[-1]["overhead"] == 0.0
+    points = json.loads(out)["points"]
+    assert [r["budget"] for r in points] == [1140, 1385, 1630]
+    assert points[-1]["overhead"] == 0.0
 
 
 # ---------------------------------------------------------------- errors
