@@ -364,7 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="schedir",
         description="Memory-bounded training schedules: solve, compare, simulate, render.",
-        epilog=f"--debug (anywhere): show tracebacks. Docs: {_docs()}.",
+        epilog=f"--debug (anywhere): show tracebacks.\nDocs: {_docs()}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # a path stays on one line
     )
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
