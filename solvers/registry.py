@@ -200,7 +200,7 @@ class _StderrProgress:
             columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
             bar = Progress(*columns, console=Console(stderr=True), transient=True)
             bar.start()
-            self.bar = (bar, bar.add_task(message, total=1.0 if math.isfinite(fraction) else None))
+            self.bar = (bar, bar.add_task(f"{self.method}: {message}", total=None))
         bar, task = self.bar
         total = 1.0 if math.isfinite(self.fraction) else None
         completed = self.fraction if total else 0.0

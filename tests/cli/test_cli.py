@@ -142,6 +142,24 @@ def test_solve_out_show_simulate(capsys, tmp_path: Path) -> None:
     assert data["makespan"] == 25.0 and len(data["trace"]["start"]) == data["ops"]
 
 
+def test_outputs_into_new_folders_say_they_created_them(capsys, tmp_path: Path) -> None:
+    """Each output flag may name folders that do not exist: created, said on stderr
+    (stdout stays one JSON object with --json), once per folder."""
+    sched, png = tmp_path / "a" / "b" / "s.json", tmp_path / "c" / "s.png"
+    argv = ["solve", CHAIN, "-b", "1400", "--out", sched, "--plot", png, "--json"]
+    status, out, err = run(capsys, *argv)
+    assert status == 0 and json.loads(out)["results"][0]["status"] == "ok"
+    assert err.splitlines() == [f"schedir: created folder {sched.parent}",
+                                f"schedir: created folder {png.parent}"]  # fmt: skip
+    status, _, err = run(capsys, *argv)  # the folders exist now: nothing to say
+    assert status == 0 and err == ""
+    table = tmp_path / "d" / "t.csv"
+    status, out, err = run(
+        capsys, "tradeoff", CHAIN, "-m", "rotor", "--points", "2", "--csv", table
+    )
+    assert status == 0 and table.is_file() and f"created folder {table.parent}" in err
+
+
 def test_show_graph_schedule(capsys, tmp_path: Path) -> None:
     graph = tmp_path / "g.json"
     schedir.save(schedir.load(CHAIN).to_graph(), graph)

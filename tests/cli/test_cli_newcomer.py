@@ -72,6 +72,14 @@ def test_fixed_schedules_are_labelled_alike(capsys) -> None:
     assert rows["rotor"]["label"] == "optimal" and rows["rotor"]["exact"] is True
     status, out, _ = run(capsys, "solve", CHAIN, "-b", "100%", "-m", "all")
     assert out.split("\nstore_all")[1].split()[0] == "fixed"
+    # the flag is true: one schedule whatever the budget (here the chain's and its graph's)
+    chain = schedir.load(CHAIN)
+    for problem in (chain, chain.to_graph()):
+        for m in solvers.available(problem):
+            if m.fixed:
+                roomy = solvers.solve(problem, 10**9, m.name)
+                tight = solvers.solve(problem, roomy.meta["peak_memory"], m.name)
+                assert tight.ops == roomy.ops, m.name
 
 
 def test_options_with_method_all(capsys) -> None:
