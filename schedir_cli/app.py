@@ -64,7 +64,7 @@ from schedir_cli.common import (
     writable_path,
 )
 from schedir_cli.more import add_more_commands
-from schedir_cli.schema import answer, record
+from schedir_cli.schema import RECORDS, answer, record
 
 __all__ = ["CLIError", "build_parser", "main", "parse_budget"]
 
@@ -130,10 +130,9 @@ def _solve_one(problem, budget: int, entry, options: dict, base, args) -> tuple[
     its schedule (or None)."""
     import solvers
 
-    none = answer_quality({}, entry.exact, entry.fixed)  # no schedule: nothing proven
-    row: dict = dict.fromkeys(("makespan", "peak_memory", "overhead", "solve_time", "ops"))
-    row.update(none, label=None, exact=False, min_budget=None, detail=None, message=None)
-    row.update(method=entry.name, options=options, status="ok")
+    row: dict = dict.fromkeys(f.name for f in RECORDS["result"])  # null: does not apply
+    row.update(method=entry.name, options=options, status="ok", exact=False)
+    row.update(fixed=entry.fixed, time_limited=False)
     try:
         schedule = solve_quietly(
             problem, budget, entry.name, options, verbose=args.verbose, progress=not args.quiet
