@@ -25,8 +25,8 @@ import jax
 
 import jax_exec
 import solvers
-from jax_exec.models import mse_loss, transformer_stack
 from jax_exec.stages import plain_loss
+from schedir_cli.models import mse_loss, transformer_stack
 
 
 def timed(call) -> float:

@@ -36,7 +36,6 @@ def _measure(steps: int) -> dict:  # runs in the child process
     import jax.numpy as jnp
 
     import schedir
-    from jax_exec.models import mlp_stack, mse_loss
     from jax_exec.pipeline.mpmd import run_pipeline
     from jax_exec.pipeline.spmd import (
         shard_stacked,
@@ -48,6 +47,7 @@ def _measure(steps: int) -> dict:  # runs in the child process
     )
     from schedir.pipeline.baselines import one_f_one_b_ops, zb_h1
     from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
+    from schedir_cli.models import mlp_stack, mse_loss
 
     compiles: list = []
     jax.monitoring.register_event_duration_secs_listener(

@@ -90,9 +90,9 @@ def executed(memories: list[int]) -> None:
     import jax_exec
     import schedir
     import solvers
-    from jax_exec.models import mlp_stack, mse_loss
     from jax_exec.pipeline.mpmd import run_pipeline
     from schedir.pipeline.problem import PipelineProblem
+    from schedir_cli.models import mlp_stack, mse_loss
 
     layers = mlp_stack(4, 16, 32, 8, 4)
     x = jax.random.normal(jax.random.key(0), (16, 8))

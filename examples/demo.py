@@ -6,7 +6,7 @@ solved at three activation budgets (store-all's peak, half of it, and 10% above 
 least feasible one); each schedule runs op by op with ``jax_exec.run``. The table
 compares predicted and measured peak memory and time (the measured time is the
 median of ``--repeats`` runs: one run on a shared machine varies several-fold), says
-whether each answer is exact, and checks the gradients against plain
+what each answer is worth (as ``schedir solve`` labels it), and checks the gradients against plain
 ``jax.value_and_grad``. Bytes are in MiB (2**20 bytes) as everywhere in schedir. A
 PNG of the memory curves of the three rotor schedules is written to
 ``OUT/memory_rotor.png``.
@@ -28,9 +28,9 @@ import numpy as np
 import jax_exec
 import schedir
 import solvers
-from jax_exec.models import mse_loss, transformer_stack
 from jax_exec.stages import plain_loss
-from schedir.cli.answers import answer_quality, gap_text
+from schedir_cli.answers import answer_quality
+from schedir_cli.models import mse_loss, transformer_stack
 
 MiB = 2**20
 
@@ -94,11 +94,11 @@ def median_run(layers, schedule, x, y, repeats: int):
     return results[0], statistics.median(r.total_time for r in results)
 
 
-def exactness(method: str, meta: dict) -> str:
-    """``yes``, else ``<=x%`` (at most x% above the optimum) or ``no`` (no bound known)."""
-    claimed = next(m.exact for m in solvers.available(schedir.Chain) if m.name == method)
-    quality = answer_quality(meta, claimed)
-    return "yes" if quality["exact"] else "no" if quality["gap"] is None else gap_text(quality)
+def quality(method: str, meta: dict) -> str:
+    """The label ``schedir solve`` prints: ``optimal``, ``<=x%`` (at most x% above the
+    optimum), ``fixed`` (one schedule whatever the budget) or ``heuristic``."""
+    entry = next(m for m in solvers.available(schedir.Chain) if m.name == method)
+    return answer_quality(meta, entry.exact, entry.fixed)["label"]
 
 
 def main() -> None:
@@ -139,18 +139,18 @@ def main() -> None:
     jax_exec.run(layers, mse_loss, solvers.solve(chain, full, "store_all"), x, y)  # warm-up
 
     header = (
-        f"{'method':<14} {'budget':>9} {'MiB':>8} {'exact':>6} {'pred peak':>10} "
+        f"{'method':<14} {'budget':>9} {'MiB':>8} {'quality':>9} {'pred peak':>10} "
         f"{'meas peak':>10} {'pred ms':>8} {'meas ms':>8} {'grads':>6}"
     )
     print(header)
     print("-" * len(header))
     curves = []
     for method in methods:
-        for label, budget in budgets.items():
+        for name, budget in budgets.items():
             try:
                 schedule = solvers.solve(chain, budget, method=method)
             except solvers.Infeasible as err:
-                row = f"{method:<14} {label:>9} {budget / MiB:>8.2f}  infeasible"
+                row = f"{method:<14} {name:>9} {budget / MiB:>8.2f}  infeasible"
                 least = err.min_budget
                 print(row + (f" (needs {least / MiB:.2f} MiB)" if least is not None else ""))
                 continue
@@ -160,15 +160,15 @@ def main() -> None:
             error = max(
                 max_rel_error(result.grads, want_grads), max_rel_error(result.loss, want_loss)
             )
-            exact = exactness(method, schedule.meta)
+            label = quality(method, schedule.meta)
             print(
-                f"{method:<14} {label:>9} {budget / MiB:>8.2f} {exact:>6} "
+                f"{method:<14} {name:>9} {budget / MiB:>8.2f} {label:>9} "
                 f"{trace.peak_memory / MiB:>10.2f} {result.peak_bytes / MiB:>10.2f} "
                 f"{trace.makespan * 1e3:>8.1f} {measured * 1e3:>8.1f} "
                 f"{'ok' if error <= 1 else 'FAIL':>6}"
             )
             if method == "rotor":
-                curves.append((label, budget, trace, result))
+                curves.append((name, budget, trace, result))
     if curves:
         path = args.out / "memory_rotor.png"
         plot(curves, path)
@@ -177,8 +177,9 @@ def main() -> None:
         "peaks: activation bytes (a_0, kept activations and residuals, activation "
         "gradients, op temporaries) in MiB; measured resident bytes equal the simulator's "
         f"after every op. meas ms: median of {repeats} runs (pred ms: the profile's "
-        "measured op times summed); exact: an optimum of the method's model (<=x%: "
-        f"discretized, at most x% above it). Total {time.perf_counter() - start:.1f} s."
+        "measured op times summed); quality as in `schedir solve`: optimal (an optimum of "
+        "the method's model), <=x% (at most x% above it), fixed (one schedule whatever the "
+        f"budget), heuristic. Total {time.perf_counter() - start:.1f} s."
     )
 
 

@@ -1,7 +1,7 @@
 """A DAG model (skip adds and a long concat skip) as a ``schedir.Graph``: profile it,
 solve with every graph method at three budgets, run each schedule op by op, compare.
 
-The model is ``jax_exec.models.residual_dag``: an embedding, residual MLP
+The model is ``schedir_cli.models.residual_dag``: an embedding, residual MLP
 blocks whose skip adds are separate nodes, and a head reading the concatenation of
 the last block and the embedding. ``profile_graph`` turns it into a graph with
 measured times and exact bytes; every graph method (store_all, chen_sqrt, dtr,
@@ -34,7 +34,7 @@ import solvers
 from jax_exec.graph.model import dag_loss, dag_params
 from jax_exec.graph.profile import profile_graph
 from jax_exec.graph.runtime import run_graph
-from jax_exec.models import mse_loss, residual_dag
+from schedir_cli.models import mse_loss, residual_dag
 
 METHODS = ("store_all", "chen_sqrt", "dtr", "checkmate_lp", "checkmate_milp")
 

@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 
 import schedir
-from jax_exec.models import mlp_stack, mse_loss, transformer_stack
 from jax_exec.stages import profile
+from schedir_cli.models import mlp_stack, mse_loss, transformer_stack
 
 OUT = Path(__file__).resolve().parent / "profiles"
 

@@ -20,11 +20,11 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import schedir  # noqa: E402
-from jax_exec.models import mlp_stack, mse_loss  # noqa: E402
 from jax_exec.pipeline.mpmd import run_pipeline  # noqa: E402
 from jax_exec.stages import as_stages  # noqa: E402
 from schedir.pipeline.baselines import zb_h1  # noqa: E402
 from schedir.pipeline.problem import PipelineProblem  # noqa: E402
+from schedir_cli.models import mlp_stack, mse_loss  # noqa: E402
 
 hosts, per_host = jax.process_count(), len(jax.local_devices())
 P = hosts * per_host

@@ -23,7 +23,7 @@ from flax import nnx
 
 import jax_exec
 import solvers
-from jax_exec.models import MLPBlock
+from schedir_cli.models import MLPBlock
 
 VOCAB, WIDTH = 64, 32
 

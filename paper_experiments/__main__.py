@@ -2,7 +2,7 @@
 
     python -m paper_experiments [--quick] [--out results] [--timeout S] [NAME ...]
 
-Same as ``schedir experiments``; the runner is :mod:`schedir.report`. Experiments are
+Same as ``schedir experiments``; the runner is :mod:`schedir_cli.report`. Experiments are
 found by globbing this folder (``*.py`` not starting with ``_``).
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from schedir.cli.report import main  # noqa: E402
+from schedir_cli.report import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(directory=Path(__file__).resolve().parent))

@@ -66,6 +66,8 @@ class Method:
         description: one line.
         reports_progress: whether ``function`` takes a ``progress`` keyword (a callable
             ``(fraction, message)``), which :func:`solve` then passes.
+        fixed: whether it returns one fixed schedule whatever the budget (store-all,
+            JAX's checkpoint policies, ...: no search; its peak is its least budget).
     """
 
     name: str
@@ -74,20 +76,23 @@ class Method:
     exact: bool
     description: str
     reports_progress: bool = False
+    fixed: bool = False
 
 
 # One name may serve several problem kinds (e.g. "store_all" on chains and graphs).
 _METHODS: dict[tuple[str, type], Method] = {}
 
 
-def register(name: str, *, problem: type, exact: bool, description: str):
-    """Decorator adding a solver function to the registry under ``name`` for ``problem``."""
+def register(name: str, *, problem: type, exact: bool, description: str, fixed: bool = False):
+    """Decorator adding a solver function to the registry under ``name`` for ``problem``
+    (``fixed``: see :class:`Method`)."""
 
     def wrap(function: Callable[..., Schedule]) -> Callable[..., Schedule]:
         if (name, problem) in _METHODS:
             raise ValueError(f"solver {name!r} is registered twice for {problem.__name__}")
         takes = "progress" in inspect.signature(function).parameters
-        _METHODS[name, problem] = Method(name, function, problem, exact, description, takes)
+        entry = Method(name, function, problem, exact, description, takes, fixed)
+        _METHODS[name, problem] = entry
         return function
 
     return wrap
@@ -166,8 +171,9 @@ def check_budget(budget: object) -> int:
 
 
 class _StderrProgress:
-    """``progress=True``: lines on stderr once a solve has run ``delay`` seconds, at most
-    one per ``every`` seconds, and a last line when such a solve ends."""
+    """``progress=True``: once a solve has run ``delay`` seconds, a progress bar on
+    stderr when it is a terminal (rich's, cleared at the end), else lines at most one
+    per ``every`` seconds; and a last line when such a solve ends."""
 
     def __init__(self, method: str, delay: float = 2.0, every: float = 1.0):
         self.method, self.delay, self.every = method, delay, every
@@ -175,6 +181,30 @@ class _StderrProgress:
         self.last: float | None = None
         self.lock = threading.Lock()
         self.doing = "running"  # what the heartbeat says while the solver is silent
+        self.bar = None  # (rich Progress, task id) once shown, on a terminal only
+        self.fraction = math.nan
+
+    def _show(self, fraction: float, message: str, now: float) -> None:
+        """One report: the bar's state on a terminal, else a line. Holds the lock."""
+        if math.isfinite(fraction):
+            self.fraction = fraction
+        if not sys.stderr.isatty():
+            share = f"{fraction:4.0%} " if math.isfinite(fraction) else ""
+            elapsed = now - self.start
+            print(f"{self.method}: {share}{message} ({elapsed:.0f} s)", file=sys.stderr, flush=True)
+            return
+        if self.bar is None:
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
+            bar = Progress(*columns, console=Console(stderr=True), transient=True)
+            bar.start()
+            self.bar = (bar, bar.add_task(f"{self.method}: {message}", total=None))
+        bar, task = self.bar
+        total = 1.0 if math.isfinite(self.fraction) else None
+        completed = self.fraction if total else 0.0
+        bar.update(task, description=f"{self.method}: {message}", total=total, completed=completed)
 
     def __call__(self, fraction: float, message: str) -> None:
         now = time.perf_counter()
@@ -184,26 +214,25 @@ class _StderrProgress:
             if self.last is not None and now - self.last < self.every:
                 return
             self.last = now
-        share = f"{fraction:4.0%} " if math.isfinite(fraction) else ""
-        elapsed = now - self.start
-        print(f"{self.method}: {share}{message} ({elapsed:.0f} s)", file=sys.stderr, flush=True)
+            self._show(fraction, message, now)
 
     def idle(self, gap: float) -> None:
-        """A line saying what runs, unless one was printed in the last ``gap`` seconds
-        (a solver that reports progress may still be silent for long stretches)."""
+        """Say what runs, unless something was said in the last ``gap`` seconds (a
+        solver that reports progress may still be silent for long stretches)."""
         now = time.perf_counter()
         with self.lock:
             if now - self.start < self.delay or (self.last is not None and now - self.last < gap):
                 return
             self.last = now
-        print(
-            f"{self.method}: {self.doing} ({now - self.start:.0f} s)", file=sys.stderr, flush=True
-        )
+            self._show(math.nan, self.doing, now)
 
     def done(self) -> None:
-        if self.last is not None:
-            elapsed = time.perf_counter() - self.start
-            print(f"{self.method}: done in {elapsed:.1f} s", file=sys.stderr, flush=True)
+        with self.lock:
+            if self.bar is not None:
+                self.bar[0].stop()  # transient: the bar is cleared
+            if self.last is not None:
+                elapsed = time.perf_counter() - self.start
+                print(f"{self.method}: done in {elapsed:.1f} s", file=sys.stderr, flush=True)
 
 
 def stderr_progress(name: str) -> _StderrProgress:

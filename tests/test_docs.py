@@ -5,7 +5,7 @@
 - ```` ```json ```` blocks: each is a whole schedir file and loads with
   ``schedir.from_dict`` (a fragment belongs in a ```` ```text ```` block).
 - ```` ```bash ```` blocks: each line that is a ``schedir`` command (``schedir ...`` or
-  ``.venv/bin/schedir ...``) runs through ``schedir.cli.main`` and must exit 0; other
+  ``.venv/bin/schedir ...``) runs through ``schedir_cli.main`` and must exit 0; other
   lines (``make demo``, ``python ...``) are not run here, and neither is a command
   whose line ends with ``# slow`` (profiling, the full experiment run). Outputs go
   under ``results/``, which git ignores.
@@ -73,7 +73,7 @@ RUNNABLE = [pytest.param(p, id=p.name) for p in PAGES if blocks(p, "python") or 
 def test_page(page: Path, monkeypatch, capsys) -> None:
     """The page's python blocks in order, then its schedir commands (which may use files
     the python blocks wrote)."""
-    from schedir.cli.app import main
+    from schedir_cli.app import main
 
     monkeypatch.chdir(ROOT)
     namespace: dict = {"__name__": f"docs_{page.stem}"}

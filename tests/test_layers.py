@@ -28,7 +28,7 @@ def test_the_ir_core_loads_without_jax_or_solvers() -> None:
         "import sys, schedir; c = schedir.load('examples/chain_small.json'); "
         "schedir.simulate(c, [schedir.F_all(k) for k in range(c.length)] + [schedir.Loss()] "
         "+ [schedir.B(k) for k in reversed(range(c.length))]); "
-        "bad = [m for m in ('jax', 'flax', 'cvxpy', 'solvers', 'jax_exec', 'schedir.cli') "
+        "bad = [m for m in ('jax', 'flax', 'cvxpy', 'solvers', 'jax_exec', 'schedir_cli') "
         "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

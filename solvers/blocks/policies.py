@@ -45,6 +45,7 @@ def _register(policy: str) -> None:
         problem=BlockChain,
         exact=True,
         description=f"JAX's {policy} policy on every block (a fixed schedule)",
+        fixed=True,
     )
     def solve(problem: BlockChain, budget: int) -> BlockSchedule:
         return fixed_schedule(policy, problem, policy_schedule(problem, policy), budget)

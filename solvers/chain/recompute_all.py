@@ -21,6 +21,7 @@ def recompute_all_ops(chain: Chain) -> tuple:
     problem=Chain,
     exact=False,
     description="keep only the input and recompute each forward from it (quadratic time)",
+    fixed=True,
 )
 def recompute_all(chain: Chain, budget: int) -> Schedule:
     return fixed_schedule(

@@ -16,6 +16,7 @@ def store_all_ops(chain: Chain) -> tuple:
     problem=Chain,
     exact=False,
     description="record every stage's residuals, no recomputation (fastest, most memory)",
+    fixed=True,
 )
 def store_all(chain: Chain, budget: int) -> Schedule:
     return fixed_schedule(

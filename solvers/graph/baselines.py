@@ -84,6 +84,7 @@ def _fixed(name: str, graph: Graph, budget: int, ops: tuple, meta: dict) -> Grap
     problem=Graph,
     exact=False,
     description="every node once, outputs freed when dead (no recomputation)",
+    fixed=True,
 )
 def store_all_graph(graph: Graph, budget: int) -> GraphSchedule:
     return _fixed("store_all", graph, budget, store_all_graph_ops(graph), {})
@@ -94,6 +95,7 @@ def store_all_graph(graph: Graph, budget: int) -> GraphSchedule:
     problem=Graph,
     exact=False,
     description="Chen et al. 2016 sqrt(n) checkpoints at articulation points of the forward",
+    fixed=True,
 )
 def chen_sqrt_graph(graph: Graph, budget: int, *, segment: int | None = None) -> GraphSchedule:
     ops = chen_sqrt_graph_ops(graph, segment)

@@ -1,7 +1,7 @@
 """The ``schedir`` command line: every subcommand, budgets with units, one-line errors.
 
-Most cases call ``schedir.cli.main(argv)`` in process (exit status returned, output
-captured); a few run ``python -m schedir`` and the ``schedir`` entry point in a
+Most cases call ``schedir_cli.main(argv)`` in process (exit status returned, output
+captured); a few run ``python -m schedir_cli`` and the ``schedir`` entry point in a
 subprocess to check the real exit codes and that no traceback is printed.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import schedir
-from schedir.cli.app import CLIError, main, parse_budget
+from schedir_cli.app import CLIError, main, parse_budget
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAIN = str(ROOT / "examples" / "chain_small.json")
@@ -85,10 +85,11 @@ def test_solve_percent_and_json(capsys) -> None:
     assert status == 0
     data = json.loads(out)
     assert data["budget"] == 1222 and data["store_all"]["peak_memory"] == 1630
-    assert data["method"] == "recompute_all" and data["status"] == "ok"
-    assert data["peak_memory"] <= 1222
+    (result,) = data["results"]
+    assert result["method"] == "recompute_all" and result["status"] == "ok"
+    assert result["peak_memory"] <= 1222 and result["label"] == "fixed"
     status, out, err = run(capsys, "solve", CHAIN, "-b", "50%", "--json")
-    assert status == 1 and json.loads(out)["min_budget"] == 1140
+    assert status == 1 and json.loads(out)["results"][0]["min_budget"] == 1140
     assert "no schedule fits 815 B" in one_line_error(err)
 
 
@@ -117,7 +118,7 @@ def test_solve_all_on_graph(capsys, tmp_path: Path) -> None:
     status, out, _ = run(capsys, "solve", graph, "-b", "90%", "-m", "all", "--json")
     assert status == 0
     data = json.loads(out)  # solver chatter (HiGHS) must not pollute stdout
-    assert data["kind"] == "Graph" and {r["method"] for r in data["results"]} >= {"dtr"}
+    assert data["kind"] == "graph" and {r["method"] for r in data["results"]} >= {"dtr"}
 
 
 def test_solve_out_show_simulate(capsys, tmp_path: Path) -> None:
@@ -141,6 +142,24 @@ def test_solve_out_show_simulate(capsys, tmp_path: Path) -> None:
     assert data["makespan"] == 25.0 and len(data["trace"]["start"]) == data["ops"]
 
 
+def test_outputs_into_new_folders_say_they_created_them(capsys, tmp_path: Path) -> None:
+    """Each output flag may name folders that do not exist: created, said on stderr
+    (stdout stays one JSON object with --json), once per folder."""
+    sched, png = tmp_path / "a" / "b" / "s.json", tmp_path / "c" / "s.png"
+    argv = ["solve", CHAIN, "-b", "1400", "--out", sched, "--plot", png, "--json"]
+    status, out, err = run(capsys, *argv)
+    assert status == 0 and json.loads(out)["results"][0]["status"] == "ok"
+    assert err.splitlines() == [f"schedir: created folder {sched.parent}",
+                                f"schedir: created folder {png.parent}"]  # fmt: skip
+    status, _, err = run(capsys, *argv)  # the folders exist now: nothing to say
+    assert status == 0 and err == ""
+    table = tmp_path / "d" / "t.csv"
+    status, out, err = run(
+        capsys, "tradeoff", CHAIN, "-m", "rotor", "--points", "2", "--csv", table
+    )
+    assert status == 0 and table.is_file() and f"created folder {table.parent}" in err
+
+
 def test_show_graph_schedule(capsys, tmp_path: Path) -> None:
     graph = tmp_path / "g.json"
     schedir.save(schedir.load(CHAIN).to_graph(), graph)
@@ -156,13 +175,13 @@ def test_tradeoff(capsys, tmp_path: Path) -> None:
     status, out, _ = run(capsys, *argv)
     assert status == 0 and png.stat().st_size > 5000
     lines = table.read_text().splitlines()
-    assert lines[0] == "budget,method,makespan,overhead,exact,lower_bound,gap"
+    assert lines[0] == "budget,method,makespan,overhead,label,exact,fixed,lower_bound,gap"
     assert len(lines) == 1 + 5 * 5
     assert "+0.0%" in out and "rotor" in out
     status, out, _ = run(capsys, "tradeoff", CHAIN, "-m", "rotor", "--points", "3", "--json")
-    rows = json.loads(out)["rows"]
-    assert [r["budget"] for r in rows] == [1140, 1385, 1630]
-    assert rows[-1]["overhead"] == 0.0
+    points = json.loads(out)["points"]
+    assert [r["budget"] for r in points] == [1140, 1385, 1630]
+    assert points[-1]["overhead"] == 0.0
 
 
 # ---------------------------------------------------------------- errors
@@ -231,15 +250,15 @@ def test_debug_shows_traceback(capsys) -> None:
 
 
 def test_subprocess_exit_codes_and_entry_point() -> None:
-    """The real process: ``python -m schedir`` and the installed ``schedir`` script."""
+    """The real process: ``python -m schedir_cli`` and the installed ``schedir`` script."""
     bad = subprocess.run(
-        [sys.executable, "-m", "schedir", "solve", CHAIN, "-b", "2 furlongs"],
+        [sys.executable, "-m", "schedir_cli", "solve", CHAIN, "-b", "2 furlongs"],
         capture_output=True, text=True, cwd=ROOT,
     )  # fmt: skip
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.count("\n") == 1 and "unknown unit 'furlongs'" in bad.stderr
     script = Path(sys.executable).parent / "schedir"
-    exe = [str(script)] if script.exists() else [sys.executable, "-m", "schedir"]
+    exe = [str(script)] if script.exists() else [sys.executable, "-m", "schedir_cli"]
     missing = subprocess.run(exe + ["simulate", CHAIN, "/no/such.json"], capture_output=True,
                              text=True)  # fmt: skip
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1, missing.stderr
@@ -248,7 +267,7 @@ def test_subprocess_exit_codes_and_entry_point() -> None:
 
 def test_import_schedir_stays_light() -> None:
     code = (
-        "import schedir, schedir.cli, schedir.render, schedir.cli.report, sys; "
+        "import schedir, schedir_cli, schedir.render, schedir_cli.report, sys; "
         "heavy = [m for m in ('solvers', 'jax', 'flax', 'cvxpy', 'matplotlib') "
         "if m in sys.modules]; assert not heavy, heavy"
     )
@@ -313,7 +332,7 @@ def test_experiments_report(capsys, tmp_path: Path) -> None:
 def test_all_experiments_quick_report(tmp_path: Path) -> None:
     """``schedir experiments --quick`` end to end: every PNG is embedded in the report."""
     proc = subprocess.run(
-        [sys.executable, "-m", "schedir", "experiments", "--quick", "--out", str(tmp_path)],
+        [sys.executable, "-m", "schedir_cli", "experiments", "--quick", "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr

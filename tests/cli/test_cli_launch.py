@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import sys
 
-from schedir.cli.app import main
 from schedir.cluster import ClusterEnvError, ProcessGroup
+from schedir_cli.app import main
 
 PY = sys.executable
 SHOW = (

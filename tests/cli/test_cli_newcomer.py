@@ -16,6 +16,7 @@ from test_cli import run
 
 import schedir
 import solvers
+from schedir_cli.common import kind_name
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAIN = str(ROOT / "examples" / "chain_small.json")
@@ -39,19 +40,46 @@ def test_methods_lists_kind_exactness_and_options(capsys) -> None:
     assert status == 0
     for m in solvers.available():
         assert m.name in out
-    assert "Chain:" in out and "Graph:" in out
+    assert "\nchain:" in out and "\ngraph:" in out  # kind names, as everywhere
     assert "model='tight'" in out  # rotor's option and its default
-    # a long name (everything_saveable) keeps its column: name, then the claim
+    # a long name (everything_saveable) keeps its column: name, then the label
     for m in solvers.available():
         line = next(li for li in out.splitlines() if li.split()[:1] == [m.name])
-        assert line.split()[1] in ("exact", "not"), line
+        assert line.split()[1] in ("optimal", "fixed", "heuristic"), line
     status, out, _ = run(capsys, "methods", CHAIN, "--json")
-    listing = json.loads(out)
-    assert {m["problem"] for m in listing} == {"Chain"}
-    rotor = next(m for m in listing if m["method"] == "rotor")
+    data = json.loads(out)
+    assert data["kind"] == "chain" and {m["kind"] for m in data["methods"]} == {"chain"}
+    rotor = next(m for m in data["methods"] if m["method"] == "rotor")
     assert rotor["exact"] is True and rotor["options"]["model"] == "tight"
+    assert rotor["label"] == "optimal"
     status, out, _ = run(capsys, "methods", CHAIN, "--as-graph", "--json")
-    assert "checkmate_milp" in {m["method"] for m in json.loads(out)}
+    assert "checkmate_milp" in {m["method"] for m in json.loads(out)["methods"]}
+
+
+def test_fixed_schedules_are_labelled_alike(capsys) -> None:
+    """store-all, recompute-all and JAX's checkpoint policies are each one schedule
+    whatever the budget: ``fixed`` in the listing, the tables and the answers (never
+    ``optimal``, whatever their solvers' own exact flag says)."""
+    fixed = {(m.name, kind_name(m.problem)) for m in solvers.available() if m.fixed}
+    assert {("store_all", "chain"), ("store_all", "graph"), ("recompute_all", "chain")} <= fixed
+    assert {("nothing_saveable", "blocks"), ("everything_saveable", "blocks")} <= fixed
+    status, out, _ = run(capsys, "methods", "--json")
+    labels = {(m["method"], m["kind"]): m["label"] for m in json.loads(out)["methods"]}
+    assert all(labels[key] == "fixed" for key in fixed)
+    status, out, _ = run(capsys, "solve", CHAIN, "-b", "100%", "-m", "all", "--json")
+    rows = {r["method"]: r for r in json.loads(out)["results"]}
+    assert rows["store_all"]["label"] == "fixed" and rows["store_all"]["exact"] is False
+    assert rows["rotor"]["label"] == "optimal" and rows["rotor"]["exact"] is True
+    status, out, _ = run(capsys, "solve", CHAIN, "-b", "100%", "-m", "all")
+    assert out.split("\nstore_all")[1].split()[0] == "fixed"
+    # the flag is true: one schedule whatever the budget (here the chain's and its graph's)
+    chain = schedir.load(CHAIN)
+    for problem in (chain, chain.to_graph()):
+        for m in solvers.available(problem):
+            if m.fixed:
+                roomy = solvers.solve(problem, 10**9, m.name)
+                tight = solvers.solve(problem, roomy.meta["peak_memory"], m.name)
+                assert tight.ops == roomy.ops, m.name
 
 
 def test_options_with_method_all(capsys) -> None:
@@ -78,12 +106,13 @@ def test_a_chain_with_graph_methods(capsys, tmp_path: Path) -> None:
     status, out, err = run(capsys, "solve", CHAIN, "-b", "1400", "-m", "checkmate_milp")
     assert status == 2 and "--as-graph" in err
     status, out, _ = run(capsys, "solve", CHAIN, "-b", "90%", "--as-graph", "-m", "all", "--json")
-    assert status == 0 and json.loads(out)["kind"] == "Graph"
+    assert status == 0 and json.loads(out)["kind"] == "graph"
     # overheads against the chain's store-all, as in the chain methods' table (the
     # graph's own store_all, 29.2 s here, runs a recording forward twice: +33.0%)
     data, chain = json.loads(out), schedir.load(CHAIN)
-    assert data["store_all"] == {"makespan": chain.store_all_time(), "of": "the chain",
-                                 "peak_memory": data["store_all"]["peak_memory"]}  # fmt: skip
+    peak = data["store_all"]["peak_memory"]
+    assert data["as_graph"] is True
+    assert data["store_all"] == {"makespan": chain.store_all_time(), "peak_memory": peak}
     rows = {r["method"]: r for r in data["results"]}
     graph_store_all = chain.to_graph().store_all_time()
     assert rows["dtr"]["overhead"] == pytest.approx(
@@ -110,7 +139,7 @@ def test_no_solver_banner_unless_verbose(tmp_path: Path) -> None:
     """HiGHS prints a banner on its first use in a process: a fresh process each time."""
     graph = tmp_path / "g.json"
     schedir.save(schedir.load(CHAIN).to_graph(), graph)
-    argv = [sys.executable, "-m", "schedir", "solve", str(graph), "-b", "1400", "-m",
+    argv = [sys.executable, "-m", "schedir_cli", "solve", str(graph), "-b", "1400", "-m",
             "checkmate_milp"]  # fmt: skip
     quiet = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
     assert quiet.returncode == 0, quiet.stderr

@@ -2,7 +2,7 @@
 of internal errors): exact budgets, exactness of every answer, one-line errors (exit 2)
 where an internal error (exit 3) used to be.
 
-In process through ``schedir.cli.main`` (output captured).
+In process through ``schedir_cli.main`` (output captured).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from test_cli import one_line_error, run
 
 import schedir
 import solvers
-from schedir.cli.app import parse_budget
-from schedir.cli.common import CLIError
+from schedir_cli.app import parse_budget
+from schedir_cli.common import CLIError
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAIN = str(ROOT / "examples" / "chain_small.json")
@@ -100,66 +100,81 @@ def test_huge_integer_budgets_and_exact_percent(capsys, tmp_path: Path) -> None:
     status, out, err = run(capsys, "solve", path, "-b", "100%", "-m", "store_all", "--json")
     assert status == 0, err  # 100% is the store-all peak to the byte
     data = json.loads(out)
-    assert data["budget"] == peak == data["peak_memory"]
+    assert data["budget"] == peak == data["results"][0]["peak_memory"]
 
 
 # ---------------------------------------------------------------- item 5: exactness
 
 
-def test_answer_quality_never_exact_when_discretized_or_time_limited() -> None:
-    from schedir.cli.answers import answer_quality
+def test_answer_quality_optimal_only_when_claimed_or_proven() -> None:
+    from schedir_cli.answers import answer_quality
 
     exact = {"makespan": 2.0, "exact": True}
     assert answer_quality(exact, claimed=False) == {
-        "exact": True, "time_limited": False, "slot_size": None, "lower_bound": 2.0, "gap": 0.0
+        "label": "optimal", "exact": True, "fixed": False, "time_limited": False,
+        "slot_size": None, "lower_bound": 2.0, "gap": 0.0,
     }  # fmt: skip
     disc = {"makespan": 2.0, "exact": True, "discretization": {"slot_size": 8, "lower_bound": 1.6}}
     q = answer_quality(disc, claimed=True)
     assert not q["exact"] and q["slot_size"] == 8 and q["gap"] == pytest.approx(0.25)
+    assert q["label"] == "<=25.0%"
     timed = {"makespan": 3.0, "time_limited": True, "lower_bound": 2.0}
     q = answer_quality(timed, claimed=True)
     assert not q["exact"] and q["time_limited"] and q["gap"] == pytest.approx(0.5)
     q = answer_quality({"makespan": 3.0, "time_limited": True}, claimed=True)
-    assert not q["exact"] and q["gap"] is None
+    assert not q["exact"] and q["gap"] is None and q["label"] == "no bound"
+    assert answer_quality({"makespan": 3.0}, claimed=False)["label"] == "heuristic"
     # before solvers set meta["exact"]: the registry's claim, unless discretized
     assert answer_quality({"makespan": 1.0}, claimed=True)["exact"]
     assert not answer_quality({"makespan": 1.0, "discretization": {}}, claimed=True)["exact"]
+    # a discretized answer at its proven lower bound (to float rounding) is an optimum
+    at_bound = {"makespan": 0.1 + 0.2, "discretization": {"slot_size": 8, "lower_bound": 0.3}}
+    q = answer_quality(at_bound, claimed=True)
+    assert q["exact"] and q["label"] == "optimal" and q["gap"] == 0.0 and q["slot_size"] == 8
+    # a tiny gap is printed as a bound rounded up, never as 0.0%
+    near = {"makespan": 1.00004, "discretization": {"slot_size": 8, "lower_bound": 1.0}}
+    assert answer_quality(near, claimed=True)["label"] == "<=0.0040%"
+    # a fixed schedule is labelled fixed whatever its solver's exact flag (JAX policies)
+    q = answer_quality({"makespan": 1.0, "exact": True}, claimed=True, fixed=True)
+    assert q["label"] == "fixed" and not q["exact"]
 
 
 def test_solve_says_when_rotor_is_discretized(capsys) -> None:
-    """demo_model.json is discretized (its peak is 293 MB): never 'exact: true'."""
+    """demo_model.json is discretized (its peak is 293 MB): at 50% rotor's answer reaches
+    its proven lower bound (optimal, and says it was discretized); at 30% it does not
+    (its bound, rounded up, and never 'optimal')."""
     status, out, _ = run(capsys, "solve", DEMO, "-b", "50%", "-m", "rotor", "--json")
     assert status == 0
-    data = json.loads(out)
-    assert data["exact"] is False and data["slot_size"] > 1
-    assert data["gap"] is not None and data["lower_bound"] <= data["makespan"]
+    (data,) = json.loads(out)["results"]
+    assert data["slot_size"] > 1 and data["lower_bound"] <= data["makespan"]
+    assert data["label"] == "optimal" and data["exact"] is True and data["gap"] == 0.0
     status, out, _ = run(capsys, "solve", DEMO, "-b", "50%", "-m", "rotor")
-    assert "exact     no: discretized in slots of" in out and "above the optimum" in out
+    assert "quality   optimal: discretized in slots of" in out and "proven by a lower" in out
     status, out, _ = run(capsys, "solve", DEMO, "-b", "50%", "-m", "all")
     rotor = next(line for line in out.splitlines() if line.startswith("rotor"))
-    assert rotor.split()[1] == "no" and "<=" in rotor
-    status, out, _ = run(capsys, "solve", DEMO, "-b", "50%", "-m", "all", "--json")
-    rows = {r["method"]: r for r in json.loads(out)["results"]}
-    assert rows["rotor"]["exact"] is False
+    assert rotor.split()[1] == "optimal"
     status, out, _ = run(capsys, "solve", CHAIN, "-b", "1400", "--json")
-    assert json.loads(out)["exact"] is True and json.loads(out)["gap"] == 0.0
+    (data,) = json.loads(out)["results"]
+    assert data["exact"] is True and data["gap"] == 0.0 and data["slot_size"] is None
 
 
 def test_tradeoff_says_which_points_are_exact(capsys, tmp_path: Path) -> None:
     table = tmp_path / "t.csv"
-    argv = ["tradeoff", DEMO, "-m", "rotor", "--points", "3", "--json", "--csv", table]
-    status, out, _ = run(capsys, *argv)
+    argv = ["tradeoff", DEMO, "-m", "rotor", "--from", "12%", "--points", "3", "--json"]
+    status, out, _ = run(capsys, *argv, "--csv", table)
     assert status == 0
-    rows = json.loads(out)["rows"]
-    # one coarse table: not exact below store-all; at the store-all peak the answer is
-    # store-all itself, whose makespan is the lower bound (exact)
-    assert [r["exact"] for r in rows] == [False, False, True]
+    rows = json.loads(out)["points"]
+    # one coarse table: at 12% of the store-all peak its answer is above its bound; at
+    # 56% it reaches its bound (proven optimal); at the store-all peak the answer is
+    # store-all itself, whose makespan is the lower bound
+    assert [r["exact"] for r in rows] == [False, True, True]
     assert all(r["lower_bound"] <= r["makespan"] for r in rows)
-    assert "exact" in table.read_text().splitlines()[0]
-    status, out, _ = run(capsys, "tradeoff", DEMO, "-m", "rotor", "--points", "3")
-    assert "~" in out and "rotor: not exact at 2 of 3 budgets" in out
+    assert [r["label"] for r in rows] == ["<=15.1%", "optimal", "optimal"]
+    assert "label" in table.read_text().splitlines()[0]
+    status, out, _ = run(capsys, *argv[:-1])
+    assert "~" in out and "rotor: not proven optimal at 1 of 3 budgets; <=15.1%" in out
     status, out, _ = run(capsys, "tradeoff", CHAIN, "-m", "rotor", "--points", "3", "--json")
-    assert all(r["exact"] is True and r["gap"] == 0.0 for r in json.loads(out)["rows"])
+    assert all(r["exact"] is True and r["gap"] == 0.0 for r in json.loads(out)["points"])
 
 
 def test_tradeoff_reads_per_budget_exactness(capsys, monkeypatch) -> None:
@@ -183,11 +198,11 @@ def test_tradeoff_reads_per_budget_exactness(capsys, monkeypatch) -> None:
 
     monkeypatch.setattr(solvers, "tradeoff", fake)
     status, out, _ = run(capsys, "tradeoff", CHAIN, "-m", "rotor", "--points", "3", "--json")
-    rows = json.loads(out)["rows"]
+    rows = json.loads(out)["points"]
     assert [r["exact"] for r in rows] == [True, False, False]
     assert [r["gap"] for r in rows] == [0.0, pytest.approx(0.25), pytest.approx(0.25)]
     status, out, _ = run(capsys, "tradeoff", CHAIN, "-m", "rotor", "--points", "3")
-    assert "not exact at 2 of 3 budgets; gap at most +25.0%" in out
+    assert "not proven optimal at 2 of 3 budgets; <=25.0%" in out
 
 
 # ---------------------------------------------------------------- infeasible without a least budget
@@ -211,7 +226,7 @@ def test_infeasible_without_min_budget(capsys, monkeypatch) -> None:
     status, out, err = run(capsys, "solve", CHAIN, "-b", "1400", "-m", "all")
     assert status == 0 and "no schedule: time limit reached without a schedule" in out
     status, out, err = run(capsys, "solve", CHAIN, "-b", "1400", "-m", "chen_sqrt", "--json")
-    data = json.loads(out)
+    (data,) = json.loads(out)["results"]
     assert status == 1 and data["min_budget"] is None and "time limit" in data["detail"]
 
 
@@ -265,7 +280,7 @@ def test_pipeline_makespans_are_not_compared_with_one_items_store_all(capsys, tm
         status, out, err = run(capsys, "solve", path, "-b", "100%", "-m", method, "--json")
         data = json.loads(out)
         assert status == 0, err
-        assert data["overhead"] is None and data["store_all"]["makespan"] is None
+        assert data["results"][0]["overhead"] is None and data["store_all"]["makespan"] is None
         assert data["budget"] == data["store_all"]["peak_memory"]  # % budgets still work
         status, out, _ = run(capsys, "solve", path, "-b", "100%", "-m", method)
         assert status == 0 and "vs store-all" not in out
@@ -275,8 +290,8 @@ def test_pipeline_makespans_are_not_compared_with_one_items_store_all(capsys, tm
             and "%" not in out.split("----\n")[1].split("* fastest")[0]
         )
         status, out, _ = run(capsys, "tradeoff", path, "-m", method, "--points", "2", "--json")
-        assert json.loads(out)["store_all_makespan"] is None
-        assert all(r["overhead"] is None for r in json.loads(out)["rows"])
+        assert json.loads(out)["store_all"]["makespan"] is None
+        assert all(r["overhead"] is None for r in json.loads(out)["points"])
 
 
 # ---------------------------------------------------------------- internal errors -> exit 2

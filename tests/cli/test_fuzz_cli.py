@@ -9,7 +9,7 @@ input errors (``ValueError``/``TypeError`` subclasses: ``InvalidProblem``,
 ``AttributeError``, ``OverflowError``, ``RecursionError``, a rejected solver answer
 (``RuntimeError``) or a non-finite makespan.
 
-The CLI runs in process (``schedir.cli.main``), a few cases in a subprocess.
+The CLI runs in process (``schedir_cli.main``), a few cases in a subprocess.
 ``SCHEDIR_FUZZ_CASES`` sets the number of cases (default 2,400, under a minute),
 ``SCHEDIR_FUZZ_SEED`` the seed (default 11), ``SCHEDIR_FUZZ_NOTES=1`` prints the exit
 statuses and the shape errors the loader caught (run with ``-s``).
@@ -35,7 +35,7 @@ import pytest
 
 import schedir
 import solvers
-from schedir.cli.app import main
+from schedir_cli.app import main
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = int(os.environ.get("SCHEDIR_FUZZ_CASES", "2400"))
@@ -320,7 +320,7 @@ def test_fuzz_cli_in_a_subprocess(tmp_path: Path, index: int) -> None:
         ["solve", str(problem), "-b", "1e400"],
     ][index]
     proc = subprocess.run(
-        [sys.executable, "-m", "schedir", *argv], capture_output=True, text=True, cwd=ROOT
+        [sys.executable, "-m", "schedir_cli", *argv], capture_output=True, text=True, cwd=ROOT
     )
     assert proc.returncode in (0, 1, 2), proc.stderr
     assert "Traceback" not in proc.stderr

@@ -43,10 +43,10 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
     import jax
     from jax_reference import assert_trees_close, plain_value_and_grad
 
-    from jax_exec.models import mlp_stack, mse_loss
     from jax_exec.pipeline.dynamic_training import run_dynamic_training
     from schedir.dynamic import task_factors
     from schedir.pipeline.simulate import Noise
+    from schedir_cli.models import mlp_stack, mse_loss
     from solvers.pipeline.training_lp import bound_of_trace
 
     assert len(jax.devices()) == 4

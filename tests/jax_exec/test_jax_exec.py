@@ -20,7 +20,7 @@ from jax_reference import plain_value_and_grad
 import jax_exec
 import schedir
 import solvers
-from jax_exec.models import mlp_stack, mse_loss, transformer_stack
+from schedir_cli.models import mlp_stack, mse_loss, transformer_stack
 
 # one worker runs this file's tests: its module fixture is built once (make test: xdist)
 pytestmark = pytest.mark.xdist_group(__name__)

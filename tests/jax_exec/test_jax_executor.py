@@ -13,8 +13,8 @@ import schedir
 import solvers
 from jax_exec.executor import EXECUTORS, executor_for
 from jax_exec.graph.runtime import run_graph
-from jax_exec.models import mlp_stack, mse_loss, residual_dag
 from schedir import GraphSchedule, OffloadSchedule, Schedule
+from schedir_cli.models import mlp_stack, mse_loss, residual_dag
 
 # one worker runs this file's tests: its module fixture is built once (make test: xdist)
 pytestmark = pytest.mark.xdist_group(__name__)

@@ -25,7 +25,7 @@ import solvers
 from jax_exec.graph.model import dag_loss, dag_params, sequential_dag
 from jax_exec.graph.profile import profile_graph
 from jax_exec.graph.runtime import run_graph
-from jax_exec.models import Add, Block, Concat, mse_loss, residual_dag
+from schedir_cli.models import Add, Block, Concat, mse_loss, residual_dag
 
 # one worker runs this file's tests: its module fixture is built once (make test: xdist)
 pytestmark = pytest.mark.xdist_group(__name__)

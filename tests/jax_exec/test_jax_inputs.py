@@ -12,7 +12,7 @@ from flax import nnx
 import jax_exec
 import schedir
 import solvers
-from jax_exec.models import mlp_stack, mse_loss
+from schedir_cli.models import mlp_stack, mse_loss
 
 # one worker runs this file's tests: its module fixture is built once (make test: xdist)
 pytestmark = pytest.mark.xdist_group(__name__)

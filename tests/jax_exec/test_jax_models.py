@@ -19,8 +19,8 @@ from flax import nnx
 import jax_exec
 import schedir
 import solvers
-from jax_exec.models import mse_loss
 from schedir import B, F_all, F_ck, F_n, Loss, Offload, OffloadProblem, Platform, Prefetch, Wait
+from schedir_cli.models import mse_loss
 
 # one worker runs this file's tests: its module fixture is built once (make test: xdist)
 pytestmark = pytest.mark.xdist_group(__name__)

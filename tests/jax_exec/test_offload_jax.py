@@ -14,8 +14,8 @@ import jax_exec
 import schedir
 import solvers
 from jax_exec import measure_platform
-from jax_exec.models import mlp_stack, mse_loss
 from schedir import Offload, OffloadProblem, Platform, Prefetch
+from schedir_cli.models import mlp_stack, mse_loss
 from solvers.offload.rotor_offload import build_table
 
 # one worker runs this file's tests: its module fixture is built once (make test: xdist)

@@ -12,8 +12,8 @@ import pytest
 import jax_exec
 import solvers
 from jax_exec.execute.tree import split_copies
-from jax_exec.models import mlp_stack, mse_loss
 from schedir import Offload, OffloadProblem, Platform
+from schedir_cli.models import mlp_stack, mse_loss
 from solvers.offload.rotor_offload import build_table
 
 # one worker runs this file's tests: its module fixture is built once (make test: xdist)

@@ -58,7 +58,6 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
     import jax_exec
     import schedir
     import solvers
-    from jax_exec.models import MLPBlock, mlp_stack, mse_loss
     from jax_exec.pipeline.chunks import (
         ChunkProgram,
         recompute_ops,
@@ -82,6 +81,7 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
     from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
     from schedir.pipeline.schedule import PipelineSchedule, expand
     from schedir.steady import inference_pattern
+    from schedir_cli.models import MLPBlock, mlp_stack, mse_loss
     from solvers.pipeline.stage_plans import sub_chain
 
     assert len(jax.devices()) == 4

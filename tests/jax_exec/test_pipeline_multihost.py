@@ -24,7 +24,7 @@ def test_two_processes_run_every_schedule_like_one_device():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "schedir", "launch", "--processes", "2",
+        [sys.executable, "-m", "schedir_cli", "launch", "--processes", "2",
          "--devices-per-process", "4", "--timeout", "300", "--", sys.executable, __file__],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=360,
     )  # fmt: skip
@@ -67,7 +67,6 @@ def _child() -> None:  # pragma: no cover - runs in the launched processes
 
     import schedir
     import solvers
-    from jax_exec.models import mse_loss
     from jax_exec.pipeline.mpmd import run_pipeline
     from jax_exec.pipeline.spmd import (
         nnx_blocks,
@@ -80,6 +79,7 @@ def _child() -> None:  # pragma: no cover - runs in the launched processes
     from jax_exec.stages import as_stages
     from schedir.pipeline.baselines import BASELINES
     from schedir.pipeline.problem import PipelineProblem
+    from schedir_cli.models import mse_loss
 
     assert group is not None and group.num_processes == 2
 

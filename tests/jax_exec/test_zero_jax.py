@@ -101,9 +101,9 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
     from flax import nnx
 
     import jax_exec
-    from jax_exec.models import MLPBlock
     from jax_exec.zero import measured_bytes, state_bytes, zero_step
     from schedir.training_state import Placement, device_bytes, shard_axis
+    from schedir_cli.models import MLPBlock
 
     class Block(nnx.Module):
         """Pre-norm causal self-attention and an MLP. No bias on q, k, v: the key bias

@@ -19,8 +19,8 @@ budgets, options, output paths), 3 for an internal error (a bug: please report i
 
 Imports: this module imports only ``schedir`` and the standard library at import time.
 ``solvers`` (which imports cvxpy) and ``jax_exec`` (jax, flax) are imported inside the
-command functions that need them, so ``import schedir`` stays light and the
-dependency direction ``jax_exec -> solvers -> schedir`` holds for the library.
+command functions that need them, so that bad input fails in milliseconds, before
+JAX is imported.
 """
 
 from __future__ import annotations
@@ -32,21 +32,26 @@ import sys
 from pathlib import Path
 
 import schedir
-from schedir.cli.answers import (
+from schedir.errors import InvalidSchedule
+from schedir.render import format_bytes, format_time
+from schedir_cli.answers import (
+    LEGEND,
     answer_quality,
-    gap_text,
     infeasible_detail,
     infeasible_text,
     quality_text,
 )
-from schedir.cli.common import (
+from schedir_cli.common import (
     IMAGE,
     CLIError,
     bytes_text,
     describe,
+    docs_page,
     file_reference,
+    kind_name,
     load_problem,
     load_schedule,
+    make_parents,
     method_entries,
     options_per_method,
     parse_budget,
@@ -55,11 +60,11 @@ from schedir.cli.common import (
     print_json,
     reference_makespan,
     solve_quietly,
+    store_all_record,
     writable_path,
 )
-from schedir.cli.more import add_more_commands
-from schedir.errors import InvalidSchedule
-from schedir.render import format_bytes, format_time
+from schedir_cli.more import add_more_commands
+from schedir_cli.schema import RECORDS, answer, record
 
 __all__ = ["CLIError", "build_parser", "main", "parse_budget"]
 
@@ -93,31 +98,25 @@ def cmd_solve(args: argparse.Namespace) -> int:
     budget = parse_budget(args.budget, (lambda: ref.meta["peak_memory"]) if ref else None)
     head = {
         "problem": str(args.problem),
-        "kind": type(problem).__name__,
+        "kind": kind_name(problem),
         "as_graph": args.as_graph,
         "budget": budget,
-        "store_all": None
-        if ref is None
-        else {
-            "makespan": base,
-            "peak_memory": ref.meta["peak_memory"],
-            **({"of": "the chain"} if args.as_graph else {}),
-        },
+        "store_all": store_all_record(ref, base),
     }
     results, schedule = [], None
     for entry in entries:
         row, schedule = _solve_one(problem, budget, entry, per_method[entry.name], base, args)
         if not compare and row["status"] != "ok":
             if args.json:  # the JSON answer first, then the one-line error
-                print_json({**head, **row})
+                print_json(answer("solve", **head, results=[row]))
             raise CLIError(row["message"], 1 if row["status"] == "infeasible" else 2)
         results.append(row)
     if not compare:
         _write_outputs(args, problem, schedule)
     if args.json:
-        print_json({**head, "results": results} if compare else {**head, **results[0]})
+        print_json(answer("solve", **head, results=results))
     elif compare:
-        _print_table(args.problem, problem, budget, head["store_all"], results)
+        _print_table(args.problem, problem, budget, head["store_all"], results, args.as_graph)
     else:
         _print_one(args, problem, budget, base, results[0], schedule)
     bugs = [r["method"] for r in results if r["status"] == "internal"]
@@ -127,10 +126,13 @@ def cmd_solve(args: argparse.Namespace) -> int:
 
 
 def _solve_one(problem, budget: int, entry, options: dict, base, args) -> tuple[dict, object]:
-    """One method's row (status ok / infeasible / error) and its schedule (or None)."""
+    """One method's ``result`` record (status ok / infeasible / error / internal) and
+    its schedule (or None)."""
     import solvers
 
-    row: dict = {"method": entry.name, "options": options}
+    row: dict = dict.fromkeys(f.name for f in RECORDS["result"])  # null: does not apply
+    row.update(method=entry.name, options=options, status="ok", exact=False)
+    row.update(fixed=entry.fixed, time_limited=False)
     try:
         schedule = solve_quietly(
             problem, budget, entry.name, options, verbose=args.verbose, progress=not args.quiet
@@ -138,33 +140,30 @@ def _solve_one(problem, budget: int, entry, options: dict, base, args) -> tuple[
     except solvers.Infeasible as err:
         row.update(
             status="infeasible",
-            exact=False,
             min_budget=err.min_budget,
             detail=infeasible_detail(err),
             message=infeasible_text(err, budget),
         )
-        return row, None
+        return record("result", **row), None
     except CLIError as err:
-        row.update(status="error", exact=False, message=str(err))
-        return row, None
+        row.update(status="error", message=str(err))
+        return record("result", **row), None
     except Exception as err:  # noqa: BLE001 - a solver bug: one row of the table, exit 3
         if args.method != "all" or args.debug:
             raise
         text = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
-        row.update(status="internal", exact=False, message=f"internal error: {text}")
-        return row, None
+        row.update(status="internal", message=f"internal error: {text}")
+        return record("result", **row), None
     meta = schedule.meta
-    quality = answer_quality(meta, entry.exact)
     row.update(
-        status="ok",
+        answer_quality(meta, entry.exact, entry.fixed),
         makespan=meta["makespan"],
         peak_memory=meta["peak_memory"],
         overhead=meta["makespan"] / base - 1 if base else None,
-        **quality,
         solve_time=meta["solve_time"],
         ops=len(schedule),
     )
-    return row, schedule
+    return record("result", **row), schedule
 
 
 def _write_outputs(args, problem, schedule) -> None:
@@ -175,7 +174,7 @@ def _write_outputs(args, problem, schedule) -> None:
             rel = str(Path(args.problem).resolve())
         extra = {"problem": rel, **({"as_graph": True} if args.as_graph else {})}
         schedule = dataclasses.replace(schedule, meta={**schedule.meta, **extra})
-        out.parent.mkdir(parents=True, exist_ok=True)
+        make_parents(out)
         schedir.save(schedule, out)
     if args.plot:
         _plot(problem, schedule, args.plot)
@@ -189,7 +188,7 @@ def _print_one(args, problem, budget: int, base, r: dict, schedule) -> None:
         f"{r['method']} on {args.problem}{view} ({describe(problem)}), budget {bytes_text(budget)}"
     )
     print(f"makespan  {format_time(r['makespan'])}{over}")
-    print(f"exact     {quality_text(r['method'], r)}")
+    print(f"quality   {quality_text(r['method'], r)}")
     print(f"peak      {bytes_text(r['peak_memory'])}")
     print(f"solve     {format_time(r['solve_time'])}, {r['ops']} ops")
     for path in (args.out, args.plot):
@@ -199,49 +198,44 @@ def _print_one(args, problem, budget: int, base, r: dict, schedule) -> None:
         print(_render_text(problem, schedule, args.width))
 
 
-def _print_table(path, problem, budget: int, ref: dict | None, results: list[dict]) -> None:
+def _print_table(path, problem, budget: int, ref: dict | None, results: list, as_graph) -> None:
     print(f"{path} ({describe(problem)}), budget {bytes_text(budget)}")
     if ref and ref["makespan"] is None:  # a pipeline: the chain on one device, one item
         print(f"store-all peak of the chain on one device: {format_bytes(ref['peak_memory'])}")
     elif ref:
         print(
-            f"store-all{' of the chain' if ref.get('of') else ''}: makespan "
+            f"store-all{' of the chain' if as_graph else ''}: makespan "
             f"{format_time(ref['makespan'])}, peak {format_bytes(ref['peak_memory'])}"
         )
     w = max([16] + [len(r["method"]) + 1 for r in results])
+    q = max([10] + [len(r["label"] or "") + 2 for r in results])
     header = (
-        f"{'method':<{w}}{'exact':>6}{'makespan':>12}{'overhead':>10}{'gap':>9}"
-        f"{'peak':>12}{'solve':>11}"
+        f"{'method':<{w}}{'quality':<{q}}{'makespan':>10}{'overhead':>10}{'peak':>12}{'solve':>11}"
     )
     print(header)
     print("-" * len(header))
     ok = [r for r in results if r["status"] == "ok"]
     best = min((r["makespan"] for r in ok), default=None)
     for r in results:
-        exact = "yes" if r["exact"] else "no"
         if r["status"] == "ok":
             over = f"{r['overhead']:+.1%}" if r["overhead"] is not None else "-"
             star = " *" if r["makespan"] <= best * (1 + 1e-12) else ""
             print(
-                f"{r['method']:<{w}}{exact:>6}{format_time(r['makespan']):>12}{over:>10}"
-                f"{gap_text(r):>9}{format_bytes(r['peak_memory']):>12}"
+                f"{r['method']:<{w}}{r['label']:<{q}}{format_time(r['makespan']):>10}"
+                f"{over:>10}{format_bytes(r['peak_memory']):>12}"
                 f"{format_time(r['solve_time']):>11}{star}"
             )
         elif r["status"] == "infeasible":
             least = r["min_budget"] is not None
             need = f" (needs {format_bytes(r['min_budget'])})" if least else ""
             if least:
-                print(f"{r['method']:<{w}}{'':>6}  infeasible{need}")
+                print(f"{r['method']:<{w}}{'':<{q}}infeasible{need}")
             else:  # nothing proven: say what the solver says
-                print(f"{r['method']:<{w}}{'':>6}  no schedule: {r['detail'] or 'no reason given'}")
+                print(f"{r['method']:<{w}}{'':<{q}}no schedule: {r['detail'] or 'no reason given'}")
         else:  # a bad option for this method, or (status internal) a solver bug
             prefix = "" if r["status"] == "internal" else "error: "
-            print(f"{r['method']:<{w}}{'':>6}  {prefix}{r['message']}")
-    print(
-        "* fastest; overhead: makespan / store-all makespan - 1; exact: an optimum of the "
-        "method's model;\ngap: makespan above a proven lower bound on that optimum "
-        "(0: exact; ?: no bound known)"
-    )
+            print(f"{r['method']:<{w}}{'':<{q}}{prefix}{r['message']}")
+    print(f"* fastest; overhead: makespan / store-all makespan - 1; quality:\n{LEGEND}")
 
 
 def _render_text(problem, schedule, width: int) -> str:
@@ -256,6 +250,7 @@ def _render_text(problem, schedule, width: int) -> str:
 def _plot(problem, schedule, path) -> None:
     from schedir import render
 
+    make_parents(path)
     try:
         render.plot(problem, schedule, path)
     except (TypeError, ValueError) as err:
@@ -297,24 +292,29 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             "has no such list (use --json for what it has)"
         )
     budget = schedule.meta.get("budget")
+    fits = None if budget is None else trace.peak_memory <= budget
     if args.json:
-        out = {
-            "makespan": trace.makespan,
-            "peak_memory": trace.peak_memory,
-            "ops": len(schedule),
-            "budget": budget,
-        }
-        if args.trace:
-            out["trace"] = {k: list(getattr(trace, k)) for k in per_op}
-        print_json(out)
+        per = {k: list(getattr(trace, k)) for k in per_op} if args.trace else None
+        print_json(
+            answer(
+                "simulate",
+                problem=str(args.problem),
+                schedule=str(args.schedule),
+                kind=kind_name(problem),
+                makespan=trace.makespan,
+                peak_memory=trace.peak_memory,
+                ops=len(schedule),
+                budget=budget,
+                fits=fits,
+                trace=per and record("trace", **per),
+            )
+        )
         return 0
     print(f"{args.schedule} on {args.problem} ({describe(problem)}): {len(schedule)} ops")
     print(f"makespan  {format_time(trace.makespan)}")
-    fits = ""
-    if budget is not None:
-        verdict = "fits" if trace.peak_memory <= budget else "EXCEEDED"
-        fits = f" (budget {format_bytes(budget)}: {verdict})"
-    print(f"peak      {bytes_text(trace.peak_memory)}{fits}")
+    verdict = "" if fits is None else f" (budget {format_bytes(budget)}: "
+    verdict += "" if fits is None else ("fits)" if fits else "EXCEEDED)")
+    print(f"peak      {bytes_text(trace.peak_memory)}{verdict}")
     if args.trace:
         print(f"{'#':>5} {'op':<14}{'start':>11}{'end':>11}{'op peak':>13}{'resident':>13}")
         for i, op in enumerate(trace.ops):
@@ -350,6 +350,11 @@ def cmd_show(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- parser and main
 
 
+def _docs() -> str:
+    page = docs_page("cli.md")
+    return str(page) if page else "docs/cli.md of the source (not installed here)"
+
+
 def _version() -> str:
     return f"schedir {schedir.__version__}"
 
@@ -358,7 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="schedir",
         description="Memory-bounded training schedules: solve, compare, simulate, render.",
-        epilog="--debug (anywhere): show tracebacks. Docs: docs/cli.md.",
+        epilog=f"--debug (anywhere): show tracebacks.\nDocs: {_docs()}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # a path stays on one line
     )
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
@@ -411,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_show)
 
     add_more_commands(sub, solver_flags)
-    from schedir.cli.launch import add_launch_command  # stdlib only; kept out of import time
+    from schedir_cli.launch import add_launch_command  # stdlib only; kept out of import time
 
     add_launch_command(sub)
     return parser
@@ -423,7 +429,7 @@ def one_line(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; returns the exit status (``python -m schedir`` exits with it)."""
+    """Run the command line; returns the exit status (``python -m schedir_cli`` exits with it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     # ``--debug`` is schedir's anywhere before a ``--`` (after it, the launched command's)
     cut = argv.index("--") if "--" in argv else len(argv)

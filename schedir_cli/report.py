@@ -4,10 +4,11 @@ An experiment is any ``NAME.py`` in the experiments folder (``paper_experiments/
 starting with ``_``; it takes ``--quick`` and ``--out DIR`` and writes CSV and PNG files
 into DIR. :func:`run_all` runs each in a subprocess (``python NAME.py [--quick] --out
 OUT/NAME``, cwd = the folder's parent, i.e. the repository root), shows a progress bar
-on stderr, keeps each script's output in ``OUT/NAME/log.txt`` and writes
-``OUT/REPORT.md``, which embeds every PNG and every CSV (as a markdown table, long
-ones truncated with a note) under the exact command that produced them. Standard
-library only.
+on stderr when it is a terminal (rich's; else one line per experiment), keeps each
+script's output in ``OUT/NAME/log.txt`` and writes ``OUT/REPORT.md``, which embeds
+every PNG and every CSV (as a markdown table, long ones truncated with a note) under
+the exact command that produced them. The standard library and rich only (imported
+when a terminal shows the bar).
 """
 
 from __future__ import annotations
@@ -48,29 +49,51 @@ def find_experiments(directory: Path, names: list[str] | None = None) -> list[st
     return [n.removesuffix(".py") for n in names]
 
 
-def _progress(done: int, total: int, name: str, elapsed: float, final: str = "") -> None:
-    width = 24
-    fill = int(width * done / max(total, 1))
-    bar = "#" * fill + "-" * (width - fill)
-    line = f"[{bar}] {done}/{total} {name} {elapsed:.0f}s {final}"
-    if sys.stderr.isatty():
-        sys.stderr.write("\r\033[K" + line + ("\n" if final else ""))
-    elif final:
-        sys.stderr.write(line + "\n")
-    sys.stderr.flush()
+class _Bar:
+    """The experiments' progress on stderr: rich's bar on a terminal (the running
+    experiment's name and time, one line kept per finished experiment); elsewhere
+    only those lines."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.bar = total, 0, None
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            columns = (BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"))
+            self.bar = Progress(*columns, TimeElapsedColumn(), console=Console(stderr=True))
+            self.task = self.bar.add_task("", total=total)
+            self.bar.start()
+
+    def running(self, name: str) -> None:
+        if self.bar is not None:
+            self.bar.reset(self.task, total=self.total, completed=self.done, description=name)
+
+    def finished(self, name: str, seconds: float, verdict: str) -> None:
+        self.done += 1
+        line = f"{self.done}/{self.total} {name} {seconds:.0f}s {verdict}"
+        if self.bar is None:
+            print(line, file=sys.stderr, flush=True)
+            return
+        self.bar.console.print(line, highlight=False)
+        self.bar.update(self.task, completed=self.done)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
 
 
 def run_one(
-    name: str,
-    directory: Path,
-    out: Path,
-    *,
-    quick: bool,
-    timeout: float | None,
-    index: int = 0,
-    total: int = 1,
+    name: str, directory: Path, out: Path, *, quick: bool, timeout: float | None, bar=None
 ) -> Outcome:
-    """Run ``directory/name.py`` into ``out/name``; its output goes to ``out/name/log.txt``."""
+    """Run ``directory/name.py`` into ``out/name``; its output goes to ``out/name/log.txt``
+    (``bar``: a :class:`_Bar` told when it starts and ends)."""
     target = out / name
     target.mkdir(parents=True, exist_ok=True)
     cwd = directory.resolve().parent
@@ -80,6 +103,8 @@ def run_one(
     out_arg = full.relative_to(cwd) if full.is_relative_to(cwd) else full
     command = ["python", str(rel_script), *(["--quick"] if quick else []), "--out", str(out_arg)]
     start = time.perf_counter()
+    if bar is not None:
+        bar.running(name)
     with open(target / "log.txt", "w") as log:
         proc = subprocess.Popen(
             [sys.executable, *command[1:]], cwd=cwd, stdout=log, stderr=subprocess.STDOUT
@@ -95,11 +120,10 @@ def run_one(
                     proc.wait()
                     status = -1
                     log.write(f"\nkilled after {timeout:.0f} s (--timeout)\n")
-                else:
-                    _progress(index, total, name, elapsed)
     seconds = time.perf_counter() - start
     verdict = "ok" if status == 0 else ("timeout" if status == -1 else f"FAILED ({status})")
-    _progress(index + 1, total, name, seconds, verdict)
+    if bar is not None:
+        bar.finished(name, seconds, verdict)
     return Outcome(name, command, status, seconds, target)
 
 
@@ -197,10 +221,13 @@ def run_all(
 ) -> list[str]:
     """Run ``names`` from ``directory``, write ``out/REPORT.md``; returns the failed names."""
     out.mkdir(parents=True, exist_ok=True)
-    outcomes = [
-        run_one(name, directory, out, quick=quick, timeout=timeout, index=i, total=len(names))
-        for i, name in enumerate(names)
-    ]
+    bar = _Bar(len(names))
+    try:
+        outcomes = [
+            run_one(name, directory, out, quick=quick, timeout=timeout, bar=bar) for name in names
+        ]
+    finally:
+        bar.close()
     path = write_report(outcomes, directory, out, quick)
     failed = [o.name for o in outcomes if o.status != 0]
     total = sum(o.seconds for o in outcomes)

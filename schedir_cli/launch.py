@@ -30,8 +30,8 @@ import sys
 import threading
 import time
 
-from schedir.cli.common import CLIError, positive_float, positive_int
 from schedir.cluster import ProcessGroup
+from schedir_cli.common import CLIError, positive_float, positive_int
 
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
 

@@ -1,9 +1,9 @@
-"""Helpers shared by the ``schedir`` commands (:mod:`schedir.cli`, :mod:`schedir.cli_more`).
+"""Helpers shared by the ``schedir`` commands (:mod:`schedir_cli.app`, :mod:`schedir_cli.more`).
 
 Budgets in exact integer arithmetic, loading files and checking output paths with
 one-line errors, solver options checked against the solvers' signatures, quiet solver
 calls, and what each answer is worth (exact, discretized, time-limited). Imports
-``solvers`` only inside functions (see :mod:`schedir.cli`).
+``solvers`` only inside functions (see :mod:`schedir_cli.app`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import json
 import math
 import os
 import shutil
+import site
 import sys
 import tempfile
 import warnings
@@ -25,6 +26,7 @@ import schedir
 from schedir import budget
 from schedir.errors import InvalidProblem, InvalidSchedule
 from schedir.render import format_bytes
+from schedir_cli.schema import record
 
 STORE_ALL = "store_all"
 HUGE = 2**62  # "no limit" budget for the store-all reference
@@ -194,6 +196,22 @@ def writable_path(path: str | Path, flag: str, suffixes: tuple[str, ...] = ()) -
     return path
 
 
+def make_parents(path: str | Path) -> None:
+    """Create the folders above ``path`` that do not exist, saying so on stderr (stdout
+    stays for the answer: ``--json`` output is one object)."""
+    parent = Path(path).parent
+    if not parent.exists():
+        make_folder(parent)
+
+
+def make_folder(path: str | Path) -> None:
+    """Create the folder ``path`` (and its parents) unless it exists, saying so on stderr."""
+    path = Path(path)
+    if not path.is_dir():
+        path.mkdir(parents=True, exist_ok=True)
+        print(f"schedir: created folder {path}", file=sys.stderr)
+
+
 def writable_dir(path: str | Path, flag: str) -> Path:
     """Like :func:`writable_path` for a folder the command will create or fill."""
     path = Path(path)
@@ -204,6 +222,16 @@ def writable_dir(path: str | Path, flag: str) -> Path:
 
 
 IMAGE = (".png", ".svg", ".pdf")
+
+
+def docs_page(name: str) -> Path | None:
+    """The guide ``docs/NAME``: in the checkout this package runs from, else where a
+    wheel installs it (``share/doc/schedir`` under its prefix: a venv, the system or
+    the user's base); None when neither has it."""
+    root = Path(__file__).resolve().parents[1]
+    bases = [root / "docs"] if (root / "pyproject.toml").is_file() else []
+    bases += [Path(p) / "share" / "doc" / "schedir" for p in (sys.prefix, site.USER_BASE) if p]
+    return next((b / name for b in bases if (b / name).is_file()), None)
 
 
 # ---------------------------------------------------------------- solver options
@@ -368,6 +396,14 @@ def reference_makespan(problem, ref: schedir.Schedule | None) -> float | None:
     return ref.meta["makespan"]
 
 
+def store_all_record(ref: schedir.Schedule | None, base: float | None) -> dict | None:
+    """The ``store_all`` record of a ``--json`` answer (docs/formats.md): the reference
+    schedule's peak and ``base`` (:func:`reference_makespan`); None without one."""
+    if ref is None:
+        return None
+    return record("store_all", makespan=base, peak_memory=ref.meta["peak_memory"])
+
+
 def method_entries(problem, requested: list[str]) -> list:
     """Registry entries of the ``requested`` names (all for ``[]`` or ``['all']``)."""
     import solvers
@@ -418,10 +454,17 @@ def bytes_text(n: int) -> str:
     return text if text.endswith(" B") else f"{text} ({n} B)"
 
 
+def kind_name(problem) -> str:
+    """``'chain'``, ``'graph'``, ...: the kind of a problem (an instance or its class), as
+    every command prints it (``schedir.kind`` names; else the class name, lowercase)."""
+    found = schedir.kind.of(problem)
+    cls = problem if isinstance(problem, type) else type(problem)
+    return found.name if found is not None else cls.__name__.lower()
+
+
 def describe(problem) -> str:
     """``'chain, 6 stages'``, ``'graph, 20 nodes'``: the problem's kind and its size."""
-    found = schedir.kind.of(problem)
-    kind = found.name if found is not None else type(problem).__name__.lower()
+    kind = kind_name(problem)
     n = getattr(problem, "length", None)
     if n is not None:
         return f"{kind}, {n} stages"

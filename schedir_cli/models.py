@@ -1,4 +1,7 @@
-"""Small Flax NNX example models, built as lists of stages (one array in, one out).
+"""Small Flax NNX example models, built as lists of stages (one array in, one out):
+what ``schedir profile`` profiles, and what the examples, benchmarks and tests build.
+Part of the command line (an application), not of the library: ``jax_exec`` never
+imports it.
 
 Two families with different memory profiles:
 

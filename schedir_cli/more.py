@@ -1,4 +1,4 @@
-"""``schedir tradeoff``, ``methods``, ``profile`` and ``experiments`` (see :mod:`schedir.cli`).
+"""``schedir tradeoff``, ``methods``, ``profile`` and ``experiments`` (see :mod:`schedir_cli.app`).
 
 ``solvers``, ``jax_exec`` and matplotlib are imported inside the command functions.
 """
@@ -13,16 +13,25 @@ import math
 from pathlib import Path
 
 import schedir
-from schedir.cli.answers import (
+from schedir.render import byte_unit, format_bytes, format_time, time_unit
+from schedir_cli.answers import (
+    FIXED,
+    HEURISTIC,
+    OPTIMAL,
     answer_quality,
+    bound_text,
+    method_label,
 )
-from schedir.cli.common import (
+from schedir_cli.common import (
     ANY,
     IMAGE,
     CLIError,
     describe,
     file_reference,
+    kind_name,
     load_problem,
+    make_folder,
+    make_parents,
     method_entries,
     method_options,
     parse_budget,
@@ -32,11 +41,12 @@ from schedir.cli.common import (
     reference_makespan,
     solve_quietly,
     solver_output,
+    store_all_record,
     without_prefix,
     writable_dir,
     writable_path,
 )
-from schedir.render import byte_unit, format_bytes, format_time, time_unit
+from schedir_cli.schema import answer, record
 
 # ---------------------------------------------------------------- tradeoff
 
@@ -63,27 +73,36 @@ def cmd_tradeoff(args: argparse.Namespace) -> int:
     budgets = sorted({low + (high - low) * i // n for i in range(args.points)})
     base = reference_makespan(problem, ref)
     curves = {entry.name: _curve(problem, budgets, entry, args) for entry in entries}
-    claimed = {entry.name: entry.exact for entry in entries}
-    rows = [
-        {
-            "budget": b,
-            "method": name,
+    labels = {entry.name: method_label(entry.exact, entry.fixed) for entry in entries}
+    points = [
+        record(
+            "point",
+            budget=b,
+            method=name,
             **cell,
-            "overhead": None
-            if not base or cell["makespan"] is None
-            else cell["makespan"] / base - 1,
-        }
+            overhead=None if not base or cell["makespan"] is None else cell["makespan"] / base - 1,
+        )
         for name, cells in curves.items()
         for b, cell in zip(budgets, cells, strict=True)
     ]
     if args.csv:
-        _write_csv(args.csv, rows)
+        _write_csv(args.csv, points)
     if args.plot:
-        _plot_tradeoff(budgets, curves, base, args.plot, str(args.problem), claimed)
+        _plot_tradeoff(budgets, curves, base, args.plot, str(args.problem), labels)
     if args.json:
-        print_json({"problem": str(args.problem), "store_all_makespan": base, "rows": rows})
+        print_json(
+            answer(
+                "tradeoff",
+                problem=str(args.problem),
+                kind=kind_name(problem),
+                as_graph=args.as_graph,
+                store_all=store_all_record(ref, base),
+                budgets=budgets,
+                points=points,
+            )
+        )
         return 0
-    _print_tradeoff(args.problem, problem, budgets, curves, base, claimed, args.as_graph)
+    _print_tradeoff(args.problem, problem, budgets, curves, base, labels, args.as_graph)
     for path in (args.csv, args.plot):
         if path:
             print(f"wrote {path}")
@@ -108,7 +127,8 @@ def _least_budget(problem, entries, args) -> int:
 
 
 def _curve(problem, budgets: list[int], entry, args) -> list[dict]:
-    """Per budget: makespan (None: no schedule), exact, lower_bound, gap."""
+    """Per budget: makespan (None: no schedule) and the answer's quality (label, exact,
+    fixed, lower_bound, gap)."""
     import solvers
 
     extra = {}
@@ -144,35 +164,39 @@ def _curve(problem, budgets: list[int], entry, args) -> list[dict]:
     return cells
 
 
+QUALITY = ("label", "exact", "fixed", "lower_bound", "gap")  # of a point (schedir_cli.schema)
+
+
 def _cell(meta: dict, entry) -> dict:
     makespan = meta["makespan"]
     if not math.isfinite(makespan):  # inf: the method has no schedule at this budget
-        return {"makespan": None, "exact": False, "lower_bound": None, "gap": None}
-    quality = answer_quality(meta, entry.exact)
-    return {"makespan": makespan, **{k: quality[k] for k in ("exact", "lower_bound", "gap")}}
+        none = {"label": None, "exact": False, "fixed": entry.fixed, "lower_bound": None}
+        return {"makespan": None, **none, "gap": None}
+    quality = answer_quality(meta, entry.exact, entry.fixed)
+    return {"makespan": makespan, **{k: quality[k] for k in QUALITY}}
 
 
 def _write_csv(path, rows: list[dict]) -> None:
-    fields = ["budget", "method", "makespan", "overhead", "exact", "lower_bound", "gap"]
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fields = ["budget", "method", "makespan", "overhead", *QUALITY]
+    make_parents(path)
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in rows)
 
 
-def _not_exact_note(name: str, cells: list[dict]) -> str | None:
-    """``rotor: not exact at 5 of 12 budgets; gap at most +2.1%`` (None when all exact)."""
+def _not_optimal_note(name: str, cells: list[dict]) -> str | None:
+    """``rotor: not proven optimal at 5 of 12 budgets; <=2.2%`` (None when all are)."""
     solved = [c for c in cells if c["makespan"] is not None]
     loose = [c for c in solved if not c["exact"]]
     if not loose:
         return None
     gaps = [c["gap"] for c in loose]
-    bound = f"gap at most {max(gaps):+.1%}" if None not in gaps else "no bound known"
-    return f"{name}: not exact at {len(loose)} of {len(solved)} budgets; {bound}"
+    bound = bound_text(max(gaps)) if None not in gaps else "no bound known"
+    return f"{name}: not proven optimal at {len(loose)} of {len(solved)} budgets; {bound}"
 
 
-def _print_tradeoff(path, problem, budgets, curves: dict, base, claimed: dict, as_graph) -> None:
+def _print_tradeoff(path, problem, budgets, curves: dict, base, labels: dict, as_graph) -> None:
     of = "of the chain " if as_graph else ""
     print(
         f"{path} ({describe(problem)}): makespan "
@@ -188,17 +212,21 @@ def _print_tradeoff(path, problem, budgets, curves: dict, base, claimed: dict, a
             text = "-" if v is None else f"{v / base - 1:+.1%}" if base else format_time(v)
             cells.append(text + ("" if v is None or c["exact"] else "~"))
         print(f"{format_bytes(b):>12}" + "".join(f"{c:>{width}}" for c in cells))
-    print("-: no schedule at this budget; ~: not exact (an upper bound on the optimum)")
+    print("-: no schedule at this budget; ~: not proven optimal (an upper bound on the optimum)")
     for name, cells in curves.items():
-        note = _not_exact_note(name, cells)
-        if note and claimed[name]:
+        note = _not_optimal_note(name, cells) if labels[name] == OPTIMAL else None
+        if note:
             print(note)
-    heuristics = [name for name in curves if not claimed[name]]
-    if heuristics:
-        print(f"not exact methods (no optimality bound): {', '.join(heuristics)}")
+    for label, what in (
+        (FIXED, "one schedule whatever the budget"),
+        (HEURISTIC, "no optimality claim"),
+    ):
+        names = [name for name in curves if labels[name] == label]
+        if names:
+            print(f"{label} ({what}): {', '.join(names)}")
 
 
-def _plot_tradeoff(budgets, curves: dict, base, path, title: str, claimed: dict) -> None:
+def _plot_tradeoff(budgets, curves: dict, base, path, title: str, labels: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -213,9 +241,11 @@ def _plot_tradeoff(budgets, curves: dict, base, path, title: str, claimed: dict)
         if pts:
             x, y = zip(*pts, strict=True)
             y = [100 * (v / base - 1) for v in y] if base else [v / tscale for v in y]
-            note = _not_exact_note(name, cells)
-            label = name if note is None else f"{name} ({note.split(': ', 1)[1]})"
-            label = label if claimed[name] else f"{name} (not exact)"
+            if labels[name] == OPTIMAL:
+                note = _not_optimal_note(name, cells)
+                label = name if note is None else f"{name} ({note.split(': ', 1)[1]})"
+            else:
+                label = f"{name} ({labels[name]})"
             ax.step([v / bscale for v in x], y, where="post", marker=".", label=label)
     ax.set_xlabel(f"memory budget ({bunit})")
     ax.set_ylabel("makespan overhead vs store-all (%)" if base else f"makespan ({tunit})")
@@ -223,7 +253,7 @@ def _plot_tradeoff(budgets, curves: dict, base, path, title: str, claimed: dict)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    make_parents(path)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -234,6 +264,7 @@ def _plot_tradeoff(budgets, curves: dict, base, path, title: str, claimed: dict)
 def cmd_methods(args: argparse.Namespace) -> int:
     import solvers
 
+    problem = None
     if args.problem:
         problem = load_problem(args.problem, as_graph=args.as_graph)
         entries = solvers.available(problem)
@@ -244,33 +275,43 @@ def cmd_methods(args: argparse.Namespace) -> int:
         entries = solvers.available()
         title = "every registered method, by problem kind"
     listing = [
-        {
-            "method": m.name,
-            "problem": m.problem.__name__,
-            "exact": m.exact,
-            "options": {k: v for k, v in method_options(m).items() if k != ANY},
-            "any_option": ANY in method_options(m),
-            "description": m.description,
-        }
+        record(
+            "method",
+            method=m.name,
+            kind=kind_name(m.problem),
+            label=method_label(m.exact, m.fixed),
+            exact=m.exact,
+            fixed=m.fixed,
+            options={k: v for k, v in method_options(m).items() if k != ANY},
+            any_option=ANY in method_options(m),
+            description=m.description,
+        )
         for m in entries
     ]
     if args.json:
-        print_json(listing)
+        print_json(
+            answer(
+                "methods",
+                problem=args.problem,
+                kind=None if problem is None else kind_name(problem),
+                as_graph=args.as_graph,
+                methods=listing,
+            )
+        )
         return 0
     print(title)
     width = max([18] + [len(item["method"]) + 2 for item in listing])
-    for kind in dict.fromkeys(item["problem"] for item in listing):
+    for kind in dict.fromkeys(item["kind"] for item in listing):
         print(f"\n{kind}:")
-        for item in (i for i in listing if i["problem"] == kind):
-            claim = "exact" if item["exact"] else "not exact"
-            print(f"  {item['method']:<{width}}{claim:<11}{item['description']}")
+        for item in (i for i in listing if i["kind"] == kind):
+            print(f"  {item['method']:<{width}}{item['label']:<11}{item['description']}")
             opts = ", ".join(f"{k}={v!r}" for k, v in item["options"].items())
             opts += ", any KEY=VALUE" if item["any_option"] else ""
             print(f"  {'':<{width}}{'':<11}options: {opts or 'none'}")
     print(
-        "\nexact: the method returns an optimum of its model; each answer says whether it "
-        "is one\n(a discretized or time-limited answer is not: see solve's exact and gap). "
-        "Options: -o KEY=VALUE."
+        "\noptimal: the method returns an optimum of its model (each answer says whether it "
+        "is one: a\ndiscretized or time-limited answer gives its bound); fixed: one schedule "
+        "whatever the budget;\nheuristic: no optimality claim. Options: -o KEY=VALUE."
     )
     return 0
 
@@ -296,7 +337,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     import jax
 
     import jax_exec
-    from jax_exec.models import mlp_stack, mse_loss, transformer_stack
+    from schedir_cli.models import mlp_stack, mse_loss, transformer_stack
 
     depth = args.depth if args.depth is not None else MODELS[args.model][1]
     kx, ky = jax.random.split(jax.random.key(0))
@@ -315,7 +356,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     chain = jax_exec.stages.profile(
         layers, mse_loss, x, y, timing=args.timing, flops_per_second=1e11
     )
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    make_parents(args.out)
     schedir.save(chain, args.out)
     print(
         f"{args.model}: {chain.length} stages, batch {batch}, a_0 {format_bytes(chain.in_size[0])},"
@@ -327,21 +368,31 @@ def cmd_profile(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- experiments
 
 
-def default_experiments_dir() -> Path:
-    """``paper_experiments/`` of the checkout this package runs from, else of the cwd."""
-    bundled = Path(schedir.__file__).resolve().parents[1] / "paper_experiments"
-    return bundled if bundled.is_dir() else Path("paper_experiments")
+def default_experiments_dir() -> Path | None:
+    """``paper_experiments/`` of the checkout this package runs from, else of the cwd;
+    None when neither has one (an installed wheel ships no experiment scripts)."""
+    for candidate in (Path(__file__).resolve().parents[1], Path.cwd()):
+        if (candidate / "paper_experiments").is_dir():
+            return candidate / "paper_experiments"
+    return None
 
 
 def cmd_experiments(args: argparse.Namespace) -> int:
-    from schedir.cli import report
+    from schedir_cli import report
 
     directory = Path(args.dir) if args.dir else default_experiments_dir()
+    if directory is None:
+        raise CLIError(
+            "experiments: the experiment scripts (paper_experiments/) come with a checkout "
+            "of the repository, not with the installed package: run this from a checkout, "
+            "or pass --dir FOLDER"
+        )
     try:
         names = report.find_experiments(directory, args.names)
     except ValueError as err:
         raise CLIError(str(err)) from None
     writable_dir(args.out, "--out")
+    make_folder(args.out)
     failed = report.run_all(
         names, directory, Path(args.out), quick=args.quick, timeout=args.timeout
     )
