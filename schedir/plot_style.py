@@ -171,14 +171,21 @@ def style(label: str) -> Style:
                  "-.")  # fmt: skip
 
 
-def line(label: str, **extra) -> dict:
+def line(label: str, *, stack: tuple[int, int] | None = None, **extra) -> dict:
     """Keyword arguments of ``ax.plot`` / ``ax.step`` for the series ``label``: its
-    colour, marker (hollow: points that coincide stay visible) and line style."""
+    colour, marker (hollow: points that coincide stay visible) and line style.
+
+    ``stack=(k, n)``: the k-th of n series drawn in one panel; earlier ones get wider
+    lines and larger markers, so a series another one covers exactly (two exact
+    methods at the same optimum) still shows around it."""
     s = style(label)
+    width, size = 1.5, 6.0
+    if stack is not None and stack[1] > 1:
+        below = (stack[1] - 1 - stack[0]) / (stack[1] - 1)  # 1 for the first, 0 for the last
+        width, size = 1.2 + 1.6 * below, 5.0 + 4.0 * below
     kw = {"label": label, "color": s.color, "marker": s.marker, "linestyle": s.linestyle,
-          "markerfacecolor": "none", "markeredgewidth": 1.3, "linewidth": 1.5}  # fmt: skip
-    if s.marker == "*":
-        kw["markersize"] = 9
+          "markerfacecolor": "none", "markeredgewidth": 1.3, "linewidth": width,
+          "markersize": size * (1.4 if s.marker == "*" else 1.0)}  # fmt: skip
     return kw | extra
 
 
@@ -199,7 +206,7 @@ def _lighter(color: str) -> str:
 
 # Units: the last parenthesis of every axis label with numbers on it.
 UNITS = ("%", "s", "ms", "us", "B", "KiB", "MiB", "GiB", "TiB", "parameters",
-         "billion parameters", "micro-batches/s", "items/s", "ops")  # fmt: skip
+         "billion parameters", "micro-batches/s", "items/s", "ops", "nodes")  # fmt: skip
 OVERHEAD = "makespan overhead vs store-all (%)"
 
 
@@ -261,19 +268,25 @@ def _rank(label: str) -> tuple[int, str]:
 
 def legend(fig, *, title: str | None = None):
     """The one legend of ``fig``, under its panels: every labelled series drawn in any
-    panel (labels starting with ``_`` are not series), once, in :data:`STYLES`' order."""
-    handles: dict = {}
+    panel (labels starting with ``_`` are not series), once, in :data:`STYLES`' order,
+    each shown in its plain style (whatever width a ``stack`` gave it)."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    drawn: dict = {}
     for ax in fig.axes:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
-            handles.setdefault(label, handle)
-    labels = sorted(handles, key=_rank)
+            drawn.setdefault(label, handle)
+    labels = sorted(drawn, key=_rank)
+    handles = [Line2D([], [], **line(label)) if isinstance(drawn[label], Line2D)
+               else Patch(**bar(label)) for label in labels]  # fmt: skip
     longest = max((len(label) for label in labels), default=1)
     per_row = max(1, int(fig.get_figwidth() * 72 / (LEGEND_FONT * 0.6 * longest + 40)))
     return fig.legend(
-        [handles[label] for label in labels],
+        handles,
         labels,
         loc="outside lower center",
-        ncols=min(len(labels), per_row) or 1,
+        ncols=max(1, min(len(labels), per_row)),
         fontsize=LEGEND_FONT,
         title=title,
         title_fontsize=LEGEND_FONT,
