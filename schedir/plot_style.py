@@ -39,11 +39,17 @@ class Style:
     linestyle: str = "-"
     hatch: str = ""
 
+    @property
+    def box_hatch(self) -> str:
+        """The hatch of this label's bars: its own, else one standing for its dashes
+        (a dashed series' bars stay apart from a solid one's of the same colour)."""
+        return self.hatch or {"--": "//", ":": "..", "-.": "xx"}.get(self.linestyle, "")
+
 
 _BLUE, _ORANGE, _GREEN, _RED, _PURPLE = "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"
 _BROWN, _PINK, _GREY, _OLIVE, _CYAN = "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"
 _BLACK = "#000000"
-_STAGES = (_BLUE, _ORANGE, _GREEN, _RED)  # ZeRO stages 0-3
+_STAGES = ("#6a3d9a", "#1f78b4", "#33a02c", "#b15928")  # ZeRO stages 0-3
 
 # Methods first (legends list them in this order), then variants, op kinds, references.
 _METHODS: dict[str, Style] = {
@@ -83,7 +89,7 @@ _METHODS: dict[str, Style] = {
     "pipeline_greedy": Style(_OLIVE, "^"),
     "master_worker_lp": Style(_GREY, "d"),
     "heft": Style(_CYAN, "h"),
-    "eager": Style(_OLIVE, "s", "--"),
+    "eager": Style(_GREEN, "s", "--"),
     "dmda": Style("#e7298a", "D", "--"),
     "dmdas": Style("#7570b3", "d", "--"),
     "guided": Style(_RED, "P", "--"),
@@ -106,9 +112,9 @@ _VARIANTS: dict[str, Style] = {
        for name in ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "v_shape")},
     # dynamic_training.py: 1F1B's plan in the pipeline simulator
     "1f1b_judge": Style(_ORANGE, "o", ":"),
-    # zero_memory.py: our per-tensor accounting (solid) and the ZeRO paper's formula (dashed)
-    **{f"ZeRO-{s} (ours)": Style(c, "o") for s, c in enumerate(_STAGES)},
-    **{f"ZeRO-{s} (paper)": Style(c, "", "--") for s, c in enumerate(_STAGES)},
+    # zero_memory.py: our per-tensor accounting per stage, the ZeRO paper's formula over it
+    **{f"ZeRO-{s}": Style(c, "o") for s, c in enumerate(_STAGES)},
+    "ZeRO paper's formula": Style(_BLACK, "", "--"),
     # zero_memory.py: how activations are kept (bars); 8-bit storage hatched
     "store_all 8-bit": Style(_BLACK, "s", "-", "////"),
     "rotor 8-bit": Style(_ORANGE, "o", "-", "////"),
@@ -191,11 +197,11 @@ def line(label: str, *, stack: tuple[int, int] | None = None, **extra) -> dict:
 
 def bar(label: str, **extra) -> dict:
     """Keyword arguments of ``ax.bar`` / ``ax.broken_barh`` for ``label``: its colour
-    (lighter under a hatch) and hatch."""
+    (lighter under a hatch) and :attr:`Style.box_hatch`."""
     s = style(label)
     kw = {"label": label, "facecolor": s.color, "edgecolor": "white", "linewidth": 0.5}
-    if s.hatch:
-        kw.update(facecolor=_lighter(s.color), edgecolor=s.color, hatch=s.hatch)
+    if s.box_hatch:
+        kw.update(facecolor=_lighter(s.color), edgecolor=s.color, hatch=s.box_hatch)
     return kw | extra
 
 

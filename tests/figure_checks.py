@@ -64,30 +64,35 @@ def series(fig) -> dict[str, list]:
     return found
 
 
-def _drawn_style(artist, want: plot_style.Style) -> tuple:
-    """(colour, marker, line style, hatch) of ``artist``, in the terms of a Style."""
+def _look(artist, s: plot_style.Style) -> tuple:
+    """What tells two series apart: a line's colour, marker and dashes; a box's colour
+    and hatch."""
+    from matplotlib.lines import Line2D
+
+    if isinstance(artist, Line2D):
+        return ("line", _rgb(s.color), s.marker, s.linestyle)
+    return ("box", _rgb(s.color), s.box_hatch)
+
+
+def _drawn(artist) -> tuple:
+    """:func:`_look` of what ``artist`` shows (a hatched box's colour is its edge's)."""
     from matplotlib.collections import Collection
     from matplotlib.container import BarContainer
     from matplotlib.lines import Line2D
 
     if isinstance(artist, Line2D):
-        return (_rgb(artist.get_color()), _marker(artist.get_marker()),
-                _linestyle(artist.get_linestyle()), "")  # fmt: skip
-    patches = list(artist) if isinstance(artist, BarContainer) else [artist]
-    styles = set()
-    for p in patches:
-        faces = p.get_facecolor() if isinstance(p, Collection) else [p.get_facecolor()]
-        for face in faces:
-            hatch = p.get_hatch() or ""
-            color = _rgb(p.get_edgecolor()[0] if isinstance(p, Collection) else
-                         p.get_edgecolor()) if hatch else _rgb(face)  # fmt: skip
-            styles.add((color, want.marker, want.linestyle, hatch))
-    assert len(styles) == 1, f"{artist.get_label()}: parts drawn differently: {styles}"
-    return styles.pop()
-
-
-def _expected(s: plot_style.Style) -> tuple:
-    return (_rgb(s.color), s.marker, s.linestyle, s.hatch)
+        return ("line", _rgb(artist.get_color()), _marker(artist.get_marker()),
+                _linestyle(artist.get_linestyle()))  # fmt: skip
+    looks = set()
+    for p in list(artist) if isinstance(artist, BarContainer) else [artist]:
+        hatch = p.get_hatch() or ""
+        if isinstance(p, Collection):
+            colors = p.get_edgecolor() if hatch else p.get_facecolor()
+        else:
+            colors = [p.get_edgecolor() if hatch else p.get_facecolor()]
+        looks |= {("box", _rgb(c), hatch) for c in colors}
+    assert len(looks) == 1, f"{artist.get_label()}: parts drawn differently: {looks}"
+    return looks.pop()
 
 
 def check_styles(fig, name: str) -> None:
@@ -101,12 +106,13 @@ def check_styles(fig, name: str) -> None:
     assert set(listed) == set(drawn), f"{name}: legend {sorted(listed)} but drawn {sorted(drawn)}"
     unknown = sorted(label for label in drawn if label not in plot_style.STYLES)
     assert not unknown, f"{name}: labels with no fixed style in plot_style.STYLES: {unknown}"
+    looks = {}
     for label, artists in drawn.items():
-        want = _expected(plot_style.STYLES[label])
         for artist in artists:
-            got = _drawn_style(artist, plot_style.STYLES[label])
+            want = _look(artist, plot_style.STYLES[label])
+            got = _drawn(artist)
             assert got == want, f"{name}: {label!r} drawn as {got}, its style is {want}"
-    looks = {label: _expected(plot_style.STYLES[label]) for label in drawn}
+            looks.setdefault(label, want)
     for a, b in combinations(sorted(looks), 2):
         assert looks[a] != looks[b], f"{name}: {a!r} and {b!r} look the same"
 
