@@ -212,7 +212,8 @@ def plot(rows: list[dict]):
         ax.axhline(sel[0]["lp_bound"] / ref, **plot_style.line("LP bound", linewidth=1))
         ax.set_title(f"{inst[0]}, {inst[1]} ({kind} noise)")
         ax.set_xlabel(plot_style.axis_label("task-time noise", "%"))
-        ax.set_ylabel(plot_style.axis_label("throughput", "% of best static at 0%"))
+        if ax.get_subplotspec().is_first_col():  # the row shares its y axis
+            ax.set_ylabel(plot_style.axis_label("throughput", "% of best static at 0%"))
     plot_style.legend(fig)
     # peak memory per device at zero noise, per method, against the cap
     memory, axes = plot_style.panels(len(insts), max_cols=2, size=(5.5, 3.4))

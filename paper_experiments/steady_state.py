@@ -164,7 +164,8 @@ def plot(rows: list[dict]):
                     **plot_style.line(method, stack=(k, len(methods))))  # fmt: skip
         ax.set_title(f"{pname} ({kind} noise)")
         ax.set_xlabel(plot_style.axis_label("task-time noise", "%"))
-        ax.set_ylabel(plot_style.axis_label("throughput", "% of best static at 0%"))
+        if ax.get_subplotspec().is_first_col():  # the row shares its y axis
+            ax.set_ylabel(plot_style.axis_label("throughput", "% of best static at 0%"))
     plot_style.legend(fig)
     return fig
 

@@ -25,6 +25,7 @@ from pathlib import Path
 MIN_FONT = 8.0  # points: the smallest text any figure may have
 LEGEND_FONT = 9.0
 MAX_WIDTH = 13.0  # inches: wider figures shrink their fonts below MIN_FONT when shown
+MIN_WIDTH = 6.5  # inches: room for a legend under a single panel
 DPI = 120
 
 
@@ -213,7 +214,7 @@ def _lighter(color: str) -> str:
 # Units: the last parenthesis of every axis label with numbers on it.
 UNITS = ("%", "s", "ms", "us", "B", "KiB", "MiB", "GiB", "TiB", "parameters",
          "billion parameters", "micro-batches/s", "items/s", "ops", "nodes")  # fmt: skip
-OVERHEAD = "makespan overhead vs store-all (%)"
+OVERHEAD = "overhead vs store-all (%)"  # of the makespan (predicted or simulated)
 
 
 def axis_label(quantity: str, unit: str) -> str:
@@ -248,15 +249,16 @@ def panels(
     sharex: bool = False,
     sharey: bool = False,
 ):
-    """A figure of ``n`` panels (at most ``max_cols`` a row, at most :data:`MAX_WIDTH`
-    inches wide) with constrained layout: ``(figure, [axes, ...])``."""
+    """A figure of ``n`` panels of about ``size`` inches (at most ``max_cols`` a row, the
+    figure :data:`MIN_WIDTH` to :data:`MAX_WIDTH` inches wide) with constrained layout:
+    ``(figure, [axes, ...])``."""
     from matplotlib.figure import Figure
 
     if n < 1:
         raise ValueError(f"n = {n}: expected at least one panel")
     cols = min(n, max_cols)
     rows = -(-n // cols)
-    width = min(MAX_WIDTH, size[0] * cols)
+    width = min(MAX_WIDTH, max(MIN_WIDTH, size[0] * cols))
     fig = Figure(figsize=(width, size[1] * rows + 0.6), layout="constrained")
     grid = fig.subplots(rows, cols, squeeze=False, sharex=sharex, sharey=sharey)
     axes = list(grid.ravel())
@@ -286,18 +288,30 @@ def legend(fig, *, title: str | None = None):
     labels = sorted(drawn, key=_rank)
     handles = [Line2D([], [], **line(label)) if isinstance(drawn[label], Line2D)
                else Patch(**bar(label)) for label in labels]  # fmt: skip
-    longest = max((len(label) for label in labels), default=1)
-    per_row = max(1, int(fig.get_figwidth() * 72 / (LEGEND_FONT * 0.6 * longest + 40)))
     return fig.legend(
         handles,
         labels,
         loc="outside lower center",
-        ncols=max(1, min(len(labels), per_row)),
+        ncols=_columns(labels, fig.get_figwidth() * 72),
         fontsize=LEGEND_FONT,
         title=title,
         title_fontsize=LEGEND_FONT,
         frameon=False,
     )
+
+
+def _columns(labels: list[str], width: float) -> int:
+    """The most legend columns whose entries fit ``width`` points (estimated: a
+    character is 0.62 em, a handle with its padding 5 em; matplotlib gives the first
+    ``len % cols`` columns one entry more)."""
+    for cols in range(len(labels), 1, -1):
+        sizes = [len(labels) // cols + (k < len(labels) % cols) for k in range(cols)]
+        starts = [sum(sizes[:k]) for k in range(cols)]
+        need = sum(LEGEND_FONT * (5 + 0.62 * max(map(len, labels[a : a + n])))
+                   for a, n in zip(starts, sizes, strict=True))  # fmt: skip
+        if need <= 0.95 * width:
+            return cols
+    return 1
 
 
 def save(fig, path: str | Path) -> Path:

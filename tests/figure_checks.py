@@ -5,8 +5,8 @@
 - each series in its fixed style (colour, marker, line style, hatch) in every panel,
   every label a known one (no hashed fallback style), no two series alike;
 - every axis with numbers on it states its unit (or shares the axis of one that does);
-- no text under ``plot_style.MIN_FONT`` points, no two texts overlapping, the figure at
-  most ``plot_style.MAX_WIDTH`` inches wide.
+- no text under ``plot_style.MIN_FONT`` points, none off the figure, no two texts
+  overlapping, the figure at most ``plot_style.MAX_WIDTH`` inches wide.
 
 :func:`recorded` collects the figures a script saves (``Figure.savefig`` patched), so
 the experiments' own quick-mode tests check the figures they render anyway.
@@ -159,7 +159,8 @@ def texts(fig) -> list:
 
 
 def check_text(fig, name: str) -> None:
-    """Width at most MAX_WIDTH, every text at least MIN_FONT points, no two overlapping."""
+    """Width at most MAX_WIDTH, every text at least MIN_FONT points, inside the figure,
+    no two overlapping."""
     assert fig.get_figwidth() <= plot_style.MAX_WIDTH + 1e-9, (
         f"{name}: {fig.get_figwidth():.1f} in wide (at most {plot_style.MAX_WIDTH})"
     )
@@ -169,6 +170,12 @@ def check_text(fig, name: str) -> None:
                     if t.get_fontsize() < plot_style.MIN_FONT})  # fmt: skip
     assert not small, f"{name}: text under {plot_style.MIN_FONT} pt: {small[:5]}"
     boxes = [(t.get_text(), t.get_window_extent()) for t in shown]
+    frame = fig.bbox
+    for text, box in boxes:
+        inside = box.x0 >= frame.x0 - 1 and box.x1 <= frame.x1 + 1
+        assert inside and box.y0 >= frame.y0 - 1 and box.y1 <= frame.y1 + 1, (
+            f"{name}: text {text!r} runs off the figure"
+        )
     for (a, box_a), (b, box_b) in combinations(boxes, 2):
         dx = min(box_a.x1, box_b.x1) - max(box_a.x0, box_b.x0)
         dy = min(box_a.y1, box_b.y1) - max(box_a.y0, box_b.y0)
