@@ -94,6 +94,7 @@ _METHODS: dict[str, Style] = {
     "dmda": Style("#e7298a", "D", "--"),
     "dmdas": Style("#7570b3", "d", "--"),
     "guided": Style(_RED, "P", "--"),
+    "static": Style(_GREY, "s", "--"),
 }
 
 _VARIANTS: dict[str, Style] = {

@@ -9,15 +9,39 @@
   overlapping, the figure at most ``plot_style.MAX_WIDTH`` inches wide.
 
 :func:`recorded` collects the figures a script saves (``Figure.savefig`` patched), so
-the experiments' own quick-mode tests check the figures they render anyway.
+the experiments' own quick-mode tests check the figures they render anyway;
+:func:`load_script` loads a script of the repository in the test's process.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import sys
 from itertools import combinations
+from pathlib import Path
 
 from schedir import plot_style
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script(path: str):
+    """The module of a script of the repository (``examples/demo.py``), loaded in this
+    process so that its figures can be inspected; ``sys.path`` and ``sys.modules`` are
+    left as they were (the script's own path edits and the examples' ``auto_models``,
+    whose name tests/auto_models.py has too, do not leak into other tests)."""
+    path_before, saved = list(sys.path), sys.modules.pop("auto_models", None)
+    try:
+        spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = path_before
+        sys.modules.pop("auto_models", None)
+        if saved is not None:
+            sys.modules["auto_models"] = saved
+    return module
 
 
 def recorded(monkeypatch) -> dict[str, object]:
@@ -187,3 +211,10 @@ def check_figure(fig, name: str = "figure") -> None:
     check_styles(fig, name)
     check_units(fig, name)
     check_text(fig, name)
+
+
+def check_saved(figures: dict, *names: str) -> None:
+    """Exactly the figures ``names`` were saved (:func:`recorded`), and each passes."""
+    assert sorted(figures) == sorted(names), f"saved {sorted(figures)}, expected {names}"
+    for name, fig in figures.items():
+        check_figure(fig, name)
