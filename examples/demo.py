@@ -81,9 +81,9 @@ def plot(curves: list):
                 **plot_style.line("measured resident"))  # fmt: skip
         ax.axhline(budget / MiB, **plot_style.line("budget", linewidth=1))
         ax.set_title(f"rotor, {label} budget ({budget / MiB:.1f} MiB)")
-        ax.set_xlabel(plot_style.axis_label("position in the schedule", "ops"))
-        if ax.get_subplotspec().is_first_col():  # the row shares its y axis
-            ax.set_ylabel(plot_style.axis_label("activation memory", "MiB"))
+        plot_style.axis_labels(
+            ax, ("position in the schedule", "ops"), ("activation memory", "MiB")
+        )
     plot_style.legend(fig)
     return fig
 

@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 import schedir  # noqa: E402
 import solvers  # noqa: E402
-from paper_experiments.steady_state import coarsen  # noqa: E402
+from paper_experiments.steady_state import NOISE_AXIS, RELATIVE_AXIS, coarsen  # noqa: E402
 from schedir import CopyEngine, Device, Platform, plot_style  # noqa: E402
 from schedir.dynamic import training_graph  # noqa: E402
 from schedir.pipeline.baselines import gpipe_ops  # noqa: E402
@@ -211,9 +211,7 @@ def plot(rows: list[dict]):
                     **plot_style.line(method, stack=(k, len(methods))))  # fmt: skip
         ax.axhline(sel[0]["lp_bound"] / ref, **plot_style.line("LP bound", linewidth=1))
         ax.set_title(f"{inst[0]}, {inst[1]} ({kind} noise)")
-        ax.set_xlabel(plot_style.axis_label("task-time noise", "%"))
-        if ax.get_subplotspec().is_first_col():  # the row shares its y axis
-            ax.set_ylabel(plot_style.axis_label("throughput", "% of best static at 0%"))
+        plot_style.axis_labels(ax, NOISE_AXIS, RELATIVE_AXIS)
     plot_style.legend(fig)
     # peak memory per device at zero noise, per method, against the cap
     memory, axes = plot_style.panels(len(insts), max_cols=2, size=(5.5, 3.4))

@@ -146,6 +146,10 @@ def run(profiles: list[Path], items: int, seeds: int, parts: int | None, milp_li
     return rows
 
 
+# the axes of throughput against noise (here and in dynamic_training.py)
+NOISE_AXIS, RELATIVE_AXIS = ("task-time noise", "%"), ("throughput", "% of best static at 0%")
+
+
 def plot(rows: list[dict]):
     """Throughput against task-time noise, one panel per platform and noise kind."""
     plats = list(dict.fromkeys(r["platform"] for r in rows))
@@ -163,9 +167,7 @@ def plot(rows: list[dict]):
             ax.plot([100 * n for n in NOISE], ys,
                     **plot_style.line(method, stack=(k, len(methods))))  # fmt: skip
         ax.set_title(f"{pname} ({kind} noise)")
-        ax.set_xlabel(plot_style.axis_label("task-time noise", "%"))
-        if ax.get_subplotspec().is_first_col():  # the row shares its y axis
-            ax.set_ylabel(plot_style.axis_label("throughput", "% of best static at 0%"))
+        plot_style.axis_labels(ax, NOISE_AXIS, RELATIVE_AXIS)
     plot_style.legend(fig)
     return fig
 

@@ -270,6 +270,16 @@ def panels(
     return fig, axes[:n]
 
 
+def axis_labels(ax, x: tuple[str, str], y: tuple[str, str]) -> None:
+    """Label a panel's axes, each from ``(quantity, unit)`` (:func:`axis_label`); a panel
+    sharing its y axis with the panel on its left (:func:`panels` with ``sharey``)
+    shows no y label, as it shows no y numbers."""
+    ax.set_xlabel(axis_label(*x))
+    shared = len(ax.get_shared_y_axes().get_siblings(ax)) > 1
+    if not shared or ax.get_subplotspec().is_first_col():
+        ax.set_ylabel(axis_label(*y))
+
+
 def _rank(label: str) -> tuple[int, str]:
     order = list(STYLES)
     return (order.index(label), "") if label in STYLES else (len(order), label)
