@@ -247,12 +247,12 @@ def panels(
     *,
     max_cols: int = 3,
     size: tuple[float, float] = (4.0, 3.0),
-    sharex: bool = False,
     sharey: bool = False,
 ):
     """A figure of ``n`` panels of about ``size`` inches (at most ``max_cols`` a row, the
     figure :data:`MIN_WIDTH` to :data:`MAX_WIDTH` inches wide) with constrained layout:
-    ``(figure, [axes, ...])``."""
+    ``(figure, [axes, ...])``. ``sharey``: one y axis for all panels, its numbers (and
+    label, :func:`axis_labels`) in the first column only."""
     from matplotlib.figure import Figure
 
     if n < 1:
@@ -261,7 +261,7 @@ def panels(
     rows = -(-n // cols)
     width = min(MAX_WIDTH, max(MIN_WIDTH, size[0] * cols))
     fig = Figure(figsize=(width, size[1] * rows + 0.6), layout="constrained")
-    grid = fig.subplots(rows, cols, squeeze=False, sharex=sharex, sharey=sharey)
+    grid = fig.subplots(rows, cols, squeeze=False, sharey=sharey)
     axes = list(grid.ravel())
     for ax in axes[n:]:
         ax.remove()
