@@ -34,7 +34,7 @@ DEMO = ROOT / "examples" / "demo_model.json"
 def method_names() -> set[str]:
     """Every name a figure may draw a method under: registered solvers, JAX's policies,
     the planner's methods, the pipeline baselines and dynamic policies."""
-    from jax_exec.auto.api import BLOCK_METHODS
+    from jax_exec.auto.methods import BLOCK_METHODS
     from schedir.pipeline.baselines import BASELINES
     from solvers.pipeline.dynamic import POLICIES
 
