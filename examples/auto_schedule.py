@@ -37,14 +37,16 @@ from auto_models import MODELS, budget_sweep, policy_plans  # noqa: E402
 
 import solvers  # noqa: E402
 from jax_exec import auto  # noqa: E402
+from schedir import plot_style  # noqa: E402
 
 SWEPT = ("whole_milp", "rotor", "dtr")  # other methods planned at every budget of the sweep
 
 KIB = 1024
 
 
-def curves(name: str, quick: bool, points: int) -> dict:
-    """``{method: [(peak bytes, overhead), ...]}`` for one model; prints a table."""
+def curves(name: str, quick: bool, points: int) -> tuple[dict, int]:
+    """``{method: [(peak bytes, overhead), ...]}`` for one model and its store-all peak
+    (bytes); prints a table."""
     factory, loss_fn, args = MODELS[name](quick=quick)
     start = time.perf_counter()
     p = auto.plan(loss_fn, factory(), *args, budget="100%")
@@ -81,33 +83,21 @@ def curves(name: str, quick: bool, points: int) -> dict:
               f"{peak / p.store_all_peak:>12.0%} {q.overhead:>+9.1%}{note}")  # fmt: skip
     count = sum(len(pts) for pts in result.values())
     print(f"  planned {count} schedules in {time.perf_counter() - start:.1f} s")
-    return result
+    return result, p.store_all_peak
 
 
-def plot(name: str, result: dict, path: Path) -> bool:
-    try:
-        import matplotlib
-    except ImportError:  # pragma: no cover - matplotlib is a dependency
-        print("matplotlib is not installed: no figure")
-        return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for method, pts in result.items():
-        xs = [peak / KIB for peak, _ in pts]
+def plot(name: str, result: dict, store_all_peak: int):
+    """Predicted overhead against the predicted activation peak, every method."""
+    fig, (ax,) = plot_style.panels(1, size=(6.5, 4.0))
+    for k, (method, pts) in enumerate(result.items()):
+        xs = [100 * peak / store_all_peak for peak, _ in pts]
         ys = [100 * overhead for _, overhead in pts]
-        style = "-o" if len(pts) > 1 else "s"
-        ax.plot(xs, ys, style, label=method)
-    ax.set_xlabel("predicted activation peak (KiB)")
-    ax.set_ylabel("predicted time overhead (%)")
-    ax.set_title(f"{name}: jax_exec.plan, every method")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+        ax.plot(xs, ys, **plot_style.line(method, stack=(k, len(result))))
+    ax.set_xlabel(plot_style.axis_label("predicted activation peak", "% of store-all peak"))
+    ax.set_ylabel(plot_style.OVERHEAD)
+    ax.set_title(f"{name}: jax_exec.plan, every method (predicted)")
+    plot_style.legend(fig)
+    return fig
 
 
 def train(quick: bool, steps: int) -> None:
@@ -146,10 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     for name in ("gpt", "resnet", "unet"):
-        result = curves(name, ns.quick, points)
-        path = out / f"auto_schedule_{name}.png"
-        if plot(name, result, path):
-            print(f"  figure: {path}")
+        result, store_all_peak = curves(name, ns.quick, points)
+        path = plot_style.save(
+            plot(name, result, store_all_peak), out / f"auto_schedule_{name}.png"
+        )
+        print(f"  figure: {path}")
     train(ns.quick, ns.steps)
     return 0
 

@@ -29,6 +29,7 @@ import jax_exec
 import schedir
 import solvers
 from jax_exec.stages import plain_loss
+from schedir import plot_style
 from schedir_cli.answers import answer_quality
 from schedir_cli.models import mse_loss, transformer_stack
 
@@ -65,27 +66,26 @@ def max_rel_error(got, want) -> float:
     return worst  # <= 1 means within rtol 1e-5, atol 1e-6
 
 
-def plot(curves: list, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.8), sharey=True)
-    for ax, (label, budget, trace, result) in zip(np.atleast_1d(axes), curves, strict=True):
+def plot(curves: list):
+    """Predicted and measured memory after (resident) and during (op peak) each op of
+    the rotor schedules, one panel per budget."""
+    fig, axes = plot_style.panels(len(curves), size=(4.3, 3.6), sharey=True)
+    for ax, (label, budget, trace, result) in zip(axes, curves, strict=True):
         steps = np.arange(1, len(trace.resident) + 1)
-        ax.step(steps, np.array(trace.op_peak) / MiB, where="mid", label="predicted op peak")
-        ax.step(steps, np.array(trace.resident) / MiB, where="mid", label="predicted resident")
-        ax.plot(steps, np.array(result.op_peak_bytes) / MiB, "x", ms=4, label="measured op peak")
-        ax.plot(steps, np.array(result.resident_bytes) / MiB, ".", ms=4, label="measured resident")
-        ax.axhline(budget / MiB, color="grey", ls="--", lw=1, label="budget")
+        ax.step(steps, np.array(trace.op_peak) / MiB, where="mid",
+                **plot_style.line("predicted op peak"))  # fmt: skip
+        ax.step(steps, np.array(trace.resident) / MiB, where="mid",
+                **plot_style.line("predicted resident"))  # fmt: skip
+        ax.plot(steps, np.array(result.op_peak_bytes) / MiB, **plot_style.line("measured op peak"))
+        ax.plot(steps, np.array(result.resident_bytes) / MiB,
+                **plot_style.line("measured resident"))  # fmt: skip
+        ax.axhline(budget / MiB, **plot_style.line("budget", linewidth=1))
         ax.set_title(f"rotor, {label} budget ({budget / MiB:.1f} MiB)")
-        ax.set_xlabel("op")
-    np.atleast_1d(axes)[0].set_ylabel("activation memory (MiB)")
-    np.atleast_1d(axes)[0].legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+        plot_style.axis_labels(
+            ax, ("position in the schedule", "ops"), ("activation memory", "MiB")
+        )
+    plot_style.legend(fig)
+    return fig
 
 
 def median_run(layers, schedule, x, y, repeats: int):
@@ -101,14 +101,14 @@ def quality(method: str, meta: dict) -> str:
     return answer_quality(meta, entry.exact, entry.fixed)["label"]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("results/demo"))
     parser.add_argument("--quick", action="store_true", help="4 blocks, batch 8, 2 repeats")
     parser.add_argument("--depth", type=int, help="transformer blocks (default 12)")
     parser.add_argument("--batch", type=int, help="batch size (default 32)")
     parser.add_argument("--repeats", type=int, help="runs per schedule, median (default 5)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     depth = args.depth or (4 if args.quick else 12)
     batch = args.batch or (8 if args.quick else 32)
     repeats = args.repeats or (2 if args.quick else 5)
@@ -170,8 +170,7 @@ def main() -> None:
             if method == "rotor":
                 curves.append((name, budget, trace, result))
     if curves:
-        path = args.out / "memory_rotor.png"
-        plot(curves, path)
+        path = plot_style.save(plot(curves), args.out / "memory_rotor.png")
         print(f"wrote {path}")
     print(
         "peaks: activation bytes (a_0, kept activations and residuals, activation "

@@ -50,6 +50,7 @@ from auto_models import JAX_POLICIES, MODELS  # noqa: E402
 
 import solvers  # noqa: E402
 from jax_exec import auto  # noqa: E402
+from schedir import plot_style  # noqa: E402
 
 FIELDS = ["model", "method", "budget_fraction", "budget", "peak", "peak_fraction",
           "reduction", "overhead", "makespan", "exact", "status", "mip_gap",
@@ -187,28 +188,21 @@ def summary(rows: list[dict], models: list[str], milp_limit: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict], models: list[str], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(models), figsize=(4 * len(models), 3.5), squeeze=False)
-    for ax, name in zip(axes[0], models, strict=True):
+def plot(rows: list[dict], models: list[str]):
+    """Predicted overhead against the activation peak, one panel per model."""
+    fig, axes = plot_style.panels(len(models), max_cols=2, size=(5.0, 3.6))
+    for ax, name in zip(axes, models, strict=True):
         mine = [r for r in rows if r["model"] == name]
-        for method in dict.fromkeys(r["method"] for r in mine):
-            pts = sorted((r["peak_fraction"], 100 * r["overhead"]) for r in mine
+        methods = list(dict.fromkeys(r["method"] for r in mine))
+        for k, method in enumerate(methods):
+            pts = sorted((100 * r["peak_fraction"], 100 * r["overhead"]) for r in mine
                          if r["method"] == method)  # fmt: skip
-            ax.plot(*zip(*pts, strict=True), "-o" if len(pts) > 1 else "s", label=method,
-                    markersize=4)  # fmt: skip
-        ax.set_title(name)
-        ax.set_xlabel("peak / store-all peak")
-        ax.set_ylabel("overhead (%)")
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+            ax.plot(*zip(*pts, strict=True), **plot_style.line(method, stack=(k, len(methods))))
+        ax.set_title(f"{name} (predicted)")
+        ax.set_xlabel(plot_style.axis_label("activation peak", "% of store-all peak"))
+        ax.set_ylabel(plot_style.OVERHEAD)
+    plot_style.legend(fig)
+    return fig
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         writer.writerows(rows)
     text = summary(rows, ns.models, milp_limit)
     (out / "auto_remat.md").write_text(text)
-    plot(rows, ns.models, out / "auto_remat.png")
+    plot_style.save(plot(rows, ns.models), out / "auto_remat.png")
     print(text)
     return 0
 

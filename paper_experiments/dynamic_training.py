@@ -50,8 +50,8 @@ sys.path.insert(0, str(ROOT))
 
 import schedir  # noqa: E402
 import solvers  # noqa: E402
-from paper_experiments.steady_state import coarsen  # noqa: E402
-from schedir import CopyEngine, Device, Platform  # noqa: E402
+from paper_experiments.steady_state import NOISE_AXIS, RELATIVE_AXIS, coarsen  # noqa: E402
+from schedir import CopyEngine, Device, Platform, plot_style  # noqa: E402
 from schedir.dynamic import training_graph  # noqa: E402
 from schedir.pipeline.baselines import gpipe_ops  # noqa: E402
 from schedir.pipeline.problem import PipelineProblem  # noqa: E402
@@ -190,60 +190,48 @@ def check(table: list[dict]) -> list[dict]:
     return [t for t in table if t["noise"] == 0.3 and t["dynamic_tp"] < t["static_tp"]]
 
 
-def plot(rows: list[dict], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(rows: list[dict]):
+    """Two figures: throughput against noise (one panel per noise kind and instance,
+    relative to the best static plan at zero noise, with the LP bound), and the peak
+    memory of each device at zero noise against the cap."""
     insts = list(dict.fromkeys((r["model"], r["heterogeneity"]) for r in rows))
     methods = ["1f1b_judge", *STATIC, *DYNAMIC]
-    fig, axes = plt.subplots(len(KINDS), len(insts), figsize=(4.2 * len(insts), 3.4 * len(KINDS)),
-                             sharey=True, squeeze=False)  # fmt: skip
-    for ax, (kind, inst) in zip(axes.ravel(), itertools.product(KINDS, insts), strict=True):
+    fig, axes = plot_style.panels(len(KINDS) * len(insts), max_cols=2, size=(5.0, 3.2),
+                                  sharey=True)  # fmt: skip
+    for ax, (kind, inst) in zip(axes, itertools.product(KINDS, insts), strict=True):
         sel = [r for r in rows if (r["model"], r["heterogeneity"]) == inst]
-        ref = best([r for r in sel if r["noise"] == 0], STATIC)[1]
+        ref = best([r for r in sel if r["noise"] == 0], STATIC)[1] / 100
         for k, method in enumerate(methods):
             ys = []
             for n in NOISE:
                 got = [r["throughput"] for r in sel if r["method"] == method and r["noise"] == n
                        and (r["noise_kind"] == kind or n == 0)]  # fmt: skip
                 ys.append(statistics.mean(got) / ref if got else float("nan"))
-            style = "--s" if method in DYNAMIC else "-o"
-            ax.plot([100 * n for n in NOISE], ys, style, color=f"C{k}", label=method)
-        ax.axhline(sel[0]["lp_bound"] / ref, color="k", lw=0.8, ls=":", label="LP bound")
-        ax.set_title(f"{inst[0]}, {inst[1]} ({kind} noise)", fontsize=9)
-        ax.set_xlabel("noise (%)")
-        ax.grid(alpha=0.3)
-    for row in axes:
-        row[0].set_ylabel("throughput / best static at 0%")
-    handles = {h.get_label(): h for ax in axes.ravel() for h in ax.get_lines()}
-    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=len(handles),
-               fontsize=8)  # fmt: skip
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
-    fig.savefig(out / "dynamic_training.png", dpi=120)
-    plt.close(fig)
+            ax.plot([100 * n for n in NOISE], ys,
+                    **plot_style.line(method, stack=(k, len(methods))))  # fmt: skip
+        ax.axhline(sel[0]["lp_bound"] / ref, **plot_style.line("LP bound", linewidth=1))
+        ax.set_title(f"{inst[0]}, {inst[1]} ({kind} noise)")
+        plot_style.axis_labels(ax, NOISE_AXIS, RELATIVE_AXIS)
+    plot_style.legend(fig)
     # peak memory per device at zero noise, per method, against the cap
-    fig, axes = plt.subplots(1, len(insts), figsize=(4.2 * len(insts), 3.4), squeeze=False)
-    for ax, inst in zip(axes[0], insts, strict=True):
+    memory, axes = plot_style.panels(len(insts), max_cols=2, size=(5.5, 3.4))
+    width = 0.8 / len(methods)
+    for ax, inst in zip(axes, insts, strict=True):
         sel = [r for r in rows if (r["model"], r["heterogeneity"]) == inst and r["noise"] == 0
                and r["seed"] == 0]  # fmt: skip
-        width = 0.8 / len(methods)
         for k, method in enumerate(methods):
             r = next(r for r in sel if r["method"] == method)
             peaks = [r[f"peak_d{u}"] / 2**20 for u in range(DEVICES)]
-            ax.bar([u + k * width for u in range(DEVICES)], peaks, width, color=f"C{k}",
-                   label=method)  # fmt: skip
-        ax.axhline(sel[0]["cap"] / 2**20, color="k", lw=0.8, ls=":", label="cap")
-        ax.set_xticks([u + 0.4 - width / 2 for u in range(DEVICES)])
-        ax.set_xticklabels([f"d{u}" for u in range(DEVICES)])
-        ax.set_title(f"{inst[0]}, {inst[1]}: peak memory", fontsize=9)
-        ax.set_ylabel("MiB")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
-    fig.savefig(out / "dynamic_training_memory.png", dpi=120)
-    plt.close(fig)
+            ax.bar([u + (k - (len(methods) - 1) / 2) * width for u in range(DEVICES)], peaks,
+                   width, **plot_style.bar(method))  # fmt: skip
+        ax.axhline(sel[0]["cap"] / 2**20, **plot_style.line("memory cap", linewidth=1))
+        ax.set_xticks(range(DEVICES), [f"d{u}" for u in range(DEVICES)])
+        ax.set_xlabel("device")
+        ax.set_title(f"{inst[0]}, {inst[1]}: peak memory at 0% noise")
+        ax.set_ylabel(plot_style.axis_label("peak memory", "MiB"))
+        ax.grid(False, axis="x")
+    plot_style.legend(memory)
+    return fig, memory
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -268,7 +256,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
         writer.writerows(rows)
-    plot(rows, out)
+    throughput, memory = plot(rows)
+    plot_style.save(throughput, out / "dynamic_training.png")
+    plot_style.save(memory, out / "dynamic_training_memory.png")
     table = summary(rows)
     print_table(table)
     failed = check(table)

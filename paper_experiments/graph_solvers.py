@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import solvers  # noqa: E402
-from schedir import Chain, Graph, chain_to_graph, simulate  # noqa: E402
+from schedir import Chain, Graph, chain_to_graph, plot_style, simulate  # noqa: E402
 from schedir.graph.convert import dropped_recorded_inputs  # noqa: E402
 from schedir.graph.generators import skip_graph  # noqa: E402
 from solvers.graph.baselines import (  # noqa: E402
@@ -203,36 +203,41 @@ def main(argv: list[str] | None = None) -> None:
         w.writeheader()
         for r in rows:
             w.writerow({k: r.get(k, "") for k in FIELDS})
-    plot(rows, out / "graph_solvers.png")
+    plot_style.save(plot(rows), out / "graph_solvers.png")
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    families = sorted({(r["family"], r["size"]) for r in rows})
+def plot(rows: list[dict]):
+    """One panel of overhead against the budget per instance, and solve time against
+    graph size (the slowest over the budgets) for every method."""
+    instances = sorted({(r["family"], r["size"], r["nodes"]) for r in rows})
+    fig, axes = plot_style.panels(len(instances) + 1, max_cols=4, size=(3.2, 2.8))
     methods = sorted({r["method"] for r in rows})
-    fig, axes = plt.subplots(2, len(families), figsize=(3.2 * len(families), 6), squeeze=False)
-    for c, (fam, size) in enumerate(families):
-        for m in methods:
-            pts = [r for r in rows if (r["family"], r["size"], r["method"]) == (fam, size, m)]
-            ok = [r for r in pts if r["status"] == "ok"]
+    f_label = plot_style.axis_label("budget f", "%")
+    for ax, (fam, size, nodes) in zip(axes, instances, strict=False):
+        for k, m in enumerate(methods):
+            ok = sorted((r["fraction"], r["overhead"]) for r in rows if r["status"] == "ok"
+                        and (r["family"], r["size"], r["method"]) == (fam, size, m))  # fmt: skip
             if ok:
-                axes[0, c].plot([r["fraction"] for r in ok], [r["overhead"] for r in ok], "o-",
-                                label=m)  # fmt: skip
-            axes[1, c].semilogy([r["fraction"] for r in pts], [r["solve_time"] for r in pts],
-                                "o-", label=m)  # fmt: skip
-        axes[0, c].set_title(f"{fam} {size}")
-        axes[0, c].set_xlabel("f = (budget - least) / (peak - least)")
-        axes[1, c].set_xlabel("f = (budget - least) / (peak - least)")
-    axes[0, 0].set_ylabel("makespan overhead")
-    axes[1, 0].set_ylabel("solve time (s)")
-    axes[0, -1].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+                style = plot_style.line(m, stack=(k, len(methods)))
+                ax.plot([100 * f for f, _ in ok], [100 * o for _, o in ok], **style)
+        ax.set_title(f"{fam} {size} ({nodes} nodes)")
+        ax.set_xlabel(f_label)
+        ax.set_ylabel(plot_style.OVERHEAD)
+    ax = axes[-1]
+    for m in methods:
+        slowest: dict[int, float] = {}
+        for r in rows:
+            if r["method"] == m:
+                slowest[r["nodes"]] = max(slowest.get(r["nodes"], 0.0), r["solve_time"])
+        if slowest:
+            ax.plot(*zip(*sorted(slowest.items()), strict=True), **plot_style.line(m))
+    ax.set_yscale("log")
+    ax.set_title("solve time, slowest over f")
+    ax.set_xlabel(plot_style.axis_label("graph size", "nodes"))
+    ax.set_ylabel(plot_style.axis_label("solve time", "s"))
+    fig.suptitle("graph solvers: budget = least + f (store-all peak - least), least = DTR's")
+    plot_style.legend(fig)
+    return fig
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 import schedir  # noqa: E402
 import solvers  # noqa: E402
+from schedir import plot_style  # noqa: E402
 from schedir.pipeline.baselines import BASELINES  # noqa: E402
 from schedir.pipeline.steps import step_report  # noqa: E402
 from solvers.pipeline.joint import full_remat  # noqa: E402
@@ -148,36 +149,23 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n(micro-batches per second over repeated steps; - : over memory)"
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(rows: list[dict]):
+    """Throughput against the memory per device, one panel per instance; a schedule
+    over its devices' memory has no point there."""
     insts = list(dict.fromkeys(r["instance"] for r in rows))
-    fig, axes = plt.subplots(1, len(insts), figsize=(5 * len(insts), 3.8), squeeze=False)
+    fig, axes = plot_style.panels(len(insts), size=(5.0, 3.8))
     names = list(dict.fromkeys(r["schedule"] for r in rows))
-    for ax, inst in zip(axes[0], insts, strict=True):
+    for ax, inst in zip(axes, insts, strict=True):
         for k, name in enumerate(names):
-            sel = sorted((r for r in rows if r["instance"] == inst and r["schedule"] == name),
-                         key=lambda r: r["memory"])  # fmt: skip
-            style = "-o" if name == "pipeline_joint" else ("--" if "+remat" in name else "-")
-            ax.plot(
-                [r["memory"] / 2**30 for r in sel],
-                [r["throughput"] for r in sel],
-                style,
-                color=f"C{k % 10}",
-                label=name,
-                lw=2.5 if name == "pipeline_joint" else 1,
-            )
-        ax.set_title(inst, fontsize=9)
-        ax.set_xlabel("memory per device (GiB)")
-        ax.set_ylabel("micro-batches / s")
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+            sel = sorted((r["memory"] / 2**30, r["throughput"]) for r in rows if r["fits"]
+                         and (r["instance"], r["schedule"]) == (inst, name))  # fmt: skip
+            if sel:
+                ax.plot(*zip(*sel, strict=True), **plot_style.line(name, stack=(k, len(names))))
+        ax.set_title(inst)
+        ax.set_xlabel(plot_style.axis_label("memory per device", "GiB"))
+        ax.set_ylabel(plot_style.axis_label("throughput", "micro-batches/s"))
+    plot_style.legend(fig, title="+remat: every chunk at rotor's least memory")
+    return fig
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -199,7 +187,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
         writer.writerows({k: r[k] for k in FIELDS} for r in rows)
-    plot(rows, out / "pipeline_schedules.png")
+    plot_style.save(plot(rows), out / "pipeline_schedules.png")
     print(table(rows))
     failed = acceptance(rows)
     print("acceptance: " + ("holds on every instance" if not failed else "; ".join(failed)))

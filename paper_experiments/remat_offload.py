@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import schedir  # noqa: E402
-from schedir import OffloadProblem, Platform, simulate_offload  # noqa: E402
+from schedir import OffloadProblem, Platform, plot_style, simulate_offload  # noqa: E402
 from solvers.chain.store_all import store_all_ops  # noqa: E402
 from solvers.offload.rotor_offload import build_table  # noqa: E402
 
@@ -89,30 +89,25 @@ def run(profiles: list[Path], points: int, slots: int, speedup: float) -> tuple[
     return rows, shares
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(rows: list[dict]):
+    """Overhead against the device budget, one panel per model: rotor (recomputation
+    only) and rotor_offload at each host-link bandwidth."""
     models = sorted({r["model"] for r in rows})
-    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4), squeeze=False)
-    for ax, model in zip(axes[0], models, strict=True):
-        for label in ["none", *BANDWIDTHS]:
-            pts = [(r["budget_fraction"], r["overhead"]) for r in rows
-                   if r["model"] == model and r["bandwidth"] == label]  # fmt: skip
+    fig, axes = plot_style.panels(len(models), size=(5.0, 3.6))
+    series = ["none", *BANDWIDTHS]
+    for ax, model in zip(axes, models, strict=True):
+        for k, bw in enumerate(series):
+            pts = sorted((100 * r["budget_fraction"], 100 * r["overhead"]) for r in rows
+                         if r["model"] == model and r["bandwidth"] == bw)  # fmt: skip
             if pts:
-                x, y = zip(*sorted(pts), strict=True)
-                name = "rotor (remat only)" if label == "none" else f"rotor_offload {label}"
-                ax.step(x, [100 * v for v in y], where="post", label=name, marker=".")
+                label = "rotor" if bw == "none" else f"rotor_offload {bw}"
+                ax.step(*zip(*pts, strict=True), where="post",
+                        **plot_style.line(label, stack=(k, len(series))))  # fmt: skip
         ax.set_title(model)
-        ax.set_xlabel("device memory budget / store-all peak")
-        ax.set_ylabel("makespan overhead vs store-all (%)")
-        ax.grid(alpha=0.3)
-    axes[0][0].legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        ax.set_xlabel(plot_style.axis_label("device memory budget", "% of store-all peak"))
+        ax.set_ylabel(plot_style.OVERHEAD)
+    plot_style.legend(fig, title="rotor: recomputation only; rotor_offload: with its host link")
+    return fig
 
 
 def main(argv: list[str] | None = None) -> list:
@@ -134,7 +129,7 @@ def main(argv: list[str] | None = None) -> list:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
         writer.writerows(rows)
-    plot(rows, out / "remat_offload.png")
+    plot_style.save(plot(rows), out / "remat_offload.png")
     print(f"share of rotor's remat overhead removed by offloading (times / {args.speedup:g}):")
     for model, bw, share in shares:
         print(f"  {model:16} {bw:11} {100 * share:5.1f}%")

@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 import schedir  # noqa: E402
 import solvers  # noqa: E402
+from schedir import plot_style  # noqa: E402
 from solvers.chain.rotor import min_memory  # noqa: E402
 from solvers.chain.store_all import store_all_ops  # noqa: E402
 
@@ -57,29 +58,22 @@ def run(profiles: list[Path], points: int) -> list[dict]:
     return rows
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(rows: list[dict]):
+    """Overhead against the budget, one panel per model."""
     models = sorted({r["model"] for r in rows})
-    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4), squeeze=False)
-    for ax, model in zip(axes[0], models, strict=True):
-        for method in METHODS:
-            pts = [(r["budget_fraction"], r["overhead"]) for r in rows
-                   if r["model"] == model and r["method"] == method]  # fmt: skip
+    fig, axes = plot_style.panels(len(models), size=(5.0, 3.6))
+    for ax, model in zip(axes, models, strict=True):
+        for k, method in enumerate(METHODS):
+            pts = sorted((100 * r["budget_fraction"], 100 * r["overhead"]) for r in rows
+                         if r["model"] == model and r["method"] == method)  # fmt: skip
             if pts:
-                x, y = zip(*sorted(pts), strict=True)
-                ax.step(x, [100 * v for v in y], where="post", label=method, marker=".")
+                ax.step(*zip(*pts, strict=True), where="post",
+                        **plot_style.line(method, stack=(k, len(METHODS))))  # fmt: skip
         ax.set_title(model)
-        ax.set_xlabel("memory budget / store-all peak")
-        ax.set_ylabel("makespan overhead vs store-all (%)")
-        ax.grid(alpha=0.3)
-    axes[0][0].legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        ax.set_xlabel(plot_style.axis_label("memory budget", "% of store-all peak"))
+        ax.set_ylabel(plot_style.OVERHEAD)
+    plot_style.legend(fig)
+    return fig
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -99,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
         writer.writerows(rows)
-    plot(rows, out / "remat_tradeoff.png")
+    plot_style.save(plot(rows), out / "remat_tradeoff.png")
     assert all(math.isfinite(r["makespan"]) for r in rows)
     print(f"remat_tradeoff: {len(rows)} rows from {len(profiles)} profiles "
           f"in {time.perf_counter() - start:.1f}s -> {out}")  # fmt: skip

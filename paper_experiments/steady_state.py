@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 import schedir  # noqa: E402
 import solvers  # noqa: E402
-from schedir import Chain, Device, Link, Platform  # noqa: E402
+from schedir import Chain, Device, Link, Platform, plot_style  # noqa: E402
 from schedir.dynamic import pipeline_graph  # noqa: E402
 from schedir.pipeline.problem import PipelineProblem  # noqa: E402
 from schedir.pipeline.simulate import Noise, simulate_pipeline  # noqa: E402
@@ -146,37 +146,30 @@ def run(profiles: list[Path], items: int, seeds: int, parts: int | None, milp_li
     return rows
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
+# the axes of throughput against noise (here and in dynamic_training.py)
+NOISE_AXIS, RELATIVE_AXIS = ("task-time noise", "%"), ("throughput", "% of best static at 0%")
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def plot(rows: list[dict]):
+    """Throughput against task-time noise, one panel per platform and noise kind."""
     plats = list(dict.fromkeys(r["platform"] for r in rows))
     kinds = list(dict.fromkeys(r["noise_kind"] for r in rows))
-    fig, axes = plt.subplots(len(kinds), len(plats), figsize=(4.2 * len(plats), 3.4 * len(kinds)),
-                             sharey=True, squeeze=False)  # fmt: skip
-    for ax, (kind, pname) in zip(axes.ravel(), itertools.product(kinds, plats), strict=True):
-        for method in STATIC + DYNAMIC:
+    fig, axes = plot_style.panels(len(kinds) * len(plats), max_cols=2, size=(5.0, 3.2),
+                                  sharey=True)  # fmt: skip
+    methods = STATIC + DYNAMIC
+    for ax, (kind, pname) in zip(axes, itertools.product(kinds, plats), strict=True):
+        for k, method in enumerate(methods):
             sel = [r for r in rows if r["platform"] == pname and r["method"] == method
                    and r["noise_kind"] == kind]  # fmt: skip
             if not sel:
                 continue
-            ys = [np.mean([r["relative"] for r in sel if r["noise"] == n]) for n in NOISE]
-            style = "-o" if method in STATIC else "--s"
-            color = f"C{(STATIC + DYNAMIC).index(method)}"  # one color per method everywhere
-            ax.plot([100 * n for n in NOISE], ys, style, color=color, label=method)
-        ax.set_title(f"{pname} ({kind} noise)", fontsize=9)
-        ax.set_xlabel("noise (%)")
-        ax.grid(alpha=0.3)
-    for row in axes:
-        row[0].set_ylabel("throughput / best static at 0%")
-    handles = {h.get_label(): h for ax in axes.ravel() for h in ax.get_lines()}
-    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=len(handles),
-               fontsize=8)  # fmt: skip
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+            ys = [100 * np.mean([r["relative"] for r in sel if r["noise"] == n]) for n in NOISE]
+            ax.plot([100 * n for n in NOISE], ys,
+                    **plot_style.line(method, stack=(k, len(methods))))  # fmt: skip
+        ax.set_title(f"{pname} ({kind} noise)")
+        plot_style.axis_labels(ax, NOISE_AXIS, RELATIVE_AXIS)
+    plot_style.legend(fig)
+    return fig
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -196,7 +189,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
         writer.writerows(rows)
-    plot(rows, out / "steady_state.png")
+    plot_style.save(plot(rows), out / "steady_state.png")
     print(f"wrote {out / 'steady_state.csv'} ({len(rows)} rows) and steady_state.png")
     return rows
 

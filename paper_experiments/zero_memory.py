@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 import schedir  # noqa: E402
 import solvers  # noqa: E402
+from schedir import plot_style  # noqa: E402
 from schedir.training_state import (  # noqa: E402
     Placement,
     device_bytes,
@@ -187,43 +188,49 @@ def fit(budget: int, devices: int, stage: int, offload: bool, mode: str, top: in
             "activation_bytes": act, "total_bytes": tot}  # fmt: skip
 
 
-def plot(rows: list[dict], fits: list[dict], path: Path) -> None:
-    import matplotlib
+ACTIVATIONS = {"store_all": "store_all", "rotor_min": "rotor",
+               "store_all_8bit": "store_all 8-bit", "rotor_min_8bit": "rotor 8-bit"}  # fmt: skip
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
+def plot(rows: list[dict], fits: list[dict]):
+    """Left: the training state per device by ZeRO stage, ours and the paper's formula
+    (dashed, over ours).
+    Right: the largest GPT that fits, by stage and optimizer placement, for each way of
+    keeping activations."""
+    fig, (ax, bx) = plot_style.panels(2, size=(6.0, 4.2))
     n = max(r["devices"] for r in rows)
     for stage in range(4):
-        pts = [(r["parameters"], r["ours_bytes"] / 1e9, r["paper_bytes"] / 1e9)
-               for r in rows if r["devices"] == n and r["stage"] == stage
-               and r["model"].startswith("gpt")]  # fmt: skip
-        x, ours, paper = zip(*sorted(pts), strict=True)
-        line = ax.loglog(x, ours, marker="o", label=f"stage {stage} (ours)")[0]
-        ax.loglog(x, paper, ls="--", color=line.get_color(), label=f"stage {stage} (paper)")
+        pts = sorted((r["parameters"], r["ours_bytes"] / GIB, r["paper_bytes"] / GIB)
+                     for r in rows if r["devices"] == n and r["stage"] == stage
+                     and r["model"].startswith("gpt"))  # fmt: skip
+        x, ours, paper = zip(*pts, strict=True)
+        ax.plot(x, ours, **plot_style.line(f"ZeRO-{stage}"))
+        ax.plot(x, paper, **plot_style.line("ZeRO paper's formula", linewidth=1))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
     ax.set_title(f"training state per device, {n} devices, mixed-precision Adam")
-    ax.set_xlabel("parameters")
-    ax.set_ylabel("GB per device")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.set_xlabel(plot_style.axis_label("model size", "parameters"))
+    ax.set_ylabel(plot_style.axis_label("training state per device", "GiB"))
     gib, n = max(f["device_gib"] for f in fits), max(f["devices"] for f in fits)
-    labels, values = [], []
-    for f in fits:
-        if f["device_gib"] == gib and f["devices"] == n:
-            mode = f["activations"]
-            bits = "\n8bit" if mode.endswith("_8bit") else ""
-            labels.append(f"z{f['stage']}{'+off' if f['offload'] else ''}\n"
-                          f"{'rotor' if mode.startswith('rotor') else 'all'}{bits}")  # fmt: skip
-            values.append(f["parameters"] / 1e9)
-    bx.bar(range(len(values)), values)
-    bx.set_xticks(range(len(values)), labels, fontsize=6)
+    mine = [f for f in fits if f["device_gib"] == gib and f["devices"] == n]
+    groups = list(dict.fromkeys((f["stage"], f["offload"]) for f in mine))
+    width = 0.8 / len(ACTIVATIONS)
+    for k, (mode, label) in enumerate(ACTIVATIONS.items()):
+        size = {(f["stage"], f["offload"]): f["parameters"] / 1e9 for f in mine
+                if f["activations"] == mode}  # fmt: skip
+        bx.bar([g + (k - (len(ACTIVATIONS) - 1) / 2) * width for g in range(len(groups))],
+               [size[g] for g in groups], width, **plot_style.bar(label))  # fmt: skip
+    bx.set_xticks(range(len(groups)),
+                  [f"ZeRO-{s}\n{'host' if off else 'device'}" for s, off in groups])  # fmt: skip
     bx.set_yscale("log")
-    bx.set_ylabel("largest GPT that fits (B parameters)")
+    bx.set_xlabel("ZeRO stage; optimizer state on the device or the host")
+    bx.set_ylabel(plot_style.axis_label("largest GPT that fits", "billion parameters"))
     bx.set_title(f"{gib} GiB devices, {n} devices (activation model)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    bx.grid(alpha=0.3, axis="y")
+    bx.grid(False, axis="x")
+    plot_style.legend(fig, title="ZeRO-s: our accounting; bars: activations stored "
+                      "(store_all) or at rotor's least budget, 8-bit hatched")  # fmt: skip
+    return fig
 
 
 def markdown(rows: list[dict], fits: list[dict]) -> str:
@@ -292,7 +299,7 @@ def main(argv: list[str] | None = None) -> None:
     write_csv(out / "zero_memory.csv", FIELDS, rows)
     write_csv(out / "zero_fit.csv", FIT_FIELDS, fits)
     (out / "zero_memory.md").write_text(markdown(rows, fits))
-    plot(rows, fits, out / "zero_memory.png")
+    plot_style.save(plot(rows, fits), out / "zero_memory.png")
     print(f"zero_memory: {len(rows)} memory rows, {len(fits)} fits in "
           f"{time.perf_counter() - start:.1f}s -> {out}")  # fmt: skip
 

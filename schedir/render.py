@@ -4,7 +4,9 @@ Two renderings of the same data:
 
 - :func:`text`: a compact terminal picture (one row of op letters per resource, a few
   rows of memory bars under it, a legend);
-- :func:`plot`: a PNG or SVG figure (matplotlib, imported inside the function only).
+- :func:`figure`: a matplotlib figure in :mod:`schedir.plot_style`'s look, and
+  :func:`plot`, which writes it as a PNG, SVG or PDF (matplotlib is imported inside
+  these functions only).
 
 Both read :func:`lanes`: a map resource -> list of :class:`Span` (start, end, label,
 kind), from the ``lanes`` function of the problem's kind (:mod:`schedir.kind`), and
@@ -21,23 +23,24 @@ from decimal import Decimal
 from pathlib import Path
 
 from schedir import kind as kinds
+from schedir import plot_style
 from schedir.chain.schedule import Schedule
 from schedir.simulate import simulate
 from schedir.trace import Span, Trace
 
-# kind -> (one-letter code for the terminal, matplotlib color)
-KINDS: dict[str, tuple[str, str]] = {
-    "F_ck": ("c", "#9ecae1"),
-    "F_n": ("n", "#c6dbef"),
-    "F_all": ("A", "#3182bd"),
-    "Loss": ("L", "#d62728"),
-    "B": ("B", "#fd8d3c"),
-    "forward": ("F", "#3182bd"),
-    "recompute": ("r", "#9ecae1"),
-    "backward": ("B", "#fd8d3c"),
-    "weight_grad": ("W", "#fdd0a2"),
-    "copy": ("o", "#31a354"),
-    "other": ("?", "#969696"),
+# op kind -> its letter in the terminal (colours: schedir.plot_style.OP_KINDS)
+LETTERS: dict[str, str] = {
+    "F_ck": "c",
+    "F_n": "n",
+    "F_all": "A",
+    "Loss": "L",
+    "B": "B",
+    "forward": "F",
+    "recompute": "r",
+    "backward": "B",
+    "weight_grad": "W",
+    "copy": "o",
+    "other": "?",
 }
 
 LanesFn = Callable[[object, Schedule, Trace], dict[str, list[Span]]]
@@ -174,7 +177,7 @@ def text(
             for sp in spans:
                 overlap = min(hi, sp.end) - max(lo, sp.start)
                 if overlap > best_len:
-                    best, best_len = KINDS.get(sp.kind, KINDS["other"])[0], overlap
+                    best, best_len = LETTERS.get(sp.kind, LETTERS["other"]), overlap
             cells.append(best)
         lines.append(f"{lane:>{label_w}} |{''.join(cells)}|")
     cols = [0] * width
@@ -190,9 +193,106 @@ def text(
         lines.append(f"{tag:>{label_w}} |{chars}|")
     lines.append(f"{'':>{label_w}}  0{format_time(trace.makespan):>{width}}")
     used = sorted({sp.kind for spans in by_lane.values() for sp in spans})
-    legend = ", ".join(f"{KINDS.get(k, KINDS['other'])[0]}={k}" for k in used)
+    legend = ", ".join(f"{LETTERS.get(k, LETTERS['other'])}={k}" for k in used)
     lines.append(f"{'':>{label_w}}  {legend}")
     return "\n".join(lines)
+
+
+def figure(
+    problem,
+    schedule: Schedule,
+    *,
+    budget: int | None = None,
+    title: str | None = None,
+    trace: Trace | None = None,
+):
+    """A matplotlib ``Figure``: op timeline per resource, memory under it, one legend.
+
+    Op boxes take their kind's colour (:data:`schedir.plot_style.OP_KINDS`); a box's
+    label is drawn at 8 pt where it fits inside the box (turned upright if only that
+    fits), else left out, so labels never overlap. Every box is at least a pixel wide;
+    the loss op, often a sliver of the step, at least ``LOSS_PX`` pixels, with a marker
+    above its lane.
+    """
+    from matplotlib.figure import Figure
+
+    trace = trace if trace is not None else simulate(problem, schedule)
+    by_lane = lanes(problem, schedule, trace)
+    budget = budget if budget is not None else schedule.meta.get("budget")
+    n = len(by_lane)
+    fig = Figure(figsize=(10, 0.45 * n + 3.6), layout="constrained")
+    ax_t, ax_m = fig.subplots(2, 1, sharex=True, height_ratios=[0.45 * n + 0.2, 2.4])
+    tscale, tunit = time_unit(trace.makespan)
+    span = (trace.makespan or 1.0) / tscale
+    ax_t.set_xlim(-0.01 * span, 1.01 * span)
+    px = span * 1.02 / (fig.get_figwidth() * plot_style.DPI * 0.85)  # data units per pixel
+    boxes = []  # (row, start, width, label) in the time unit
+    for row, spans in enumerate(by_lane.values()):
+        by_kind: dict[str, list[tuple[float, float]]] = {}
+        for sp in spans:
+            kind = sp.kind if sp.kind in plot_style.OP_KINDS else "other"
+            start, width = sp.start / tscale, (sp.end - sp.start) / tscale
+            width = max(width, (LOSS_PX if kind == "Loss" else 1) * px)  # never invisible
+            if kind == "Loss":
+                start = min(start, span - width)
+                ax_t.plot([start + width / 2], [row - 0.5], marker="v", markersize=7,
+                          color=plot_style.OP_KINDS["Loss"].color, linestyle="",
+                          label="_loss marker", clip_on=False)  # fmt: skip
+            by_kind.setdefault(kind, []).append((start, width))
+            if sp.end > sp.start and sp.label:
+                boxes.append((row, start, width, sp.label))
+        for kind, xs in by_kind.items():
+            ax_t.broken_barh(xs, (row - 0.4, 0.8), **plot_style.bar(kind))
+    ax_t.set_yticks(range(n), list(by_lane))
+    ax_t.set_ylim(n - 0.5, -0.5)
+    times, values = memory(problem, trace)
+    top = max(max(values), budget or 0, 1)
+    scale, unit = byte_unit(top)
+    times = [t / tscale for t in times]
+    ys = [v / scale for v in values]
+    curve = plot_style.line("memory: op peak, then resident", linewidth=1)
+    ax_m.step(times, ys, where="post", **curve)
+    ax_m.fill_between(times, ys, step="post", alpha=0.15, color="k", label="_memory area")
+    if budget is not None:
+        ax_m.axhline(budget / scale, **plot_style.line("budget", linewidth=1))
+    ax_m.set_ylabel(plot_style.axis_label("memory", unit))
+    ax_m.set_xlabel(plot_style.axis_label("time", tunit))
+    ax_m.set_ylim(0, 1.08 * top / scale)
+    ax_m.grid(alpha=0.3)
+    name = schedule.meta.get("method", type(schedule).__name__)
+    fig.suptitle(
+        title
+        or f"{name}: makespan {format_time(trace.makespan)}, peak {format_bytes(trace.peak_memory)}"
+    )
+    plot_style.legend(fig)
+    _label_boxes(fig, ax_t, boxes)
+    return fig
+
+
+LOSS_PX = 4  # the least width of the loss op's box, pixels
+
+
+def _label_boxes(fig, ax, boxes: list[tuple[int, float, float, str]]) -> None:
+    """Write each box's label inside it where it fits (flat, else upright), else not at all."""
+    fig.draw_without_rendering()  # the layout: where the boxes land in pixels
+    to_px = ax.transData.transform
+    drawn = []
+    for row, start, width, label in boxes:
+        (x0, y0), (x1, y1) = to_px([(start, row + 0.4), (start + width, row - 0.4)])
+        if x1 - x0 < plot_style.MIN_FONT * 1.2:  # not even one upright line of text
+            continue
+        text = ax.text(start + width / 2, row, label, ha="center", va="center",
+                       fontsize=plot_style.MIN_FONT, clip_on=True)  # fmt: skip
+        text.set_in_layout(False)
+        for rotation in (0, 90):
+            text.set_rotation(rotation)
+            box = text.get_window_extent()
+            inside = box.x0 >= x0 + 1 and box.x1 <= x1 - 1 and box.y0 >= y0 and box.y1 <= y1
+            if inside and not any(box.overlaps(other) for other in drawn):
+                drawn.append(box)
+                break
+        else:
+            text.remove()
 
 
 def plot(
@@ -204,88 +304,8 @@ def plot(
     title: str | None = None,
     trace: Trace | None = None,
 ) -> Path:
-    """Write a PNG or SVG (by ``path``'s suffix): op timeline per resource, memory under it."""
+    """Write :func:`figure` as a PNG, SVG or PDF (by ``path``'s suffix)."""
     path = Path(path)
     if path.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise ValueError(f"{path}: unknown image type {path.suffix!r} (use .png or .svg)")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    trace = trace if trace is not None else simulate(problem, schedule)
-    by_lane = lanes(problem, schedule, trace)
-    budget = budget if budget is not None else schedule.meta.get("budget")
-    n = len(by_lane)
-    fig, (ax_t, ax_m) = plt.subplots(
-        2,
-        1,
-        figsize=(10, 1.2 + 0.6 * n + 2.6),
-        sharex=True,
-        gridspec_kw={"height_ratios": [0.6 * n + 0.4, 2.6]},
-    )
-    used: dict[str, str] = {}
-    tscale, tunit = time_unit(trace.makespan)
-    for row, spans in enumerate(by_lane.values()):
-        for sp in spans:
-            color = KINDS.get(sp.kind, KINDS["other"])[1]
-            used[sp.kind] = color
-            ax_t.broken_barh(
-                [(sp.start / tscale, (sp.end - sp.start) / tscale)],
-                (row - 0.4, 0.8),
-                facecolors=color,
-                edgecolors="white",
-                linewidth=0.3,
-            )
-            if len(spans) <= 40 and sp.end > sp.start:
-                ax_t.text(
-                    (sp.start + sp.end) / 2 / tscale,
-                    row,
-                    sp.label,
-                    ha="center",
-                    va="center",
-                    fontsize=5,
-                    rotation=90,
-                    clip_on=True,
-                )
-    ax_t.set_yticks(range(n), list(by_lane))
-    ax_t.set_ylim(n - 0.5, -0.5)
-    ax_t.legend(
-        handles=[Patch(color=c, label=k) for k, c in used.items()],
-        fontsize=7,
-        ncol=len(used),
-        loc="lower left",
-        bbox_to_anchor=(0, 1),
-    )
-    times, values = memory(problem, trace)
-    scale, unit = byte_unit(max(values))
-    times = [t / tscale for t in times]
-    ax_m.step(
-        times,
-        [v / scale for v in values],
-        where="post",
-        color="black",
-        lw=1,
-        label="memory (op peak while running, resident after)",
-    )
-    ax_m.fill_between(times, [v / scale for v in values], step="post", alpha=0.15, color="k")
-    if budget is not None:
-        ax_m.axhline(budget / scale, color="#d62728", ls="--", lw=1, label="budget")
-    ax_m.set_ylabel(f"memory ({unit})")
-    ax_m.set_xlabel(f"time ({tunit})")
-    ax_m.set_ylim(bottom=0)
-    ax_m.legend(fontsize=7, loc="upper right")
-    name = schedule.meta.get("method", type(schedule).__name__)
-    ax_t.set_title(
-        title
-        or f"{name}: makespan {format_time(trace.makespan)}, "
-        f"peak {format_bytes(trace.peak_memory)}",
-        fontsize=10,
-        pad=22,
-    )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    return plot_style.save(figure(problem, schedule, budget=budget, title=title, trace=trace), path)

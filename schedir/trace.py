@@ -39,7 +39,8 @@ class Trace:
 @dataclass(frozen=True)
 class Span:
     """One op on one resource: ``[start, end)`` seconds, its printed ``label`` and
-    ``kind`` (a key of ``schedir.render.KINDS``: its letter and color)."""
+    ``kind`` (a key of ``schedir.render.LETTERS`` and ``schedir.plot_style.OP_KINDS``:
+    its letter and colour)."""
 
     start: float
     end: float

@@ -1,24 +1,22 @@
 """paper_experiments/auto_remat.py in --quick mode (two models): its CSV has the declared
-columns, every method's rows, and the summary answers the 50% comparison."""
+columns, every method's rows, the summary answers the 50% comparison, and the figure
+passes tests/figure_checks.py."""
 
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from figure_checks import check_saved, load_script, recorded
 
 
 @pytest.mark.slow
-def test_quick_mode(tmp_path: Path) -> None:
-    script = ROOT / "paper_experiments" / "auto_remat.py"
-    argv = [sys.executable, str(script), "--quick", "--out", str(tmp_path), "--models", "gpt"]
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+def test_quick_mode(tmp_path: Path, monkeypatch) -> None:
+    figures = recorded(monkeypatch)
+    script = load_script("paper_experiments/auto_remat.py")
+    assert script.main(["--quick", "--out", str(tmp_path), "--models", "gpt"]) == 0
+    check_saved(figures, "auto_remat.png")
     with open(tmp_path / "auto_remat.csv") as f:
         rows = list(csv.DictReader(f))
     methods = {r["method"] for r in rows}

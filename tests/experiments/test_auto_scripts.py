@@ -5,7 +5,6 @@ instruction counter of gpu_fidelity against a function whose dots are known."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -13,27 +12,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
+from figure_checks import check_saved, load_script, recorded
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _script(path: str):
-    # the script imports examples/auto_models.py, whose module name tests/auto_models.py
-    # also has: hide the tests' module while the script loads
-    saved = sys.modules.pop("auto_models", None)
-    try:
-        spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.modules.pop("auto_models", None)
-        if saved is not None:
-            sys.modules["auto_models"] = saved
-    return module
-
-
 def test_hlo_counts_dots():
-    fidelity = _script("benchmarks/gpu_fidelity.py")
+    fidelity = load_script("benchmarks/gpu_fidelity.py")
     w, x = jnp.ones((8, 8)), jnp.ones((4, 8))
 
     def one_dot(w, x):
@@ -69,9 +54,10 @@ def test_gpu_fidelity_reduced_mode(tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_auto_schedule_example(tmp_path: Path):
-    out = _run(["examples/auto_schedule.py", "--quick", "--out", str(tmp_path),
-                "--points", "2", "--steps", "2"])  # fmt: skip
-    for name in ("gpt", "resnet", "unet"):
-        assert (tmp_path / f"auto_schedule_{name}.png").exists()
+def test_auto_schedule_example(tmp_path: Path, capsys, monkeypatch):
+    figures = recorded(monkeypatch)
+    example = load_script("examples/auto_schedule.py")
+    assert example.main(["--quick", "--out", str(tmp_path), "--points", "2", "--steps", "2"]) == 0
+    check_saved(figures, *(f"auto_schedule_{name}.png" for name in ("gpt", "resnet", "unet")))
+    out = capsys.readouterr().out
     assert "checkpoint_dots" in out and "nothing_saveable" in out and ": equal" in out

@@ -1,5 +1,6 @@
 """paper_experiments/dynamic_training.py in quick mode: its table, its checks (the LP
-bound of every run, the memory caps) and the claim at 30% noise."""
+bound of every run, the memory caps), the claim at 30% noise, and its two figures
+(tests/figure_checks.py)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,20 @@ import csv
 import importlib.util
 from pathlib import Path
 
+from figure_checks import check_saved, recorded
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_dynamic_training_quick(tmp_path, capsys):
+def test_dynamic_training_quick(tmp_path, capsys, monkeypatch):
     spec = importlib.util.spec_from_file_location(
         "dynamic_training", ROOT / "paper_experiments" / "dynamic_training.py"
     )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    figures = recorded(monkeypatch)
     rows = mod.main(["--quick", "--out", str(tmp_path)])
+    check_saved(figures, "dynamic_training.png", "dynamic_training_memory.png")
     printed = capsys.readouterr().out
     for png in ("dynamic_training.png", "dynamic_training_memory.png"):
         assert (tmp_path / png).stat().st_size > 0

@@ -1,4 +1,5 @@
-"""paper_experiments/remat_offload.py in quick mode: files written, shares printed."""
+"""paper_experiments/remat_offload.py in quick mode: files written (the figure passes
+tests/figure_checks.py), shares printed."""
 
 from __future__ import annotations
 
@@ -6,16 +7,20 @@ import importlib.util
 import math
 from pathlib import Path
 
+from figure_checks import check_saved, recorded
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_remat_offload_quick(tmp_path, capsys):
+def test_remat_offload_quick(tmp_path, capsys, monkeypatch):
     spec = importlib.util.spec_from_file_location(
         "remat_offload", ROOT / "paper_experiments" / "remat_offload.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    figures = recorded(monkeypatch)
     shares = module.main(["--quick", "--out", str(tmp_path)])
+    check_saved(figures, "remat_offload.png")
     assert (tmp_path / "remat_offload.csv").stat().st_size > 0
     assert (tmp_path / "remat_offload.png").stat().st_size > 0
     assert "share of rotor's remat overhead removed" in capsys.readouterr().out

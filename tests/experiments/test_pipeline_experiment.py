@@ -1,4 +1,5 @@
-"""paper_experiments/steady_state.py in quick mode."""
+"""paper_experiments/steady_state.py in quick mode (its figure passes
+tests/figure_checks.py)."""
 
 from __future__ import annotations
 
@@ -6,16 +7,20 @@ import csv
 import importlib.util
 from pathlib import Path
 
+from figure_checks import check_saved, recorded
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_steady_state_quick(tmp_path):
+def test_steady_state_quick(tmp_path, monkeypatch):
     spec = importlib.util.spec_from_file_location(
         "steady_state", ROOT / "paper_experiments" / "steady_state.py"
     )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    figures = recorded(monkeypatch)
     rows = mod.main(["--quick", "--out", str(tmp_path)])
+    check_saved(figures, "steady_state.png")
     assert (tmp_path / "steady_state.png").stat().st_size > 0
     with open(tmp_path / "steady_state.csv") as f:
         saved = list(csv.DictReader(f))

@@ -1,6 +1,7 @@
 """paper_experiments/pipeline_schedules.py in quick mode (issue 15 acceptance: the joint
 planner at least matches the best baseline at every memory, strictly beats it where
-no baseline fits without rematerialization, and the table is printed)."""
+no baseline fits without rematerialization, and the table is printed; the figure passes
+tests/figure_checks.py)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,20 @@ import csv
 import importlib.util
 from pathlib import Path
 
+from figure_checks import check_saved, recorded
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_pipeline_schedules_quick(tmp_path, capsys):
+def test_pipeline_schedules_quick(tmp_path, capsys, monkeypatch):
     spec = importlib.util.spec_from_file_location(
         "pipeline_schedules", ROOT / "paper_experiments" / "pipeline_schedules.py"
     )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    figures = recorded(monkeypatch)
     rows = mod.main(["--quick", "--out", str(tmp_path)])
+    check_saved(figures, "pipeline_schedules.png")
     assert (tmp_path / "pipeline_schedules.png").stat().st_size > 0
     with open(tmp_path / "pipeline_schedules.csv") as f:
         saved = list(csv.DictReader(f))

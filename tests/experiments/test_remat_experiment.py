@@ -1,19 +1,18 @@
-"""The remat trade-off experiment runs in quick mode and writes a sane CSV and a PNG."""
+"""The remat trade-off experiment runs in quick mode and writes a sane CSV and a figure
+that passes tests/figure_checks.py."""
 
 from __future__ import annotations
 
 import csv
 import math
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from figure_checks import check_saved, load_script, recorded
 
 
-def test_remat_tradeoff_quick(tmp_path):
-    script = ROOT / "paper_experiments" / "remat_tradeoff.py"
-    subprocess.run([sys.executable, str(script), "--quick", "--out", str(tmp_path)], check=True)
+def test_remat_tradeoff_quick(tmp_path, monkeypatch):
+    figures = recorded(monkeypatch)
+    load_script("paper_experiments/remat_tradeoff.py").main(["--quick", "--out", str(tmp_path)])
+    check_saved(figures, "remat_tradeoff.png")
     with open(tmp_path / "remat_tradeoff.csv") as f:
         rows = list(csv.DictReader(f))
     assert rows and set(rows[0]) == {

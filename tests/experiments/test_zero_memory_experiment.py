@@ -1,24 +1,20 @@
 """The ZeRO memory experiment (paper_experiments/zero_memory.py) in --quick mode: the
 paper's 7.5B row exactly, our accounting next to the formula, and the largest-model fits
 ordered as the levers say (each stage, offload, rotor and 8-bit activation storage only
-ever help)."""
+ever help), and its figure (tests/figure_checks.py)."""
 
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from figure_checks import check_saved, load_script, recorded
 
 
-def test_zero_memory_quick(tmp_path):
-    script = ROOT / "paper_experiments" / "zero_memory.py"
-    proc = subprocess.run([sys.executable, str(script), "--quick", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "baseline 120.0 GB; stages 1/2/3: 31.4 / 16.6 / 1.9 GB" in proc.stdout
+def test_zero_memory_quick(tmp_path, capsys, monkeypatch):
+    figures = recorded(monkeypatch)
+    load_script("paper_experiments/zero_memory.py").main(["--quick", "--out", str(tmp_path)])
+    check_saved(figures, "zero_memory.png")
+    assert "baseline 120.0 GB; stages 1/2/3: 31.4 / 16.6 / 1.9 GB" in capsys.readouterr().out
     with open(tmp_path / "zero_memory.csv") as f:
         rows = list(csv.DictReader(f))
     paper = {int(r["stage"]): r for r in rows
