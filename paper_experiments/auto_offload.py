@@ -17,6 +17,8 @@ Every figure is predicted (the planner's estimates: ``exact=False``, temporaries
 estimated, times from the roofline cost model); the tests check that offload plans run
 op by op with the predicted bytes and compile to the plain gradients.
 
+Writes ``auto_offload.csv``, ``auto_offload.md`` and ``auto_offload.png``.
+
     python paper_experiments/auto_offload.py [--quick] [--out DIR]
 """
 
@@ -46,6 +48,7 @@ from schedir import (  # noqa: E402
     Wait,
     simulate_offload,
 )
+from schedir import plot_style  # noqa: E402
 from schedir.blocks.problem import simulate_blocks  # noqa: E402
 from schedir.blocks.schedule import BlockSchedule  # noqa: E402
 
@@ -140,6 +143,32 @@ def summary(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(rows: list[dict]):
+    """Predicted overhead against the budget, one panel per model: remat only
+    (``auto``), the joint plans per host link, JAX's hand offload policy at its peak."""
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plot_style.panels(len(models), max_cols=2, size=(5.0, 3.6))
+    for ax, name in zip(axes, models, strict=True):
+        mine = [r for r in rows if r["model"] == name]
+        series = {"auto": [(r["budget_fraction"], r["remat_overhead"]) for r in mine
+                           if r["link"] == PRESETS[0]]}  # fmt: skip
+        for link in PRESETS:
+            series[f"auto + offload {link}"] = [(r["budget_fraction"], r["joint_overhead"])
+                                                for r in mine if r["link"] == link]  # fmt: skip
+        for k, (label, pts) in enumerate(series.items()):
+            xs, ys = zip(*sorted((100 * x, 100 * y) for x, y in pts), strict=True)
+            ax.plot(xs, ys, **plot_style.line(label, stack=(k, len(series))))
+        for r in mine:
+            if r["hand_overhead"] != "":
+                ax.plot([100 * r["hand_peak_fraction"]], [100 * r["hand_overhead"]],
+                        **plot_style.line(f"checkpoint_dots + offload {r['link']}"))  # fmt: skip
+        ax.set_title(f"{name} (predicted)")
+        plot_style.axis_labels(ax, ("memory budget", "% of store-all peak"),
+                               ("overhead vs store-all", "%"))  # fmt: skip
+    plot_style.legend(fig)
+    return fig
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small models, three budgets")
@@ -166,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         writer.writerows(rows)
     text = summary(rows)
     (out / "auto_offload.md").write_text(text)
+    plot_style.save(plot(rows), out / "auto_offload.png")
     print(text)
     return 0
 

@@ -109,6 +109,14 @@ _VARIANTS: dict[str, Style] = {
     "rotor_offload pcie3": Style("#08519c", "v"),
     "rotor_offload pcie5": Style("#4292c6", "^"),
     "rotor_offload nvlink-c2c": Style("#6baed6", "s"),
+    # auto_offload.py: the planner's joint remat + offload plans per host link (reds,
+    # darker for more bandwidth) and JAX's hand offload policy
+    "auto + offload pcie4": Style("#fb6a4a", "v", "--"),
+    "auto + offload pcie5": Style("#de2d26", "^", "--"),
+    "auto + offload nvlink-c2c": Style("#a50f15", "s", "--"),
+    "checkpoint_dots + offload pcie4": Style("#1b9e77", "v", ""),
+    "checkpoint_dots + offload pcie5": Style("#1b9e77", "^", ""),
+    "checkpoint_dots + offload nvlink-c2c": Style("#1b9e77", "s", ""),
     # pipeline_schedules.py: every baseline with full rematerialization, dashed
     **{f"{name}+remat": replace(_METHODS[name], linestyle="--")
        for name in ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "v_shape")},

@@ -1,21 +1,20 @@
 """paper_experiments/auto_offload.py in --quick mode: every (model, link, budget) row,
-joint plans never slower than remat alone, the summary names the POFO anchor."""
+joint plans never slower than remat alone, the summary names the POFO anchor, and the
+figure passes tests/figure_checks.py."""
 
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from figure_checks import check_saved, load_script, recorded
 
 
-def test_quick_mode(tmp_path: Path) -> None:
-    script = ROOT / "paper_experiments" / "auto_offload.py"
-    proc = subprocess.run([sys.executable, str(script), "--quick", "--out", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+def test_quick_mode(tmp_path: Path, monkeypatch) -> None:
+    figures = recorded(monkeypatch)
+    script = load_script("paper_experiments/auto_offload.py")
+    assert script.main(["--quick", "--out", str(tmp_path)]) == 0
+    check_saved(figures, "auto_offload.png")
     with open(tmp_path / "auto_offload.csv") as f:
         rows = list(csv.DictReader(f))
     assert {r["link"] for r in rows} == {"pcie4", "pcie5", "nvlink-c2c"}
