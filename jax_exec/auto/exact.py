@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -179,6 +180,8 @@ def _solve_rounds(
     rounds, bounded = 0, False
     while True:
         rounds += 1
+        if bm.progress is not None:
+            bm.progress(math.nan, f"solving with {solver}, round {rounds}")
         try:
             schedule = solvers.solve(bm.problem, nbytes, method=solver, **options)
         except solvers.Infeasible as err:

@@ -32,6 +32,7 @@ from schedir.blocks.graph import block_graph
 from schedir.blocks.problem import BlockChain
 from schedir.blocks.schedule import BlockSchedule
 from schedir.budget import BudgetError, format_bytes
+from solvers.registry import stderr_progress
 
 LOG = logging.getLogger("jax_exec")
 
@@ -250,6 +251,7 @@ def plan(
     activation_storages: tuple[str, ...] | None = None,
     whole_graph: int = WHOLE_GRAPH_VARIABLES,
     platform: Platform | str | None = None,
+    progress: bool | Callable[[float, str], None] = False,
     **options: Any,
 ) -> Plan:
     """Plan a training step of ``loss_fn(model, *args)`` under ``budget``.
@@ -288,6 +290,10 @@ def plan(
     measures the machine at hand): ``"auto"`` also plans remat and host offload together
     (:mod:`jax_exec.auto.offload`), under ``platform.host_memory`` too; None (the
     default) plans remat and low-bit storage only.
+    ``progress``: ``True`` shows what planning does (kernels compiled, solver rounds) on
+    stderr once it has run about 2 s: a bar on a terminal, else a line a second; a
+    callable ``progress(fraction, message)`` receives the reports instead (fraction NaN
+    where none is known).
 
     Raises:
         solvers.Infeasible: the budget is below the least feasible one (``min_budget``).
@@ -296,6 +302,9 @@ def plan(
     """
     solver = solver_of(method)
     start = time.perf_counter()
+    if not (isinstance(progress, bool) or callable(progress)):
+        raise TypeError(f"progress = {progress!r}: expected True, False or a callable")
+    report = stderr_progress("jax_exec.plan") if progress is True else progress or None
     if isinstance(max_anchors, bool) or not isinstance(max_anchors, int) or max_anchors < 1:
         raise ValueError(f"max_anchors = {max_anchors!r}: expected an int >= 1")
     bm = block_model(
@@ -316,7 +325,13 @@ def plan(
     if isinstance(budget, str) and budget.strip() == "device":
         budget = device_room(model, args)
     platform = as_platform(platform)
-    done = solve(bm, budget, solver, options, exact, whole, platform)
+    bm.progress = report
+    try:
+        done = solve(bm, budget, solver, options, exact, whole, platform)
+    finally:
+        bm.progress = None
+        if hasattr(report, "done"):
+            report.done()
     return make_plan(done, method, start, exact, whole_graph, bm, type(model).__name__, platform)
 
 

@@ -75,6 +75,8 @@ class BlockModel:
     # was planned before it (cold and warm caches give the same plan).
     known: set = field(default_factory=set)
     timings: dict = field(default_factory=dict)  # seconds per planning phase
+    # ``progress(fraction, message)`` while planning (``jax_exec.plan(progress=...)``)
+    progress: Callable[[float, str], None] | None = None
 
     def cached(self, key: Any, compute: Callable[[], Any]) -> Any:
         """``compute()``, once per ``key`` (per-block analyses shared by identical blocks)."""
@@ -307,7 +309,11 @@ class BlockModel:
         if todo:
             workers = min(len(todo), os.cpu_count() or 1)
             with ThreadPoolExecutor(max_workers=workers) as pool:
-                compiled = list(pool.map(lambda source: kernel_of(*source), todo.values()))
+                compiled = []
+                for i, kernel in enumerate(pool.map(lambda src: kernel_of(*src), todo.values())):
+                    compiled.append(kernel)
+                    if self.progress is not None:
+                        self.progress((i + 1) / len(todo), f"compiled {i + 1}/{len(todo)} kernels")
             self._kernels.update(zip(todo, compiled, strict=True))
         fresh = set(new) - self.known
         self.known.update(fresh)

@@ -52,6 +52,21 @@ def test_the_least_budget_in_the_users_units():
         jax_exec.plan(mse, MLP(nnx.Rngs(0)), X, Y, budget="10%")
 
 
+def test_planning_reports_its_progress():
+    """``progress=callable`` receives what planning does: kernels compiled (with the
+    share done) and the solver's rounds; True prints nothing on a plan this short
+    (reports start after about 2 s); anything else is a TypeError."""
+    reports: list[tuple[float, str]] = []
+    x, y = jnp.ones((24, 16)), jnp.zeros((24, 16))  # shapes no other test compiles
+    jax_exec.plan(mse, MLP(nnx.Rngs(1)), x, y, budget="80%",
+                  progress=lambda f, m: reports.append((f, m)))  # fmt: skip
+    compiled = [f for f, m in reports if m.startswith("compiled")]
+    assert compiled and compiled[-1] == 1.0 and all(0 < f <= 1 for f in compiled)
+    assert any(m.startswith("solving with block_rotor, round 1") for _, m in reports)
+    with pytest.raises(TypeError, match="progress = 'yes'"):
+        jax_exec.plan(mse, MLP(nnx.Rngs(0)), X, Y, budget="60%", progress="yes")
+
+
 def test_device_budget_on_cpu_says_to_give_bytes():
     with pytest.raises(BudgetError, match="reports no memory limit.*give bytes"):
         jax_exec.plan(mse, MLP(nnx.Rngs(0)), X, Y, budget="device")
