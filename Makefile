@@ -19,7 +19,7 @@ demo: $(STAMP)
 # Two workers (pytest-xdist; a file with a module fixture stays on one worker): CI has 2 cores.
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

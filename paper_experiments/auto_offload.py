@@ -4,7 +4,9 @@ and JAX's hand offload policy (docs/auto.md, "Host offload").
 For each model of ``examples/auto_models.py`` (and a 24-layer transformer) and budgets
 from store-all down to the least: the predicted overhead (roofline seconds of the step
 over the plain step's, copies on their own engines) of ``jax_exec.plan``'s remat-only
-plan and of its joint remat + offload plan at the host-link presets of
+plan, of offload alone (no recomputation: store-all's recordings of the first blocks
+copied out and prefetched one backward ahead, the fewest that fit) and of the joint
+remat + offload plan at the host-link presets of
 ``schedir.PRESETS`` (PCIe 4 and 5, NVLink-C2C class), and the share of the remat
 overhead that offloading removes. The anchor: Beaumont, Eyraud-Dubois, Shilova
 (NeurIPS 2021, "POFO") remove about a third of rotor's overhead at PCIe bandwidths on
@@ -37,6 +39,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 from auto_models import MODELS, gpt  # noqa: E402
 
 from jax_exec import auto  # noqa: E402
+from jax_exec.auto.reference import reference_schedule  # noqa: E402
 from schedir import (  # noqa: E402
     B,
     F_all,
@@ -46,16 +49,17 @@ from schedir import (  # noqa: E402
     Platform,
     Prefetch,
     Wait,
+    plot_style,  # noqa: E402
     simulate_offload,
 )
-from schedir import plot_style  # noqa: E402
 from schedir.blocks.problem import simulate_blocks  # noqa: E402
 from schedir.blocks.schedule import BlockSchedule  # noqa: E402
 
 PRESETS = ("pcie4", "pcie5", "nvlink-c2c")
 FRACTIONS = (1.0, 0.8, 0.6, 0.45, 0.3)
 FIELDS = ["model", "link", "budget_fraction", "budget", "remat_overhead", "joint_overhead",
-          "removed", "offloaded", "hand_peak_fraction", "hand_overhead"]  # fmt: skip
+          "removed", "offloaded", "offload_only_overhead", "hand_peak_fraction",
+          "hand_overhead"]  # fmt: skip
 
 
 def hand_policy(p, platform: Platform) -> tuple[int, float] | None:
@@ -85,6 +89,45 @@ def hand_policy(p, platform: Platform) -> tuple[int, float] | None:
     return peak, makespan
 
 
+def offload_only(p, platform: Platform, budget: int) -> float | None:
+    """Offload without recomputation: every block recorded once under store-all's
+    options; the recordings of blocks 1..n (the longest idle first) copied to the host
+    after the next block's forward has read them (waited for one forward later) and
+    prefetched one backward ahead of their own; the least n whose device peak fits.
+    The makespan of that schedule, or None when no n fits."""
+    bm = p.base or p.model
+    options = reference_schedule(bm).options
+    L = bm.length
+    chain = bm.problem.to_chain(options)
+    for n in range(L):
+        chosen = set(range(1, n + 1))
+        ops: list = [F_all(0)]
+        pending = None
+        for k in range(1, L):
+            ops.append(F_all(k))
+            if pending:
+                ops.append(Wait(pending))
+                pending = None
+            if k in chosen:
+                ops.append(Offload(f"abar[{k}]"))
+                pending = f"abar[{k}]"
+        if pending:
+            ops.append(Wait(pending))
+        if L - 1 in chosen:
+            ops.append(Prefetch(f"abar[{L - 1}]"))
+        ops.append(Loss())
+        for k in range(L - 1, -1, -1):
+            if k in chosen:
+                ops.append(Wait(f"abar[{k}]"))
+            if k - 1 in chosen:
+                ops.append(Prefetch(f"abar[{k - 1}]"))
+            ops.append(B(k))
+        schedule = BlockSchedule(tuple(ops), {}, options)
+        if simulate_blocks(bm.problem, schedule).peak_memory <= budget:
+            return simulate_offload(OffloadProblem(chain, platform), schedule.ops).makespan
+    return None
+
+
 def run_model(name: str, make, quick: bool) -> list[dict]:
     factory, loss_fn, args = make(quick=quick)
     top = auto.plan(loss_fn, factory(), *args, budget="100%", exact=False)
@@ -100,12 +143,15 @@ def run_model(name: str, make, quick: bool) -> list[dict]:
             joint = top.replan(budget, platform=platform)
             gap = remat.overhead
             removed = (gap - joint.overhead) / gap if gap > 1e-9 else 0.0
+            alone = offload_only(top, platform, budget)
             row = {
                 "model": name, "link": link,
                 "budget_fraction": round(budget / top.store_all_peak, 3),
                 "budget": budget, "remat_overhead": remat.overhead,
                 "joint_overhead": joint.overhead, "removed": removed,
                 "offloaded": len(joint.schedule.meta.get("offloaded", [])),
+                "offload_only_overhead": "" if alone is None
+                                         else alone / top.store_all_time - 1.0,
                 "hand_peak_fraction": "", "hand_overhead": "",
             }  # fmt: skip
             if hand is not None and fraction == fractions[0]:
@@ -117,13 +163,16 @@ def run_model(name: str, make, quick: bool) -> list[dict]:
 
 def summary(rows: list[dict]) -> str:
     lines = [
-        "| model | link | budget (% store-all) | remat only | remat + offload | removed |",
-        "|---|---|---|---|---|---|",
+        "| model | link | budget (% store-all) | remat only | offload only | remat + offload "
+        "| removed |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        alone = r["offload_only_overhead"]
+        alone = "does not fit" if alone == "" else f"{100 * float(alone):+.1f}%"
         lines.append(
             f"| {r['model']} | {r['link']} | {100 * r['budget_fraction']:.0f}% | "
-            f"{100 * r['remat_overhead']:+.1f}% | {100 * r['joint_overhead']:+.1f}% | "
+            f"{100 * r['remat_overhead']:+.1f}% | {alone} | {100 * r['joint_overhead']:+.1f}% | "
             f"{100 * r['removed']:.0f}% |"
         )
     hands = [r for r in rows if r["hand_overhead"] != ""]
