@@ -8,7 +8,7 @@ schedule class         executor                                         model
 =====================  ==============================================  ================
 ``Schedule`` (chain)   :func:`jax_exec.stages.run` (the core)           list of layers
 ``OffloadSchedule``    :func:`jax_exec.stages.run` (the core)           list of layers
-``GraphSchedule``      :func:`jax_exec.graph.runtime.run_graph`         dict of nodes
+``GraphSchedule``      :func:`jax_exec.graph.runtime.run_graph` (core)  dict of nodes
 ``PipelineSchedule``   :func:`jax_exec.pipeline.mpmd.run_pipeline`      list of layers
 =====================  ==============================================  ================
 

@@ -87,8 +87,7 @@ def run_schedule(
     options = schedule_options(model.problem, schedule)
     L = model.length
     gv = global_values(model, params, rest, args)
-    keep = {id(a) for a in gv.values()}
-    buf = Buffers(keep)
+    buf = Buffers(id(a) for a in gv.values())
     buf.table["a", 0] = {}
     cuts = model.blocks.cuts
     results: dict[int, Any] = {}
@@ -127,7 +126,7 @@ def run_schedule(
             loss, res, d_p, d_x = kernel.call(*inputs(L, buf.table[src]))
             jax.block_until_ready(d_x)
             results.update(zip(lay.results, res, strict=True))
-            keep.update(id(r) for r in res)
+            buf.keep.update(id(r) for r in res)
             add_grads(L, d_p)
             active = [v for v, a in zip(lay.ins, lay.act_in, strict=True) if a]
             buf.table[out] = dict(zip(active, d_x, strict=True))
@@ -179,7 +178,7 @@ def run_schedule(
             jax.block_until_ready(outs)
             if first:  # the model state after the step comes from the first forward
                 results.update(zip(lay.results, res, strict=True))
-                keep.update(id(r) for r in res)
+                buf.keep.update(id(r) for r in res)
             else:
                 for r in res:
                     r.delete()
@@ -195,8 +194,10 @@ def run_schedule(
             buf.drop(name)
         host = buf.host_bytes() if copies else None  # host figures only with copy ops
         meter.record(time.perf_counter() - start, temp, need, buf.nbytes(), host=host)
+    meter.stop()
+    buf.clear()  # what the schedule left: the results are held outside
     call = (params, rest, args)
-    return step_result(model, call, gv, grads, results, loss, meter, buf, schedule.ops)
+    return step_result(model, call, gv, grads, results, loss, meter, schedule.ops)
 
 
 class _Memories:
@@ -249,15 +250,12 @@ class _Memories:
 
 def step_result(
     model: BlockModel, call: tuple, gv: dict, grads: dict, results: dict, loss: Any,
-    meter: OpMeter, buf: Buffers, ops: tuple,
+    meter: OpMeter, ops: tuple,
 ) -> RunResult:  # fmt: skip
-    """The :class:`RunResult` of a step once its ops ran (``buf``'s arrays are then
-    deleted): gradients per parameter leaf (the slices of a scanned stack's parameters
-    summed into their stack), ``aux`` and the state after the step from the blocks'
-    results, and what ``meter`` recorded."""
-    meter.stop()
-    for name in list(buf.table):
-        buf.drop(name)
+    """The :class:`RunResult` of a step once its ops ran (``meter`` stopped, the
+    buffers dropped): gradients per parameter leaf (the slices of a scanned stack's
+    parameters summed into their stack), ``aux`` and the state after the step from the
+    blocks' results, and what ``meter`` recorded."""
     params, rest, args = call
     program = model.program
     results[program.loss] = loss  # aux may hold the loss itself (metrics)

@@ -42,7 +42,8 @@ class RunResult:
         op_temp_bytes: temporary bytes of each op's compiled kernel (``memory_analysis``).
         op_times: wall time of each op, seconds (dispatch to completion).
         op_kernels: per op, the kernel it launched (graph runs: ``"fwd v"``, ``"res v"``,
-            ``"bwd v"``, ``"loss"``; None for an op that launches none).
+            ``"bwd v"``, ``"loss"``, v a DAG module's name or a block's index, whose
+            backward runs as several phase kernels; None for an op that launches none).
         total_time: wall time of the whole step, seconds.
         param_bytes: bytes of the parameters, each once (not in the activation figures).
         grad_bytes: bytes of the parameter gradients (not in the activation figures).

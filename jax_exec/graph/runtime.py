@@ -1,8 +1,10 @@
-"""The op-by-op runtime for graph schedules (docs/jax_exec.md, runtime path).
+"""The hand-written DAG front end of the one graph interpreter (docs/graphs.md,
+docs/jax_exec.md, "The execution core").
 
 :func:`run_graph` executes the ``Compute``/``Free`` ops of a ``GraphSchedule`` on the
-graph :func:`jax_exec.graph.profile.profile_graph` made of a DAG model. Every graph
-node is a buffer of explicit arrays (layout in :mod:`jax_exec.graph.kernels`):
+graph :func:`jax_exec.graph.profile.profile_graph` made of a DAG model, through
+:func:`jax_exec.execute.graph.run_graph_ops` (which stores, frees and measures). Every
+graph node is a buffer of explicit arrays (layout in :mod:`jax_exec.graph.kernels`):
 
 - an input node: the caller's array (never deleted: the runtime does not own it;
   ``Free`` only stops counting it);
@@ -12,25 +14,24 @@ node is a buffer of explicit arrays (layout in :mod:`jax_exec.graph.kernels`):
   its kernel (the sum is part of the kernel's temporary bytes): there is no separate
   accumulation buffer.
 
-``Compute`` runs the node's compiled kernel; ``Free`` deletes the node's arrays
-(``Array.delete()``). After every op the live bytes of the arrays held are measured
-(distinct arrays, ``nbytes``), so they equal ``simulate_graph(graph, schedule)
-.resident`` exactly, and each op's measured need (live bytes right after a compute +
-its kernel's temporary bytes) equals the simulator's ``op_peak``. Each ``Compute``
-launches exactly one kernel, the node's (``GraphRunResult.op_kernels``), and
-``profile_graph(timing="measure")`` times nodes through :func:`execute` itself, so a
-node's cost is what its ``Compute`` takes here.
+Each ``Compute`` launches exactly one kernel, the node's (``RunResult.op_kernels``:
+``"fwd v"``, ``"res v"``, ``"bwd v"``, ``"loss"``; None for a ``Free``), so measured
+bytes equal ``simulate_graph(graph, schedule).resident`` and needs its ``op_peak``
+exactly; ``profile_graph(timing="measure")`` times nodes through :func:`execute`
+itself, so a node's cost is what its ``Compute`` takes here. ``grads`` is a dict
+``module name -> nnx.State``.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import jax
 
 from jax_exec.execute.buffers import Buffers
+from jax_exec.execute.graph import Computed, node_arrays, run_graph_ops
 from jax_exec.execute.result import OpMeter, RunResult, tree_bytes
 from jax_exec.graph.kernels import (
     DagKernels,
@@ -40,26 +41,68 @@ from jax_exec.graph.kernels import (
     layout_graph,
     residual_name,
 )
-from schedir import Compute, Free, Graph, GraphSchedule, Schedule, simulate_graph
-
-# For a graph run ``grads``
-# is a dict ``module name -> nnx.State``, bytes are counted over graph node buffers, a
-# ``Free`` op's ``op_peak_bytes`` is the live bytes after it (its temporary is 0), and
-# ``op_kernels`` gives per op the kernel it launched (None for a ``Free``).
+from schedir import Graph, GraphSchedule, Schedule
 
 
-def node_roles(graph: Graph, dk: DagKernels) -> dict[int, tuple[str, str]]:
-    """What ``Compute(i)`` launches, per graph node: ``(kernel, module name)`` with
-    kernel ``"fwd"``, ``"res"``, ``"bwd"`` or ``"loss"`` (module name "")."""
-    index = {node.name: i for i, node in enumerate(graph.nodes)}
-    role: dict[int, tuple[str, str]] = {}
-    for node in dk.dag:
-        role[index[node.name]] = ("fwd", node.name)
-        if residual_name(node.name) in index:
-            role[index[residual_name(node.name)]] = ("res", node.name)
-        role[index[backward_name(node.name)]] = ("bwd", node.name)
-    role[index["loss"]] = ("loss", "")
-    return role
+@dataclass
+class _Dag:
+    """The :class:`jax_exec.execute.graph.GraphProgram` of a DAG model (module
+    docstring): node i's arrays are keyed by position."""
+
+    dk: DagKernels
+    graph: Graph
+    arrays: Mapping[str, jax.Array]
+    y: Any
+
+    def __post_init__(self) -> None:
+        self.index = {node.name: i for i, node in enumerate(self.graph.nodes)}
+        self.dag = {node.name: node for node in self.dk.dag}
+        self.grads: dict[str, Any] = {name: None for name in self.dag}
+        self.loss: Any = None
+        # What Compute(i) launches: (kernel "fwd", "res", "bwd" or "loss", module name)
+        self.role: dict[int, tuple[str, str]] = {self.index["loss"]: ("loss", "")}
+        for name in self.dag:
+            self.role[self.index[name]] = ("fwd", name)
+            if residual_name(name) in self.index:
+                self.role[self.index[residual_name(name)]] = ("res", name)
+            self.role[self.index[backward_name(name)]] = ("bwd", name)
+
+    def inputs(self) -> Mapping[int, Mapping]:
+        return {self.index[n]: {0: a} for n, a in self.arrays.items()}
+
+    def _held(self, buf: Buffers, name: str) -> tuple:
+        return tuple(node_arrays(buf, self.index[name]).values())
+
+    def compute(self, i: int, buf: Buffers) -> Computed:
+        kind, name = self.role[i]
+        if kind == "loss":
+            self.loss, d = self.dk.loss.call(self._held(buf, self.dk.dag[-1].name)[0], self.y)
+            return Computed({0: d}, self.dk.loss.temp_bytes, "loss")
+        node, k = self.dag[name], self.dk.kernels[name]
+        args = (node.params, node.rest, tuple(self._held(buf, j)[0] for j in node.inputs))
+        if kind == "fwd":
+            out, kernel = (k.fwd.call(*args),), k.fwd
+        elif kind == "res":
+            out, kernel = tuple(k.res.call(*args)), k.res
+        else:  # "bwd": the gradient of v is the sum of its slots in its users' outputs
+            users = self.dk.users[name]
+            cots = tuple(
+                self._held(buf, backward_name(u))[self.dag[u].inputs.index(name)] for u in users
+            ) or self._held(buf, "loss")
+            new = self._held(buf, residual_name(name)) if residual_name(name) in self.index else ()
+            self.grads[name], d_ins = k.bwd.call(*args, self._held(buf, name)[0], new, cots)
+            out, kernel = tuple(d_ins), k.bwd
+        return Computed(dict(enumerate(out)), kernel.temp_bytes, f"{kind} {name}")
+
+    def result(self, meter: OpMeter, ops: tuple) -> RunResult:
+        return meter.result(
+            loss=self.loss,
+            grads=self.grads,
+            param_bytes=sum(tree_bytes(node.params) for node in self.dk.dag),
+            grad_bytes=tree_bytes(list(self.grads.values())),
+            batch_bytes=tree_bytes(list(self.arrays.values())) + tree_bytes(self.y),
+            ops=ops,
+        )
 
 
 def execute(
@@ -68,75 +111,7 @@ def execute(
     """Run ``ops`` (valid for ``graph``, the layout of ``dk``'s model) op by op: each
     ``Compute`` launches its node's one kernel and waits for it, each ``Free`` deletes
     the node's arrays; times and live bytes are measured per op."""
-    index = {node.name: i for i, node in enumerate(graph.nodes)}
-    dag = {node.name: node for node in dk.dag}
-    role = node_roles(graph, dk)
-    last = dk.dag[-1].name
-
-    buf = Buffers(keep={id(a) for a in arrays.values()})  # the caller's inputs stay
-
-    def put(i: int, values: tuple) -> None:
-        buf.table[i] = dict(enumerate(values))
-
-    def held(i: int) -> tuple:
-        return tuple(buf.table[i].values())
-
-    for n, a in arrays.items():
-        put(index[n], (a,))
-    grads: dict[str, Any] = {name: None for name in dag}
-    loss = None
-    meter = OpMeter(buf.nbytes(), kernels=True)
-    for op in ops:
-        start = time.perf_counter()
-        i = op.node
-        if isinstance(op, Compute):
-            kind, name = role[i]
-            if kind == "loss":
-                loss, d = dk.loss.call(held(index[last])[0], y)
-                out: tuple = (d,)
-                temp = dk.loss.temp_bytes
-            else:
-                node, k = dag[name], dk.kernels[name]
-                ins = tuple(held(index[j])[0] for j in node.inputs)
-                args = (node.params, node.rest, ins)
-                if kind == "fwd":
-                    out, temp = (k.fwd.call(*args),), k.fwd.temp_bytes
-                elif kind == "res":
-                    out, temp = tuple(k.res.call(*args)), k.res.temp_bytes
-                else:
-                    users = dk.users[name]
-                    if users:
-                        cots = tuple(
-                            held(index[backward_name(u)])[dag[u].inputs.index(name)] for u in users
-                        )
-                    else:
-                        cots = held(index["loss"])
-                    r = index.get(residual_name(name))
-                    new = held(r) if r is not None else ()
-                    grads[name], d_ins = k.bwd.call(*args, held(index[name])[0], new, cots)
-                    out, temp = tuple(d_ins), k.bwd.temp_bytes
-            jax.block_until_ready(out)
-            seconds, launched = time.perf_counter() - start, f"{kind} {name}" if name else kind
-            put(i, tuple(out))
-            need = buf.nbytes() + temp
-        elif isinstance(op, Free):
-            buf.drop(i)
-            seconds, launched, temp = time.perf_counter() - start, None, 0
-            need = buf.nbytes()
-        else:  # pragma: no cover - GraphSchedule rejects foreign ops
-            raise TypeError(f"not a graph op: {op!r}")
-        meter.record(seconds, temp, need, buf.nbytes(), kernel=launched)
-    meter.stop()
-    buf.clear()  # what the schedule left (gradients of the inputs): the caller has grads
-
-    return meter.result(
-        loss=loss,
-        grads=grads,
-        param_bytes=sum(tree_bytes(node.params) for node in dk.dag),
-        grad_bytes=tree_bytes(list(grads.values())),
-        batch_bytes=tree_bytes(list(arrays.values())) + tree_bytes(y),
-        ops=ops,
-    )
+    return run_graph_ops(_Dag(dk, graph, arrays, y), graph, ops)
 
 
 def run_graph(
@@ -171,5 +146,4 @@ def run_graph(
         graph = layout_graph(dk, list(arrays))
     else:
         check_graph(graph, dk, list(arrays))
-    simulate_graph(graph, ops)  # every op valid, the step complete, or a clear error
     return execute(dk, graph, ops, arrays, y)
