@@ -38,7 +38,7 @@ the first stage that reads it (across processes through
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import jax
@@ -48,7 +48,7 @@ from flax import nnx
 
 from jax_exec.distributed import is_local, transfer
 from jax_exec.execute.result import RunResult
-from jax_exec.kernels import loss_kernel, node_kernels
+from jax_exec.kernels import loss_kernel, node_functions, node_kernels
 from jax_exec.pipeline.chunks import split_microbatches
 from jax_exec.pipeline.mpmd import run_pipeline
 from jax_exec.program.analysis import CostModel
@@ -202,6 +202,22 @@ class PipelinePlan:
         )
         return PipelineStep(result.loss, self._grads(model, result), result)
 
+    def with_schedule(self, schedule: str) -> PipelinePlan:
+        """The same stages under another schedule with as many chunks per device (e.g.
+        "1f1b", "gpipe", "zb_h1", "zb_h2"): no tracing, the kernels shared."""
+        if CHUNKS_PER_DEVICE.get(schedule, 1) != CHUNKS_PER_DEVICE.get(self.schedule_name, 1):
+            raise ValueError(
+                f"schedule = {schedule!r} runs another number of chunks per device than "
+                f"{self.schedule_name!r}: plan again"
+            )
+        if schedule not in BASELINES:
+            raise ValueError(f"schedule = {schedule!r}: expected one of {sorted(BASELINES)}")
+        names = [d.name for d in self.problem.platform.devices]
+        sched = BASELINES[schedule](self.problem, names, cuts=list(range(len(self.slices) + 1)))
+        return replace(
+            self, schedule_name=schedule, schedule=sched, predicted=_predicted(self.problem, sched)
+        )
+
     def inputs(self, args: Sequence[Any]) -> tuple:
         """The first stage's input: the argument leaves it carries, encoded."""
         leaves = jax.tree_util.tree_leaves(tuple(args))
@@ -265,6 +281,7 @@ def plan_pipeline(
     schedule: str = "1f1b",
     cost_model: CostModel | None = None,
     bandwidth: float = 100e9,
+    working_sets: bool = False,
 ) -> PipelinePlan:
     """Plan a pipeline of ``loss_fn(model, *args)`` (module docstring).
 
@@ -280,6 +297,9 @@ def plan_pipeline(
             "gpipe", "zb_h1", "zb_h2", "interleaved_1f1b", "v_shape").
         cost_model: the roofline model of the block times.
         bandwidth: bytes/s of the links in the simulated figures (nominal).
+        working_sets: compile the stages' kernels ahead of time for their temporary
+            bytes, counted in the problem and the predicted peaks (else not counted:
+            the peaks are then lower bounds; the runtime compiles its own kernels).
 
     Raises:
         ValueError: an argument without the batch axis, a batch not divisible into
@@ -319,7 +339,7 @@ def plan_pipeline(
     ]
     names = [f"d{k}" for k in range(len(devs))]
     platform = Platform.fully_connected([Device(n) for n in names], bandwidth)
-    problem = _stage_problem(bm, slices, stages, platform, microbatches)
+    problem = _stage_problem(bm, slices, stages, platform, microbatches, working_sets)
     sched = BASELINES[schedule](problem, names, cuts=list(range(parts + 1)))
     return PipelinePlan(
         cuts,
@@ -581,9 +601,12 @@ def _stage_problem(
     stages: Sequence[Stage],
     platform: Platform,
     m: int,
+    working_sets: bool,
 ) -> PipelineProblem:
-    """The stages as a problem: exact bytes of their compiled kernels (as
-    :func:`jax_exec.pipeline.profile.profile` measures a stage list), roofline times."""
+    """The stages as a problem: exact bytes of what their kernels keep (as
+    :func:`jax_exec.pipeline.profile.profile` measures a stage list: traced, the
+    runtime's own functions), roofline times; with ``working_sets`` the kernels are
+    compiled for their temporary bytes (else 0: not counted)."""
     program, blocks = bm.program, bm.blocks.blocks
     fwd, bwd, in_size, saved, fwd_tmp, bwd_tmp, weights = [], [], [], [], [], [], []
     for s, stage in zip(slices, stages, strict=True):
@@ -591,21 +614,26 @@ def _stage_problem(
         fwd.append(sum(t[0] for t in times))
         bwd.append(sum(t[1] for t in times))
         spec = _in_spec(program, s)
-        kern = node_kernels(stage, (spec,))
+        fns = node_functions(stage, (spec,))
         in_size.append(spec_bytes(spec))
-        saved.append(kern.saved_bytes)
-        fwd_tmp.append(max(kern.fwd.temp_bytes, kern.rec.temp_bytes))
-        bwd_tmp.append(kern.bwd.temp_bytes)
+        saved.append(fns.saved_bytes)
+        if working_sets:
+            kern = node_kernels(stage, (spec,))
+            fwd_tmp.append(max(kern.fwd.temp_bytes, kern.rec.temp_bytes))
+            bwd_tmp.append(kern.bwd.temp_bytes)
+        else:
+            fwd_tmp.append(0)
+            bwd_tmp.append(0)
         weights.append(spec_bytes(stage.params))
-    out = kern.functions.out  # the loss
-    loss = loss_kernel(take_loss, out, ())
+    out = fns.out  # the loss
+    loss_tmp = loss_kernel(take_loss, out, ()).temp_bytes if working_sets else 0
     chain = Chain(
         tuple([*fwd, 0.0]),
         tuple([*bwd, 0.0]),
         tuple([*in_size, spec_bytes(out)]),
         tuple([*saved, 0]),
         tuple([*fwd_tmp, 0]),
-        tuple([*bwd_tmp, loss.temp_bytes]),
+        tuple([*bwd_tmp, loss_tmp]),
         tuple(st.name for st in stages) + ("loss",),
     )
     return PipelineProblem(chain, weights, platform, m, True)
