@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_exec.distributed import is_local, transfer
+from jax_exec.distributed import is_local, transfer_tree
 from jax_exec.execute.result import RunResult
 from jax_exec.kernels import loss_kernel, node_functions, node_kernels
 from jax_exec.pipeline.chunks import split_microbatches
@@ -265,9 +265,10 @@ class PipelinePlan:
                 if not (is_local(src) or is_local(owner)):
                     continue
                 part = per_stage[q][j] if per_stage[q] is not None else None
-                moved = transfer(part, src, owner, aval)
+                # a 1-tuple: transfer_tree moves scalars too
+                moved = transfer_tree(None if part is None else (part,), src, owner, (aval,))
                 if is_local(owner):
-                    total = total + moved
+                    total = total + moved[0]
             out.append(total if is_local(owner) else None)
         return jax.tree_util.tree_unflatten(treedef, out)
 

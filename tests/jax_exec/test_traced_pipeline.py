@@ -43,11 +43,11 @@ def assert_close(got, want, what: str) -> None:
                                        atol=1e-5 * scale, err_msg=f"{what}: leaf {k}")  # fmt: skip
 
 
-def decoder_lm_case(batch: int = 8):
-    """The zoo's decoder LM (3 layers) on a batch of ``batch`` sequences."""
+def decoder_lm_case(batch: int = 8, n_layers: int = 3):
+    """The zoo's decoder LM on a batch of ``batch`` sequences."""
     from zoo import decoder_lm
 
-    cfg = decoder_lm.LlamaConfig(n_layers=3)
+    cfg = decoder_lm.LlamaConfig(n_layers=n_layers)
     case = decoder_lm.make(cfg=cfg)
     t = 12
     seq = jax.random.randint(jax.random.key(3), (batch, t + 1), 0, cfg.vocab_size)
