@@ -18,8 +18,8 @@ once with ``jax.device_put``):
   problem's ``wgrad_bytes`` it frees nothing and ``Wgt`` reruns the backward for the
   parameter gradients; with them it keeps per stage what its weight part reads and
   ``Wgt`` runs the weight parts;
-- ``Send``: ``jax.device_put`` of the array to the peer's device (another process's
-  device: :func:`jax_exec.distributed.transfer`).
+- ``Send``: ``jax.device_put`` of the array (or tuple of arrays) to the peer's device
+  (another process's device: :func:`jax_exec.distributed.transfer_tree`).
 
 What every op waits for, makes, allocates and releases is read from
 :func:`schedir.pipeline.ops.effect` (the rules, written once; the simulator reads the
@@ -164,7 +164,10 @@ def run_pipeline(
     periodic inference pattern expanded, or any valid per-device lists) on ``layers``.
     Training iff the schedule has ``Bwd`` ops (then ``y`` and ``loss_fn`` are
     required). The micro-batch count is the number of distinct micro-batches in the
-    schedule; ``x`` (and ``y``) are split along axis 0.
+    schedule; ``x`` (and ``y``) are split along axis 0 (every leaf of a tuple; an empty
+    ``y`` holds nothing). ``layers`` may also be a list of
+    :class:`~jax_exec.stages.split.Stage` objects, taken as they are (a traced model's
+    stages, :mod:`jax_exec.pipeline.traced`, whose activations are tuples of arrays).
 
     ``devices``: JAX devices in the order of ``schedule.ops``, or a dict name ->
     device (default: see :func:`_devices_for`). ``block``: wait for every op (the
