@@ -107,7 +107,7 @@ class Predicted:
 
     Attributes:
         stage_seconds: per pipeline stage, forward + backward seconds of one
-            micro-batch (the loss in the last).
+            micro-batch on its device (the loss in the last).
         makespan: the schedule's simulated step, seconds.
         bubble: the idle share of the devices over the step.
         device_peak: per device, the simulated peak bytes (parameters, activations,
@@ -146,7 +146,8 @@ class PipelinePlan:
         problem: the stages as a :class:`~schedir.PipelineProblem`: sizes of the
             stages' compiled kernels (exact bytes), roofline times.
         predicted: :class:`Predicted`.
-        devices: the JAX devices, in the order of the schedule's devices ``d0, d1...``.
+        devices: the JAX devices, in the order of the schedule's devices (``d0, d1...``,
+            or the platform's).
         microbatches: micro-batches per step; ``batch``: the batch size planned for.
         loss_scale: 1 when the batch's loss is the mean of the micro-batches' losses,
             ``microbatches`` when it is their sum.
@@ -212,7 +213,7 @@ class PipelinePlan:
             )
         if schedule not in BASELINES:
             raise ValueError(f"schedule = {schedule!r}: expected one of {sorted(BASELINES)}")
-        names = [d.name for d in self.problem.platform.devices]
+        names = [dev for dev, _ in self.schedule.ops]
         sched = BASELINES[schedule](self.problem, names, cuts=list(range(len(self.slices) + 1)))
         return replace(
             self, schedule_name=schedule, schedule=sched, predicted=_predicted(self.problem, sched)
@@ -283,6 +284,7 @@ def plan_pipeline(
     cost_model: CostModel | None = None,
     bandwidth: float = 100e9,
     working_sets: bool = False,
+    platform: Platform | None = None,
 ) -> PipelinePlan:
     """Plan a pipeline of ``loss_fn(model, *args)`` (module docstring).
 
@@ -298,6 +300,13 @@ def plan_pipeline(
             "gpipe", "zb_h1", "zb_h2", "interleaved_1f1b", "v_shape").
         cost_model: the roofline model of the block times.
         bandwidth: bytes/s of the links in the simulated figures (nominal).
+        platform: the devices' speeds and memories (its first ``len(devices)``
+            devices, in order, one per pipeline device; one-chunk schedules only): the
+            cut divides each stage's time by its device's speed and skips cuts whose
+            stage does not fit its device (its parameters and its micro-batches in
+            flight, each holding its store-all stash: an estimate from the blocks'
+            traced sizes); the links time the simulated figures. Default: identical
+            devices of unlimited memory over links of ``bandwidth``.
         working_sets: compile the stages' kernels ahead of time for their temporary
             bytes, counted in the problem and the predicted peaks (else not counted:
             the peaks are then lower bounds; the runtime compiles its own kernels).
@@ -330,7 +339,18 @@ def plan_pipeline(
             f"at most {L} pipeline stages, asked for {parts} ({len(devs)} devices x "
             f"{parts // len(devs)} chunks of {schedule})"
         )
-    cuts = tuple(balanced_cuts(_block_problem(bm, microbatches), parts))
+    if platform is None:
+        names = [f"d{k}" for k in range(len(devs))]
+        platform = Platform.fully_connected([Device(n) for n in names], bandwidth)
+        cuts = tuple(balanced_cuts(_block_problem(bm, microbatches, platform), parts))
+    else:
+        names = _platform_devices(platform, len(devs), schedule)
+        m = microbatches
+        inflight = [m if schedule == "gpipe" else min(IN_FLIGHT[schedule](len(names), q), m)
+                    for q in range(len(names))]  # fmt: skip
+        bm.trace_options()  # the blocks' saved bytes exact (traced, not compiled)
+        problem = _block_problem(bm, microbatches, platform, sizes=True)
+        cuts = tuple(balanced_cuts(problem, parts, names, inflight))
     slices = tuple(_slices(bm, cuts))
     scale = _loss_scale(traced, args, microbatches)
     params, rest = _model_leaves_of(traced.program, model)
@@ -338,8 +358,6 @@ def plan_pipeline(
         _stage(traced.program, q, s, params, rest, scale if q == parts - 1 else None)
         for q, s in enumerate(slices)
     ]
-    names = [f"d{k}" for k in range(len(devs))]
-    platform = Platform.fully_connected([Device(n) for n in names], bandwidth)
     problem = _stage_problem(bm, slices, stages, platform, microbatches, working_sets)
     sched = BASELINES[schedule](problem, names, cuts=list(range(parts + 1)))
     return PipelinePlan(
@@ -414,17 +432,63 @@ def _refuse_state_changes(model: nnx.Module, program: Program) -> None:
             )
 
 
-def _block_problem(bm: BlockModel, m: int) -> PipelineProblem:
-    """The blocks as a chain of roofline times (what :func:`balanced_cuts` reads)."""
-    blocks = bm.blocks.blocks
+def _block_problem(
+    bm: BlockModel, m: int, platform: Platform, sizes: bool = False
+) -> PipelineProblem:
+    """The blocks as a chain of roofline times (what :func:`balanced_cuts` reads); with
+    ``sizes`` also the bytes its memory test reads, per micro-batch: a block's input
+    (the values crossing the cut before it and the arguments read from it on), its
+    saved bytes (the next input and its plain autodiff residuals, traced) and the
+    parameters it reads (a parameter several blocks read counts in each)."""
+    program, blocks = bm.program, bm.blocks.blocks
     times = [stage_times(bm, b) for b in blocks]
     L = bm.length
     fwd = [t[0] for t in times[:L]] + [0.0]
     bwd = [t[1] for t in times[:L]] + [sum(times[L])]  # the loss block: forward + backward
+    if not sizes:
+        zeros = (0,) * (L + 1)
+        chain = Chain(tuple(fwd), tuple(bwd), zeros, zeros, zeros, zeros)
+        return PipelineProblem(chain, [0] * L, platform, m, True)
+    args = set(program.arg_ids)
+    reads = [_globals_read(program, b.start, b.stop, b.index == L) for b in blocks]
+    x = []
+    for k in range(L + 1):
+        carried = set(_crossing(bm.blocks, k)) | (set().union(*reads[k:]) & args)
+        x.append(sum(program.nbytes(v) for v in carried))
+    saved = [x[k + 1] + bm.saved_bytes(k, 0)[0] for k in range(L)] + [0]
+    weights = [sum(program.nbytes(program.param_ids[j]) for j in _param_positions(program, r))
+               for r in reads]  # fmt: skip
+    weights[L - 1] += weights.pop()  # the loss block's parameters: in the last block
     zeros = (0,) * (L + 1)
-    chain = Chain(tuple(fwd), tuple(bwd), zeros, zeros, zeros, zeros)
-    platform = Platform.fully_connected([Device("d0")], 1.0)
-    return PipelineProblem(chain, [0] * L, platform, m, True)
+    chain = Chain(tuple(fwd), tuple(bwd), tuple(x), tuple(saved), zeros, zeros)
+    return PipelineProblem(chain, weights, platform, m, True)
+
+
+# micro-batches in flight on stage q of p under one-chunk schedules (an estimate of
+# what the schedule holds: 1F1B and ZB-H1 as PipeDream-Flush, ZB-H2 about twice)
+IN_FLIGHT = {
+    "1f1b": lambda p, q: p - q,
+    "zb_h1": lambda p, q: p - q,
+    "zb_h2": lambda p, q: 2 * (p - q) - 1,
+    "gpipe": lambda p, q: 1 << 30,
+}
+
+
+def _platform_devices(platform: Platform, n: int, schedule: str) -> list[str]:
+    """The names of the platform's first ``n`` devices, one per pipeline device."""
+    if schedule not in IN_FLIGHT:
+        raise ValueError(
+            f"platform= with schedule = {schedule!r}: the cut over a platform takes one chunk "
+            f"per device ({sorted(IN_FLIGHT)})"
+        )
+    if len(platform.devices) < n:
+        raise ValueError(f"platform has {len(platform.devices)} devices, the plan {n}")
+    return [d.name for d in platform.devices[:n]]
+
+
+def _param_positions(program: Program, read: set[int]) -> tuple[int, ...]:
+    """Positions among the parameter leaves of the parameters in ``read``."""
+    return tuple(program.param_ids.index(v) for v in sorted(read & set(program.param_ids)))
 
 
 def _slices(bm: BlockModel, cuts: Sequence[int]) -> list[StageSlice]:
@@ -447,7 +511,7 @@ def _slices(bm: BlockModel, cuts: Sequence[int]) -> list[StageSlice]:
         outs = () if last else _crossing(blocks, cuts[q + 1]) + tuple(sorted(later[q + 1]))
         got = reads[q] - args
         derived = tuple(sorted(v for v in got if v in program.derived))
-        params = tuple(program.param_ids.index(v) for v in sorted(got & set(program.param_ids)))
+        params = _param_positions(program, got)
         others = tuple(sorted(got - set(program.param_ids) - set(derived)))
         out.append(
             StageSlice(
@@ -641,10 +705,11 @@ def _stage_problem(
 
 
 def _predicted(problem: PipelineProblem, schedule: PipelineSchedule) -> Predicted:
-    L = problem.length
-    seconds = tuple(problem.work(k, k + 1) for k in range(L))
+    speed = {d.name: d.speed for d in problem.platform.devices}
+    device_of = {op.first: dev for dev, ops in schedule.ops for op in ops if isinstance(op, Fwd)}
+    seconds = tuple(problem.work(k, k + 1) / speed[device_of[k]] for k in range(problem.length))
     trace_ = simulate_pipeline(problem, schedule)
-    devices = len(problem.platform.devices)
+    devices = len(schedule.ops)
     busy = problem.microbatches * sum(seconds)
     bubble = 1.0 - busy / (devices * trace_.makespan) if trace_.makespan > 0 else 0.0
     return Predicted(seconds, trace_.makespan, bubble, dict(trace_.device_peak))

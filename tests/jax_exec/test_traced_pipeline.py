@@ -168,3 +168,31 @@ def test_refusals_name_the_cause():
 if __name__ == "__main__":
     sys.path.insert(0, str(TESTS))
     _child()
+
+
+def test_the_cut_follows_device_speeds_and_memories():
+    import schedir
+
+    model = MLP(depth=6, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(0), (8, 8))
+
+    def loss_fn(model, x):
+        return jnp.mean(model(x) ** 2)
+
+    two = jax.devices()[:1] * 2
+    even = plan_pipeline(loss_fn, model, x, devices=two, microbatches=4)
+    fast = schedir.Platform.fully_connected(
+        [schedir.Device("fast", speed=4.0), schedir.Device("slow")], 1e9
+    )
+    plan = plan_pipeline(loss_fn, model, x, devices=two, microbatches=4, platform=fast)
+    assert plan.cuts[1] > even.cuts[1], (plan.cuts, even.cuts)  # more blocks on "fast"
+    assert [dev for dev, _ in plan.schedule.ops] == ["fast", "slow"]
+    step = plan.run(model, x)
+    assert_close(step.grads, nnx.grad(loss_fn)(model, x), "gradients")
+    tiny = schedir.Platform.fully_connected(
+        [schedir.Device("a", memory=1000), schedir.Device("b", memory=1000)], 1e9
+    )
+    with pytest.raises(schedir.InvalidSchedule, match="fits the devices' memory"):
+        plan_pipeline(loss_fn, model, x, devices=two, microbatches=4, platform=tiny)
+    with pytest.raises(ValueError, match="one chunk per device"):
+        plan_pipeline(loss_fn, model, x, devices=two, platform=fast, schedule="v_shape")

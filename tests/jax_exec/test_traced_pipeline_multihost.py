@@ -9,9 +9,6 @@ gradient leaf once."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,19 +16,9 @@ HERE = Path(__file__).resolve().parent
 
 
 def test_two_processes_run_a_traced_plan_like_one_device():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests"), str(HERE)]))
-    proc = subprocess.run(
-        [sys.executable, "-m", "schedir_cli", "launch", "--processes", "2",
-         "--devices-per-process", "4", "--timeout", "500", "--", sys.executable, __file__],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=560,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
-    reports = {}
-    for line in proc.stdout.splitlines():
-        rank, _, text = line.partition("] ")
-        if text.startswith("{"):
-            reports[int(rank.lstrip("["))] = json.loads(text)
-    assert set(reports) == {0, 1}, proc.stdout[-3000:]
+    from launched import launch_reports
+
+    reports = launch_reports(__file__, timeout=500, path=(ROOT / "tests", HERE))
     names = reports[0]["leaves"].keys()
     assert set(names) == {"decoder_lm 1f1b", "decoder_lm zb_h1", "convnext 1f1b",
                           "convnext zb_h1"}, reports  # fmt: skip
