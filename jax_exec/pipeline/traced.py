@@ -7,9 +7,10 @@ piece, cut where few bytes cross), cuts the blocks into contiguous pipeline stag
 that minimizes the slowest stage's forward + backward seconds, the loss block in the
 last stage; the block model's roofline times) and makes every stage a
 :class:`~jax_exec.stages.split.Stage` of kind ``"program"`` whose ``apply`` runs its
-slice of the traced program. The MPMD runtime (:func:`~jax_exec.pipeline.mpmd.run_pipeline`)
-executes the chosen schedule on them, with a problem profiled from the stages' own
-kernels, so that the bytes it measures after every op equal the model's.
+slice of the traced program (:mod:`jax_exec.pipeline.program_stages`). The MPMD
+runtime (:func:`~jax_exec.pipeline.mpmd.run_pipeline`) executes the chosen schedule on
+them, with a problem profiled from the stages' own kernels, so that the bytes it
+measures after every op equal the model's.
 
 Between stages a tuple travels: the values crossing the cut (the residual stream, RoPE
 tables, masks...), then the call arguments later stages read (token ids, labels).
@@ -51,10 +52,20 @@ from jax_exec.execute.result import RunResult
 from jax_exec.kernels import loss_kernel, node_functions, node_kernels
 from jax_exec.pipeline.chunks import split_microbatches
 from jax_exec.pipeline.mpmd import run_pipeline
+from jax_exec.pipeline.program_stages import (
+    StageSlice,
+    carried_spec,
+    crossing,
+    encode,
+    globals_read,
+    model_leaves,
+    param_positions,
+    program_stage,
+    stage_slices,
+)
 from jax_exec.program.analysis import CostModel
-from jax_exec.program.blocks import Blocks
 from jax_exec.program.model import BlockModel, program_model, stage_times
-from jax_exec.program.trace import Lit, Program, evaluate, graph_difference, read, trace
+from jax_exec.program.trace import Program, graph_difference, trace
 from jax_exec.stages.program import plain_options
 from jax_exec.stages.split import Stage, spec_bytes
 from schedir import Chain
@@ -74,31 +85,6 @@ def take_loss(out: jax.Array, target: Any) -> jax.Array:
     """The runtime's loss function: the last stage already computed the loss."""
     del target
     return out
-
-
-@dataclass(frozen=True)
-class StageSlice:
-    """What one pipeline stage runs of the traced program.
-
-    Attributes:
-        blocks: ``(first, last)``: the blocks it runs (the last stage: up to the loss
-            block included).
-        eqns: ``(start, stop)``: its equations.
-        params: positions (in the model's flattened ``nnx.Param`` leaves) of the
-            parameters it reads.
-        others: value ids of the other globals it reads (model state, constants).
-        derived: value ids of the slices of stacked globals it reads (a scan's).
-        ins, outs: value ids of its input and output tuples (cut values, then call
-            arguments); ``outs`` is empty on the last stage (it returns the loss).
-    """
-
-    blocks: tuple[int, int]
-    eqns: tuple[int, int]
-    params: tuple[int, ...]
-    others: tuple[int, ...]
-    derived: tuple[int, ...]
-    ins: tuple[int, ...]
-    outs: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -174,7 +160,7 @@ class PipelinePlan:
         """The pipeline stages holding ``model``'s current parameters and state."""
         params, rest = _model_leaves(self, model)
         return [
-            _stage(
+            program_stage(
                 self.program,
                 q,
                 s,
@@ -351,11 +337,11 @@ def plan_pipeline(
         bm.trace_options()  # the blocks' saved bytes exact (traced, not compiled)
         problem = _block_problem(bm, microbatches, platform, sizes=True)
         cuts = tuple(balanced_cuts(problem, parts, names, inflight))
-    slices = tuple(_slices(bm, cuts))
+    slices = tuple(stage_slices(bm, cuts))
     scale = _loss_scale(traced, args, microbatches)
-    params, rest = _model_leaves_of(traced.program, model)
+    params, rest = model_leaves(traced.program, model)
     stages = [
-        _stage(traced.program, q, s, params, rest, scale if q == parts - 1 else None)
+        program_stage(traced.program, q, s, params, rest, scale if q == parts - 1 else None)
         for q, s in enumerate(slices)
     ]
     problem = _stage_problem(bm, slices, stages, platform, microbatches, working_sets)
@@ -450,13 +436,13 @@ def _block_problem(
         chain = Chain(tuple(fwd), tuple(bwd), zeros, zeros, zeros, zeros)
         return PipelineProblem(chain, [0] * L, platform, m, True)
     args = set(program.arg_ids)
-    reads = [_globals_read(program, b.start, b.stop, b.index == L) for b in blocks]
+    reads = [globals_read(program, b.start, b.stop, b.index == L) for b in blocks]
     x = []
     for k in range(L + 1):
-        carried = set(_crossing(bm.blocks, k)) | (set().union(*reads[k:]) & args)
+        carried = set(crossing(bm.blocks, k)) | (set().union(*reads[k:]) & args)
         x.append(sum(program.nbytes(v) for v in carried))
     saved = [x[k + 1] + bm.saved_bytes(k, 0)[0] for k in range(L)] + [0]
-    weights = [sum(program.nbytes(program.param_ids[j]) for j in _param_positions(program, r))
+    weights = [sum(program.nbytes(program.param_ids[j]) for j in param_positions(program, r))
                for r in reads]  # fmt: skip
     weights[L - 1] += weights.pop()  # the loss block's parameters: in the last block
     zeros = (0,) * (L + 1)
@@ -486,178 +472,12 @@ def _platform_devices(platform: Platform, n: int, schedule: str) -> list[str]:
     return [d.name for d in platform.devices[:n]]
 
 
-def _param_positions(program: Program, read: set[int]) -> tuple[int, ...]:
-    """Positions among the parameter leaves of the parameters in ``read``."""
-    return tuple(program.param_ids.index(v) for v in sorted(read & set(program.param_ids)))
-
-
-def _slices(bm: BlockModel, cuts: Sequence[int]) -> list[StageSlice]:
-    program, blocks = bm.program, bm.blocks
-    n = len(program.eqns)
-    starts = [blocks.blocks[c].start for c in cuts[:-1]] + [n]
-    args = set(program.arg_ids)
-    reads = [
-        _globals_read(program, starts[q], starts[q + 1], q == len(cuts) - 2)
-        for q in range(len(cuts) - 1)
-    ]
-    # arguments each stage and the stages after it read: the input tuple carries them
-    later: list[set] = [set() for _ in range(len(cuts))]
-    for q in reversed(range(len(cuts) - 1)):
-        later[q] = later[q + 1] | (reads[q] & args)
-    out = []
-    for q in range(len(cuts) - 1):
-        ins = _crossing(blocks, cuts[q]) + tuple(sorted(later[q]))
-        last = q == len(cuts) - 2
-        outs = () if last else _crossing(blocks, cuts[q + 1]) + tuple(sorted(later[q + 1]))
-        got = reads[q] - args
-        derived = tuple(sorted(v for v in got if v in program.derived))
-        params = _param_positions(program, got)
-        others = tuple(sorted(got - set(program.param_ids) - set(derived)))
-        out.append(
-            StageSlice(
-                (cuts[q], cuts[q + 1] + int(last)),
-                (starts[q], starts[q + 1]),
-                params,
-                others,
-                derived,
-                ins,
-                outs,
-            )
-        )
-    for s in out:
-        _check_carried(program, s.ins)
-    return out
-
-
-def _crossing(blocks: Blocks, c: int) -> tuple[int, ...]:
-    """The non-global values crossing the cut before block c (none before block 0)."""
-    return tuple(blocks.cuts[c]) if c > 0 else ()
-
-
-def _globals_read(program: Program, start: int, stop: int, last: bool) -> set[int]:
-    """The globals equations start..stop-1 read (the loss too on the last stage), with
-    the sources of the stacked globals' slices they read, transitively."""
-    globals_ = set(program.input_ids)
-    found = {
-        r
-        for e in program.eqns[start:stop]
-        for r in e.ins
-        if not isinstance(r, Lit) and r in globals_
-    }
-    if last and program.loss in globals_:
-        found.add(program.loss)
-    todo = [v for v in found if v in program.derived]
-    while todo:
-        src = program.derived[todo.pop()][0]
-        if src not in found:
-            found.add(src)
-            if src in program.derived:
-                todo.append(src)
-    return found
-
-
-def _check_carried(program: Program, ids: Sequence[int]) -> None:
-    for v in ids:
-        dtype = program.avals[v].dtype
-        if _wire_dtype(dtype) is None:
-            where = (
-                program.eqns[program.producer[v]].source
-                if v in program.producer
-                else (f"argument leaf {program.arg_ids.index(v)}")
-            )
-            raise TypeError(
-                f"a value of dtype {dtype} made at {where} crosses a pipeline "
-                f"stage boundary: only numbers and booleans can be carried"
-            )
-
-
-def _wire_dtype(dtype: Any) -> Any:
-    """The float dtype a carried value of ``dtype`` travels as (None: not carried)."""
-    dtype = np.dtype(dtype) if not jax.dtypes.issubdtype(dtype, jax.dtypes.extended) else None
-    if dtype is None:
-        return None
-    if jnp.issubdtype(dtype, jnp.inexact):
-        return dtype
-    if dtype == np.bool_ or jnp.issubdtype(dtype, jnp.integer):
-        return np.dtype(np.float64) if dtype.itemsize == 8 else np.dtype(np.float32)
-    return None
-
-
-def encode(v: jax.Array) -> jax.Array:
-    """A carried value as a float array: itself, or its bits (module docstring)."""
-    if jnp.issubdtype(v.dtype, jnp.inexact):
-        return v
-    if v.dtype.itemsize < 4:
-        v = v.astype(jnp.int32)
-    return jax.lax.bitcast_convert_type(v, _wire_dtype(v.dtype))
-
-
-def decode(v: jax.Array, dtype: Any) -> jax.Array:
-    """The value :func:`encode` made ``v`` from, of ``dtype``."""
-    dtype = np.dtype(dtype)
-    if jnp.issubdtype(dtype, jnp.inexact):
-        return v
-    wide = dtype if dtype.itemsize >= 4 else np.dtype(np.int32)
-    return jax.lax.bitcast_convert_type(v, wide).astype(dtype)
-
-
-def _stage_apply(program: Program, s: StageSlice, scale: float | None) -> Callable:
-    """``apply(params, others, carried) -> carried'`` (or the loss, times ``scale``)."""
-    eqns = program.eqns[s.eqns[0] : s.eqns[1]]
-    param_ids = tuple(program.param_ids[j] for j in s.params)
-    in_dtypes = tuple(program.avals[v].dtype for v in s.ins)
-
-    def apply(params: tuple, others: tuple, carried: tuple) -> Any:
-        env = dict(zip(param_ids, params, strict=True))
-        env.update(zip(s.others, others, strict=True))
-        env.update({v: decode(a, d) for v, a, d in zip(s.ins, carried, in_dtypes, strict=True)})
-        for vid in s.derived:  # ascending ids: a slice's source is made before it
-            src, i = program.derived[vid]
-            env[vid] = env[src][i]
-        evaluate(program, eqns, env)
-        if scale is not None:
-            return read(env, program.loss) * scale
-        return tuple(encode(env[v]) for v in s.outs)
-
-    return apply
-
-
-def _model_leaves_of(program: Program, model: nnx.Module) -> tuple[list, dict]:
-    """The model's parameter leaves, and value id -> value of its other globals."""
-    _, params, rest = nnx.split(model, nnx.Param, ...)
-    p_leaves = jax.tree_util.tree_leaves(params)
-    r_leaves = jax.tree_util.tree_leaves(rest)
-    others = dict(zip(program.rest_ids, r_leaves, strict=True))
-    others.update(program.consts)
-    return p_leaves, others
-
-
 def _model_leaves(plan: PipelinePlan, model: nnx.Module) -> tuple[list, dict]:
     graphdef = nnx.split(model, nnx.Param, ...)[0]
     why = graph_difference(plan.model.traced.graphdef, graphdef)
     if why is not None:
         raise ValueError(f"the model is not the planned one: {why}; plan again")
-    return _model_leaves_of(plan.program, model)
-
-
-def _stage(
-    program: Program, q: int, s: StageSlice, params: list, others: dict, scale: float | None
-) -> Stage:
-    return Stage(
-        name=f"stage {q} (blocks {s.blocks[0]}..{s.blocks[1] - 1})",
-        params=tuple(params[j] for j in s.params),
-        rest=tuple(others[v] for v in s.others),
-        apply=_stage_apply(program, s, scale),
-        key=("program", program, q, s, scale),
-        kind="program",
-    )
-
-
-def _in_spec(program: Program, s: StageSlice) -> tuple:
-    return tuple(
-        jax.ShapeDtypeStruct(program.avals[v].shape, _wire_dtype(program.avals[v].dtype))
-        for v in s.ins
-    )
+    return model_leaves(plan.program, model)
 
 
 def _stage_problem(
@@ -678,7 +498,7 @@ def _stage_problem(
         times = [stage_times(bm, blocks[b]) for b in range(*s.blocks)]
         fwd.append(sum(t[0] for t in times))
         bwd.append(sum(t[1] for t in times))
-        spec = _in_spec(program, s)
+        spec = carried_spec(program, s)
         fns = node_functions(stage, (spec,))
         in_size.append(spec_bytes(spec))
         saved.append(fns.saved_bytes)
