@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from collections.abc import Mapping
+from typing import Any
 
 import jax
 import numpy as np
@@ -121,3 +122,20 @@ def transfer(
         return None
     (shard,) = [s for s in moved.addressable_shards if s.device == mine]
     return shard.data
+
+
+def transfer_tree(value: Any, src: jax.Device, dst: jax.Device, aval: Any) -> Any:
+    """:func:`transfer` of an array or a tuple of arrays (``aval`` alike: a traced
+    model's stages carry tuples); a scalar travels as an array of one element. The
+    receiver passes None and gets the tree on ``dst``; the sender gets None."""
+    if not isinstance(aval, tuple):
+        return transfer(value, src, dst, aval)
+    if is_local(src) and is_local(dst):
+        return jax.device_put(value, dst)
+    parts = value if value is not None else (None,) * len(aval)
+    moved = []
+    for part, spec in zip(parts, aval, strict=True):
+        one = jax.ShapeDtypeStruct((1, *spec.shape), spec.dtype)
+        got = transfer(None if part is None else part[None], src, dst, one)
+        moved.append(None if got is None else got[0])
+    return None if is_local(src) else tuple(moved)

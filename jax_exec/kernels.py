@@ -33,7 +33,7 @@ import jax
 from jax.extend.core import Literal
 
 from jax_exec.program.compiled import Kernel, compile_kernel
-from jax_exec.stages.split import Stage, as_spec, check_loss, output_spec, spec_bytes
+from jax_exec.stages.split import Stage, as_spec, check_loss, output_spec, spec_bytes, tree_spec
 
 
 @dataclass(frozen=True)
@@ -127,8 +127,7 @@ GRAPH_KERNELS = ("fwd", "res", "bwd")  # what a graph node's Computes launch
 
 
 def _node_key(node: Any, in_specs: tuple) -> tuple:
-    shapes = tuple((s.shape, str(s.dtype)) for s in in_specs)
-    return (node.key, _tree_key(node.params), _tree_key(node.rest), shapes)
+    return (node.key, _tree_key(node.params), _tree_key(node.rest), _tree_key(in_specs))
 
 
 def node_functions(node: Any, in_specs: tuple) -> NodeFunctions:
@@ -149,7 +148,7 @@ def node_kernels(
     """Compile (or fetch from ``cache``, default this module's) the kernels ``kinds`` of
     ``node`` for inputs ``in_specs``; ``bwd`` sums ``cots`` cotangents."""
     cache = _KERNELS if cache is None else cache
-    in_specs = tuple(as_spec(f"input of {node.name}", s) for s in in_specs)
+    in_specs = tuple(_input_spec(node, s) for s in in_specs)
     key = (*_node_key(node, in_specs), cots, kinds)
     if key not in cache:
         fns = node_functions(node, in_specs)
@@ -224,10 +223,21 @@ def find_constants(closed: Any, consts: dict[int, Any]) -> None:
             consts[m] = const_vals[var]
 
 
+def _input_spec(node: Any, value: Any) -> Any:
+    """An input's shapes: one array, or a tuple of them for a traced program's stage."""
+    if isinstance(node, Stage) and node.kind == "program":
+        return tree_spec(f"input of {node.name}", value)
+    return as_spec(f"input of {node.name}", value)
+
+
 def _build(node: Any, in_specs: tuple) -> NodeFunctions:
-    # One floating-point array, or a clear error (a stage: a stateful layer is refused).
+    # One floating-point array (a traced program's stage: a tuple of them), or a clear
+    # error (a stage: a stateful layer is refused).
     out = jax.eval_shape(node.apply, node.params, node.rest, *in_specs)
-    if isinstance(node, Stage):
+    if isinstance(node, Stage) and node.kind == "program" and isinstance(out, tuple):
+        for leaf in out:
+            output_spec(node, leaf)
+    elif isinstance(node, Stage):
         output_spec(node, out)
     else:
         as_spec(f"node {node.name}'s output", out)
@@ -238,8 +248,8 @@ def _build(node: Any, in_specs: tuple) -> NodeFunctions:
         return {
             "param": jax.tree_util.tree_leaves(params),
             "rest": jax.tree_util.tree_leaves(rest),
-            "in": list(ins),
-            "out": [out],
+            "in": jax.tree_util.tree_leaves(ins),
+            "out": jax.tree_util.tree_leaves(out),
         }
 
     def rec(params: Any, rest: Any, ins: tuple) -> tuple[jax.Array, tuple]:
@@ -265,7 +275,7 @@ def _build(node: Any, in_specs: tuple) -> NodeFunctions:
     def bwd(params: Any, rest: Any, ins: tuple, out: jax.Array, new: tuple, cots: tuple):
         d_out = cots[0]
         for c in cots[1:]:
-            d_out = d_out + c
+            d_out = jax.tree_util.tree_map(jax.numpy.add, d_out, c)
         pick = known(params, rest, ins, out)
         pick["new"] = list(new)
         pick["const"] = [jax.numpy.asarray(c) for c in recipe.consts]

@@ -1,6 +1,7 @@
 """Several devices (docs/pipelines.md, docs/dynamic_training.md, docs/device_memory.md):
-pipelines of a stage list over devices (MPMD per interval, SPMD over a mesh), the
-dynamic runtime, and ZeRO-sharded training steps."""
+pipelines of a stage list over devices (MPMD per interval, SPMD over a mesh), pipelines
+of any traced Flax model cut automatically (``plan_pipeline``), the dynamic runtime, and
+ZeRO-sharded training steps."""
 
 from jax_exec.pipeline.dynamic import run_dynamic
 from jax_exec.pipeline.dynamic_training import run_dynamic_training
@@ -16,11 +17,15 @@ from jax_exec.pipeline.spmd import (
     stage_mesh,
     stage_orders,
 )
+from jax_exec.pipeline.traced import PipelinePlan, PipelineStep, plan_pipeline
 from jax_exec.zero import ZeroStep, zero_step
 
 __all__ = [
+    "PipelinePlan",
+    "PipelineStep",
     "ZeroStep",
     "nnx_blocks",
+    "plan_pipeline",
     "profile_stages",
     "run_dynamic",
     "run_dynamic_training",

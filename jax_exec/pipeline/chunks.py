@@ -30,8 +30,11 @@ from schedir.chain.ops import buffer_moves
 
 
 def split_microbatches(tree: Any, m: int) -> list:
-    """``m`` equal slices along axis 0 of every leaf (the batch must divide)."""
+    """``m`` equal slices along axis 0 of every leaf (the batch must divide); a tree
+    without leaves (no target) is the same for every micro-batch."""
     leaves = jax.tree_util.tree_leaves(tree)
+    if not leaves:
+        return [tree] * m
     n = leaves[0].shape[0]
     if n % m:
         raise ValueError(f"batch of {n} is not divisible into {m} micro-batches")
@@ -311,7 +314,7 @@ class ChunkProgram:
         else:
             made = (fns.fwd(p[op.index], r[op.index], (a,)),)
         # the gradient of an integer input (token ids) is float0: nothing to hold
-        table[out] = tuple(v for v in made if v.dtype != jax.dtypes.float0)
+        table[out] = tuple(v for v in made if getattr(v, "dtype", None) != jax.dtypes.float0)
         for name in frees:
             del table[name]
 

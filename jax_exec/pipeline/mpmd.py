@@ -18,8 +18,8 @@ once with ``jax.device_put``):
   problem's ``wgrad_bytes`` it frees nothing and ``Wgt`` reruns the backward for the
   parameter gradients; with them it keeps per stage what its weight part reads and
   ``Wgt`` runs the weight parts;
-- ``Send``: ``jax.device_put`` of the array to the peer's device (another process's
-  device: :func:`jax_exec.distributed.transfer`).
+- ``Send``: ``jax.device_put`` of the array (or tuple of arrays) to the peer's device
+  (another process's device: :func:`jax_exec.distributed.transfer_tree`).
 
 What every op waits for, makes, allocates and releases is read from
 :func:`schedir.pipeline.ops.effect` (the rules, written once; the simulator reads the
@@ -55,7 +55,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jax_exec.distributed import is_local, transfer
+from jax_exec.distributed import is_local, transfer_tree
 from jax_exec.execute.result import RunResult
 from jax_exec.execute.tree import check_schedule
 from jax_exec.pipeline.chunks import (  # the dynamic runtime imports these two from here too
@@ -164,7 +164,10 @@ def run_pipeline(
     periodic inference pattern expanded, or any valid per-device lists) on ``layers``.
     Training iff the schedule has ``Bwd`` ops (then ``y`` and ``loss_fn`` are
     required). The micro-batch count is the number of distinct micro-batches in the
-    schedule; ``x`` (and ``y``) are split along axis 0.
+    schedule; ``x`` (and ``y``) are split along axis 0 (every leaf of a tuple; an empty
+    ``y`` holds nothing). ``layers`` may also be a list of
+    :class:`~jax_exec.stages.split.Stage` objects, taken as they are (a traced model's
+    stages, :mod:`jax_exec.pipeline.traced`, whose activations are tuples of arrays).
 
     ``devices``: JAX devices in the order of ``schedule.ops``, or a dict name ->
     device (default: see :func:`_devices_for`). ``block``: wait for every op (the
@@ -181,7 +184,10 @@ def run_pipeline(
     None), the outputs (inference) where every item's last stage ran, and log
     entries and peaks for its own devices only.
     """
-    stages = as_stages(layers)
+    # Stage objects (a traced model's, jax_exec.pipeline.traced) are taken as they are:
+    # their maker sums the gradients of a parameter several of them read
+    given = list(layers) if isinstance(layers, list | tuple) else []
+    stages = given if given and all(isinstance(s, Stage) for s in given) else as_stages(layers)
     L = len(stages)
     place = _devices_for(schedule, devices)
     ops = {dev: list(lst) for dev, lst in schedule.ops}
@@ -202,7 +208,7 @@ def run_pipeline(
     backward_of = {(dev, o.first, o.last, o.mb): o
                    for dev, lst in ops.items() for o in lst if isinstance(o, Bwd)}  # fmt: skip
     local = {dev for dev in ops if is_local(place[dev])}
-    xs = split_microbatches(jnp.asarray(x), m)
+    xs = split_microbatches(jax.tree_util.tree_map(jnp.asarray, x), m)
     ys = split_microbatches(y, m) if training else [None] * m
     avals = _activation_avals(stages, xs[0])
     slot = {mb: k for k, mb in enumerate(mbs)}
@@ -286,7 +292,7 @@ def run_pipeline(
             (held,), (sent,) = eff.reads, eff.adds
             src, dst = place[dev], place[op.peer]
             if dev in local or op.peer in local:
-                moved = transfer(store.get(held), src, dst, avals[op.index])
+                moved = transfer_tree(store.get(held), src, dst, avals[op.index])
                 if op.peer in local:
                     store[sent] = moved
             return
@@ -364,9 +370,9 @@ def run_pipeline(
 _add = jax.jit(lambda a, b: jax.tree_util.tree_map(jnp.add, a, b))
 
 
-def _activation_avals(stages: Sequence[Stage], x0: jax.Array) -> list:
+def _activation_avals(stages: Sequence[Stage], x0: Any) -> list:
     """Shape and dtype of a_0 .. a_L for one micro-batch (what a receiver allocates)."""
-    avals = [jax.ShapeDtypeStruct(x0.shape, x0.dtype)]
+    avals = [jax.tree_util.tree_map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), x0)]
     for s in stages:
         avals.append(jax.eval_shape(s.apply, s.params, s.rest, avals[-1]))
     return avals

@@ -49,7 +49,9 @@ class Stage:
         apply: ``(params, rest, a) -> a_next``, pure.
         key: hashable identity of the computation (graph definition), used to reuse
             compiled kernels between calls.
-        kind: ``"nnx"``, ``"linen"`` or ``"function"``.
+        kind: ``"nnx"``, ``"linen"``, ``"function"``, or ``"program"`` (a slice of a
+            traced model, :mod:`jax_exec.pipeline.traced`: its input and output may be
+            tuples of floating-point arrays).
     """
 
     name: str
@@ -361,12 +363,24 @@ def check_loss(loss_fn: Callable, out: jax.ShapeDtypeStruct, y: Any) -> None:
         raise TypeError(f"loss_fn(out, y) must return a scalar array, got {value}")
 
 
-def spec_bytes(spec: jax.ShapeDtypeStruct) -> int:
-    """Bytes of an array of this shape and dtype."""
-    n = 1
-    for d in spec.shape:
-        n *= int(d)
-    return n * spec.dtype.itemsize
+def spec_bytes(spec: Any) -> int:
+    """Bytes of an array of this shape and dtype (of every leaf of a pytree of them:
+    a traced model's stages carry tuples, :mod:`jax_exec.pipeline.traced`)."""
+    total = 0
+    for leaf in jax.tree_util.tree_leaves(spec):
+        n = 1
+        for d in leaf.shape:
+            n *= int(d)
+        total += n * leaf.dtype.itemsize
+    return total
+
+
+def tree_spec(what: str, value: Any) -> Any:
+    """``value`` (an array, or a tuple of arrays) as ShapeDtypeStructs alike; a clear
+    TypeError for anything else (:func:`as_spec` on each array)."""
+    if isinstance(value, tuple):
+        return tuple(as_spec(f"{what}[{k}]", v) for k, v in enumerate(value))
+    return as_spec(what, value)
 
 
 def plain_loss(stages: Sequence[Stage], loss_fn: Callable) -> Callable[..., jax.Array]:

@@ -38,22 +38,49 @@ def check_placement(problem: PipelineProblem, chunks: Sequence[Chunk]) -> tuple[
     return chunks
 
 
-def balanced_cuts(problem: PipelineProblem, parts: int) -> list[int]:
+def balanced_cuts(
+    problem: PipelineProblem,
+    parts: int,
+    devices: Sequence[str] | None = None,
+    inflight: Sequence[int] | None = None,
+) -> list[int]:
     """Cut points 0 = c_0 < ... < c_parts = L minimizing the largest part's training
-    work (forward + backward, the loss in the last part); exact DP, O(L^2 parts)."""
+    work (forward + backward, the loss in the last part); exact DP, O(L^2 parts).
+
+    With ``devices`` (one device of the platform per part, in order) part q's work is
+    divided by its device's speed, and a part that does not fit its device's memory is
+    not cut: its weights, and ``inflight[q]`` micro-batches (default: all of them) of
+    its store-all stash (its input and every stage's saved bytes, the target on the
+    last part) must fit. InvalidSchedule when no cut fits."""
     L = problem.length
     if not 1 <= parts <= L:
         raise InvalidSchedule(f"cannot cut {L} stages into {parts} non-empty chunks")
-    inf = float("inf")
+    devs = [problem.platform.device(u) for u in devices] if devices is not None else None
+    if devs is not None and len(devs) != parts:
+        raise InvalidSchedule(f"devices: {len(devs)} given for {parts} parts")
+    inflight = list(inflight) if inflight is not None else [problem.microbatches] * parts
+    c, inf = problem.chain, float("inf")
+
+    def cost(q: int, i: int, j: int) -> float:
+        if devs is None:
+            return problem.work(i, j)
+        stash = c.in_size[i] + sum(c.saved_size[i:j]) + (problem.target_bytes if j == L else 0)
+        held = sum(problem.weights[i:j]) + inflight[q] * stash
+        if devs[q].memory is not None and held > devs[q].memory:
+            return inf
+        return problem.work(i, j) / devs[q].speed
+
     best = [[inf] * (L + 1) for _ in range(parts + 1)]
     arg = [[0] * (L + 1) for _ in range(parts + 1)]
     best[0][0] = 0.0
     for q in range(1, parts + 1):
         for j in range(q, L + 1):
             for i in range(q - 1, j):
-                value = max(best[q - 1][i], problem.work(i, j))
+                value = max(best[q - 1][i], cost(q - 1, i, j))
                 if value < best[q][j]:
                     best[q][j], arg[q][j] = value, i
+    if best[parts][L] == inf:
+        raise InvalidSchedule(f"no cut of {L} stages into {parts} parts fits the devices' memory")
     cuts, j = [L], L
     for q in range(parts, 0, -1):
         j = arg[q][j]

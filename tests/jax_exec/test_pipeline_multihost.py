@@ -8,8 +8,6 @@ gradients (rtol 1e-5). One launch runs them all."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,21 +19,11 @@ WIDTH, MICROBATCHES, BATCH = 8, 8, 16
 
 
 def test_two_processes_run_every_schedule_like_one_device():
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    from launched import launch_reports
+
     start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "schedir_cli", "launch", "--processes", "2",
-         "--devices-per-process", "4", "--timeout", "300", "--", sys.executable, __file__],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=360,
-    )  # fmt: skip
+    reports = launch_reports(__file__, timeout=300)
     seconds = time.perf_counter() - start
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
-    reports = {}
-    for line in proc.stdout.splitlines():
-        rank, _, text = line.partition("] ")
-        if text.startswith("{"):
-            reports[int(rank.lstrip("["))] = json.loads(text)
-    assert set(reports) == {0, 1}, proc.stdout[-3000:]
     names = {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "v_shape", "joint"}
     for rep in reports.values():
         assert rep["processes"] == 2 and rep["devices"] == 8 and rep["local"] == 4

@@ -1,0 +1,562 @@
+"""Pipelines of any Flax NNX model, cut automatically (docs/pipelines.md, "Any Flax model").
+
+:func:`plan_pipeline` traces ``loss_fn(model, *args)`` for one micro-batch into the
+block chain of the automatic planner (:mod:`jax_exec.program`: one block per layer-like
+piece, cut where few bytes cross), cuts the blocks into contiguous pipeline stages with
+:func:`schedir.pipeline.placement.balanced_cuts` (the exact DP over contiguous blocks
+that minimizes the slowest stage's forward + backward seconds, the loss block in the
+last stage; the block model's roofline times) and makes every stage a
+:class:`~jax_exec.stages.split.Stage` of kind ``"program"`` whose ``apply`` runs its
+slice of the traced program (:mod:`jax_exec.pipeline.program_stages`). The MPMD
+runtime (:func:`~jax_exec.pipeline.mpmd.run_pipeline`) executes the chosen schedule on
+them, with a problem profiled from the stages' own kernels, so that the bytes it
+measures after every op equal the model's.
+
+Between stages a tuple travels: the values crossing the cut (the residual stream, RoPE
+tables, masks...), then the call arguments later stages read (token ids, labels).
+Only the arguments are split into micro-batches (every leaf along axis 0, the same batch
+size); whatever the model computes, batch-dependent or not, is computed per micro-batch
+by the stage that makes it, so a value that does not depend on the batch (a RoPE table,
+a causal mask) is never split, only recomputed per micro-batch and carried. Integer and
+boolean values travel bit-cast to a float of their width (``bool``, 8- and 16-bit
+integers widened to 32 bits first), so that every carried array is a float array
+whose cotangent the chain model counts (zeros): the runtime's measured bytes and the
+model's agree. The last stage ends with the loss; the runtime's own loss function only
+takes it (:func:`take_loss`), and the target is empty.
+
+Micro-batching is exact when the loss of the batch is the mean (or the sum) of the
+micro-batches' losses and nothing else mixes items of the batch: the plan checks the
+loss value on the given batch (refusing a loss that is neither), and refuses a model
+whose state changes during the call (dropout drawing from ``nnx.Rngs``, BatchNorm
+statistics in training mode), naming the variable.
+
+A parameter read by several stages (tied embeddings) is in every such stage's
+``params``; :meth:`PipelinePlan.run` adds the stages' gradients of it on the device of
+the first stage that reads it (across processes through
+:func:`jax_exec.distributed.transfer`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jax_exec.distributed import is_local, transfer_tree
+from jax_exec.execute.result import RunResult
+from jax_exec.kernels import loss_kernel, node_functions, node_kernels
+from jax_exec.pipeline.chunks import split_microbatches
+from jax_exec.pipeline.mpmd import run_pipeline
+from jax_exec.pipeline.program_stages import (
+    StageSlice,
+    carried_spec,
+    crossing,
+    encode,
+    globals_read,
+    model_leaves,
+    param_positions,
+    program_stage,
+    stage_slices,
+)
+from jax_exec.program.analysis import CostModel
+from jax_exec.program.model import BlockModel, program_model, stage_times
+from jax_exec.program.trace import Program, graph_difference, trace
+from jax_exec.stages.program import plain_options
+from jax_exec.stages.split import Stage, spec_bytes
+from schedir import Chain
+from schedir.pipeline.baselines import BASELINES
+from schedir.pipeline.ops import Fwd
+from schedir.pipeline.placement import balanced_cuts
+from schedir.pipeline.problem import PipelineProblem
+from schedir.pipeline.schedule import PipelineSchedule
+from schedir.pipeline.simulate import simulate_pipeline
+from schedir.platform import Device, Platform
+
+# chunks (virtual stages) per device of each schedule
+CHUNKS_PER_DEVICE = {"interleaved_1f1b": 2, "v_shape": 2}
+
+
+def take_loss(out: jax.Array, target: Any) -> jax.Array:
+    """The runtime's loss function: the last stage already computed the loss."""
+    del target
+    return out
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """The plan's figures (roofline seconds, nominal links: estimates; bytes exact).
+
+    Attributes:
+        stage_seconds: per pipeline stage, forward + backward seconds of one
+            micro-batch on its device (the loss in the last).
+        makespan: the schedule's simulated step, seconds.
+        bubble: the idle share of the devices over the step.
+        device_peak: per device, the simulated peak bytes (parameters, activations,
+            working sets).
+    """
+
+    stage_seconds: tuple[float, ...]
+    makespan: float
+    bubble: float
+    device_peak: dict
+
+
+@dataclass(frozen=True)
+class PipelineStep:
+    """One executed step: the ``loss`` (None in a process that did not run the last
+    stage), the ``grads`` in the model's ``nnx.State`` structure (a leaf is None in a
+    process that did not run the first stage reading it) and the runtime's
+    :class:`~jax_exec.execute.result.RunResult` (op log, bytes per op, peaks)."""
+
+    loss: Any
+    grads: Any
+    result: RunResult
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    """A traced model cut into pipeline stages and scheduled (module docstring).
+
+    Attributes:
+        cuts: block indices ``0 = c_0 < ... < c_S = L`` of the stage boundaries (the
+            loss block, index L, belongs to the last stage).
+        slices: per stage, what it runs (:class:`StageSlice`).
+        schedule_name: the schedule generator (a key of
+            :data:`schedir.pipeline.baselines.BASELINES`).
+        schedule: the per-device op lists.
+        problem: the stages as a :class:`~schedir.PipelineProblem`: sizes of the
+            stages' compiled kernels (exact bytes), roofline times.
+        predicted: :class:`Predicted`.
+        devices: the JAX devices, in the order of the schedule's devices (``d0, d1...``,
+            or the platform's).
+        microbatches: micro-batches per step; ``batch``: the batch size planned for.
+        loss_scale: 1 when the batch's loss is the mean of the micro-batches' losses,
+            ``microbatches`` when it is their sum.
+        model: the :class:`~jax_exec.program.model.BlockModel` of one micro-batch.
+    """
+
+    cuts: tuple[int, ...]
+    slices: tuple[StageSlice, ...]
+    schedule_name: str
+    schedule: PipelineSchedule
+    problem: PipelineProblem
+    predicted: Predicted
+    devices: tuple
+    microbatches: int
+    batch: int
+    loss_scale: float
+    model: BlockModel
+
+    @property
+    def program(self) -> Program:
+        return self.model.program
+
+    def stages(self, model: nnx.Module) -> list[Stage]:
+        """The pipeline stages holding ``model``'s current parameters and state."""
+        params, rest = _model_leaves(self, model)
+        return [
+            program_stage(
+                self.program,
+                q,
+                s,
+                params,
+                rest,
+                self.loss_scale if q == len(self.slices) - 1 else None,
+            )
+            for q, s in enumerate(self.slices)
+        ]
+
+    def run(self, model: nnx.Module, *args: Any, block: bool = False) -> PipelineStep:
+        """One training step of ``loss_fn(model, *args)`` through the pipeline: the loss
+        and the gradients of ``nnx.value_and_grad`` (:class:`PipelineStep`). ``block``:
+        wait for every op (exact per-op times, no overlap)."""
+        stages = self.stages(model)
+        x = self.inputs(args)
+        result = run_pipeline(
+            stages,
+            self.schedule,
+            x,
+            (),
+            take_loss,
+            devices=self.devices,
+            block=block,
+            problem=self.problem,
+        )
+        return PipelineStep(result.loss, self._grads(model, result), result)
+
+    def with_schedule(self, schedule: str) -> PipelinePlan:
+        """The same stages under another schedule with as many chunks per device (e.g.
+        "1f1b", "gpipe", "zb_h1", "zb_h2"): no tracing, the kernels shared."""
+        if CHUNKS_PER_DEVICE.get(schedule, 1) != CHUNKS_PER_DEVICE.get(self.schedule_name, 1):
+            raise ValueError(
+                f"schedule = {schedule!r} runs another number of chunks per device than "
+                f"{self.schedule_name!r}: plan again"
+            )
+        if schedule not in BASELINES:
+            raise ValueError(f"schedule = {schedule!r}: expected one of {sorted(BASELINES)}")
+        names = [dev for dev, _ in self.schedule.ops]
+        sched = BASELINES[schedule](self.problem, names, cuts=list(range(len(self.slices) + 1)))
+        return replace(
+            self, schedule_name=schedule, schedule=sched, predicted=_predicted(self.problem, sched)
+        )
+
+    def inputs(self, args: Sequence[Any]) -> tuple:
+        """The first stage's input: the argument leaves it carries, encoded."""
+        leaves = jax.tree_util.tree_leaves(tuple(args))
+        program = self.program
+        if len(leaves) != len(program.arg_ids):
+            raise ValueError(
+                f"the call has {len(leaves)} argument arrays, the plan "
+                f"{len(program.arg_ids)}: call with the planned arguments"
+            )
+        by_id = {}
+        for k, (vid, leaf) in enumerate(zip(program.arg_ids, leaves, strict=True)):
+            planned = program.avals[vid]
+            want = (self.batch, *planned.shape[1:])
+            if tuple(np.shape(leaf)) != want or jnp.result_type(leaf) != planned.dtype:
+                raise ValueError(
+                    f"argument leaf {k} is {jnp.result_type(leaf)}"
+                    f"{list(np.shape(leaf))}, the plan was made for "
+                    f"{planned.dtype}{list(want)}: plan again"
+                )
+            by_id[vid] = leaf
+        return tuple(encode(jnp.asarray(by_id[v])) for v in self.slices[0].ins)
+
+    def _grads(self, model: nnx.Module, result: RunResult) -> Any:
+        """Per parameter leaf, the sum of its stages' gradients on the device of the
+        first stage reading it (None where that stage ran in another process)."""
+        params = nnx.split(model, nnx.Param, ...)[1]
+        leaves, treedef = jax.tree_util.tree_flatten(params)
+        device_of = _stage_devices(self.schedule, result.placement)
+        per_stage = [
+            dict(zip(s.params, g, strict=True)) if g is not None else None
+            for s, g in zip(self.slices, result.grads, strict=True)
+        ]
+        out = []
+        for j, leaf in enumerate(leaves):
+            readers = [q for q, s in enumerate(self.slices) if j in s.params]
+            if not readers:  # a parameter the loss does not read: a zero gradient
+                first = device_of[0]
+                out.append(jnp.zeros_like(leaf, device=first) if is_local(first) else None)
+                continue
+            owner = device_of[readers[0]]
+            total = per_stage[readers[0]][j] if per_stage[readers[0]] is not None else None
+            aval = jax.ShapeDtypeStruct(leaf.shape, leaf.dtype)
+            for q in readers[1:]:
+                src = device_of[q]
+                if not (is_local(src) or is_local(owner)):
+                    continue
+                part = per_stage[q][j] if per_stage[q] is not None else None
+                # a 1-tuple: transfer_tree moves scalars too
+                moved = transfer_tree(None if part is None else (part,), src, owner, (aval,))
+                if is_local(owner):
+                    total = total + moved[0]
+            out.append(total if is_local(owner) else None)
+        return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def plan_pipeline(
+    loss_fn: Callable[..., jax.Array],
+    model: nnx.Module,
+    *args: Any,
+    devices: int | Sequence = 4,
+    microbatches: int = 4,
+    schedule: str = "1f1b",
+    cost_model: CostModel | None = None,
+    bandwidth: float = 100e9,
+    working_sets: bool = False,
+    platform: Platform | None = None,
+) -> PipelinePlan:
+    """Plan a pipeline of ``loss_fn(model, *args)`` (module docstring).
+
+    Args:
+        loss_fn: ``loss_fn(model, *args) -> scalar``, the mean (or sum) of per-item
+            losses over the batch.
+        model: an ``nnx.Module``.
+        args: the batch: every array leaf has the same leading size, split into
+            ``microbatches`` along axis 0 (``args[0]`` first).
+        devices: a device count (the first ones of ``jax.devices()``) or the devices.
+        microbatches: micro-batches per step.
+        schedule: a key of :data:`schedir.pipeline.baselines.BASELINES` ("1f1b",
+            "gpipe", "zb_h1", "zb_h2", "interleaved_1f1b", "v_shape").
+        cost_model: the roofline model of the block times.
+        bandwidth: bytes/s of the links in the simulated figures (nominal).
+        platform: the devices' speeds and memories (its first ``len(devices)``
+            devices, in order, one per pipeline device; one-chunk schedules only): the
+            cut divides each stage's time by its device's speed and skips cuts whose
+            stage does not fit its device (its parameters and its micro-batches in
+            flight, each holding its store-all stash: an estimate from the blocks'
+            traced sizes); the links time the simulated figures. Default: identical
+            devices of unlimited memory over links of ``bandwidth``.
+        working_sets: compile the stages' kernels ahead of time for their temporary
+            bytes, counted in the problem and the predicted peaks (else not counted:
+            the peaks are then lower bounds; the runtime compiles its own kernels).
+
+    Raises:
+        ValueError: an argument without the batch axis, a batch not divisible into
+            ``microbatches``, too few devices or blocks, an unknown schedule, a loss
+            that micro-batching changes.
+        TypeError: a model whose state changes during the call (dropout, BatchNorm
+            statistics), not an NNX model, a non-scalar loss.
+    """
+    if schedule not in BASELINES:
+        raise ValueError(f"schedule = {schedule!r}: expected one of {sorted(BASELINES)}")
+    devs = _devices(devices)
+    parts = len(devs) * CHUNKS_PER_DEVICE.get(schedule, 1)
+    batch = _batch_size(args, microbatches)
+    small = jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(
+            (batch // microbatches, *np.shape(a)[1:]), jnp.result_type(a)
+        ),
+        tuple(args),
+    )
+    traced = trace(loss_fn, model, small)
+    _refuse_state_changes(model, traced.program)
+    bm = program_model(traced, cost_model=cost_model, options=plain_options)
+    L = bm.length
+    if parts > L:
+        raise ValueError(
+            f"the traced model has {L} blocks (the planner's cuts between its layers): "
+            f"at most {L} pipeline stages, asked for {parts} ({len(devs)} devices x "
+            f"{parts // len(devs)} chunks of {schedule})"
+        )
+    if platform is None:
+        names = [f"d{k}" for k in range(len(devs))]
+        platform = Platform.fully_connected([Device(n) for n in names], bandwidth)
+        cuts = tuple(balanced_cuts(_block_problem(bm, microbatches, platform), parts))
+    else:
+        names = _platform_devices(platform, len(devs), schedule)
+        m = microbatches
+        inflight = [m if schedule == "gpipe" else min(IN_FLIGHT[schedule](len(names), q), m)
+                    for q in range(len(names))]  # fmt: skip
+        bm.trace_options()  # the blocks' saved bytes exact (traced, not compiled)
+        problem = _block_problem(bm, microbatches, platform, sizes=True)
+        cuts = tuple(balanced_cuts(problem, parts, names, inflight))
+    slices = tuple(stage_slices(bm, cuts))
+    scale = _loss_scale(traced, args, microbatches)
+    params, rest = model_leaves(traced.program, model)
+    stages = [
+        program_stage(traced.program, q, s, params, rest, scale if q == parts - 1 else None)
+        for q, s in enumerate(slices)
+    ]
+    problem = _stage_problem(bm, slices, stages, platform, microbatches, working_sets)
+    sched = BASELINES[schedule](problem, names, cuts=list(range(parts + 1)))
+    return PipelinePlan(
+        cuts,
+        slices,
+        schedule,
+        sched,
+        problem,
+        _predicted(problem, sched),
+        tuple(devs),
+        microbatches,
+        batch,
+        scale,
+        bm,
+    )
+
+
+def _devices(devices: int | Sequence) -> list:
+    if isinstance(devices, int) and not isinstance(devices, bool):
+        have = jax.devices()
+        if not 1 <= devices <= len(have):
+            raise ValueError(f"devices = {devices}: this job has {len(have)} devices")
+        return list(have[:devices])
+    devs = list(devices)
+    if not devs or not all(isinstance(d, jax.Device) for d in devs):
+        raise ValueError(f"devices = {devices!r}: expected a count or a list of JAX devices")
+    return devs
+
+
+def _batch_size(args: tuple, m: int) -> int:
+    """The common leading size of every argument leaf, divisible by ``m``."""
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise ValueError(f"microbatches = {m!r}: expected an integer >= 1")
+    flat = jax.tree_util.tree_flatten_with_path(tuple(args))[0]
+    if not flat:
+        raise ValueError("args: the batch is empty (no arrays to split into micro-batches)")
+    batch = None
+    for path, leaf in flat:
+        shape = np.shape(leaf)
+        where = f"args{jax.tree_util.keystr(path)}"
+        if not hasattr(leaf, "dtype"):
+            raise ValueError(
+                f"{where} is a {type(leaf).__name__}: every argument leaf must "
+                f"be an array with the batch on axis 0"
+            )
+        if batch is None:
+            batch = shape[0] if shape else None
+        if not shape or shape[0] != batch:
+            raise ValueError(
+                f"{where} has shape {list(shape)}: every argument leaf is split into "
+                f"micro-batches along axis 0, so it needs the batch size "
+                f"{batch} there (pass values without the batch axis inside the model or "
+                f"loss_fn's closure)"
+            )
+    if batch % m:
+        raise ValueError(f"the batch of {batch} is not divisible into {m} micro-batches")
+    return int(batch)
+
+
+def _refuse_state_changes(model: nnx.Module, program: Program) -> None:
+    """A TypeError naming the first state variable that the call writes."""
+    rest = nnx.split(model, nnx.Param, ...)[2]
+    flat = jax.tree_util.tree_flatten_with_path(rest)[0]
+    for (path, _), before, after in zip(flat, program.rest_ids, program.new_rest, strict=True):
+        if before != after:
+            where = jax.tree_util.keystr(path)
+            raise TypeError(
+                f"the model changes its state {where} during loss_fn (dropout drawing "
+                f"from nnx.Rngs, BatchNorm statistics in training mode...): it differs "
+                f"under micro-batching, so pipelines refuse it. Use model.eval() "
+                f"(deterministic dropout, running averages) or remove the layer"
+            )
+
+
+def _block_problem(
+    bm: BlockModel, m: int, platform: Platform, sizes: bool = False
+) -> PipelineProblem:
+    """The blocks as a chain of roofline times (what :func:`balanced_cuts` reads); with
+    ``sizes`` also the bytes its memory test reads, per micro-batch: a block's input
+    (the values crossing the cut before it and the arguments read from it on), its
+    saved bytes (the next input and its plain autodiff residuals, traced) and the
+    parameters it reads (a parameter several blocks read counts in each)."""
+    program, blocks = bm.program, bm.blocks.blocks
+    times = [stage_times(bm, b) for b in blocks]
+    L = bm.length
+    fwd = [t[0] for t in times[:L]] + [0.0]
+    bwd = [t[1] for t in times[:L]] + [sum(times[L])]  # the loss block: forward + backward
+    if not sizes:
+        zeros = (0,) * (L + 1)
+        chain = Chain(tuple(fwd), tuple(bwd), zeros, zeros, zeros, zeros)
+        return PipelineProblem(chain, [0] * L, platform, m, True)
+    args = set(program.arg_ids)
+    reads = [globals_read(program, b.start, b.stop, b.index == L) for b in blocks]
+    x = []
+    for k in range(L + 1):
+        carried = set(crossing(bm.blocks, k)) | (set().union(*reads[k:]) & args)
+        x.append(sum(program.nbytes(v) for v in carried))
+    saved = [x[k + 1] + bm.saved_bytes(k, 0)[0] for k in range(L)] + [0]
+    weights = [sum(program.nbytes(program.param_ids[j]) for j in param_positions(program, r))
+               for r in reads]  # fmt: skip
+    weights[L - 1] += weights.pop()  # the loss block's parameters: in the last block
+    zeros = (0,) * (L + 1)
+    chain = Chain(tuple(fwd), tuple(bwd), tuple(x), tuple(saved), zeros, zeros)
+    return PipelineProblem(chain, weights, platform, m, True)
+
+
+# micro-batches in flight on stage q of p under one-chunk schedules (an estimate of
+# what the schedule holds: 1F1B and ZB-H1 as PipeDream-Flush, ZB-H2 about twice)
+IN_FLIGHT = {
+    "1f1b": lambda p, q: p - q,
+    "zb_h1": lambda p, q: p - q,
+    "zb_h2": lambda p, q: 2 * (p - q) - 1,
+    "gpipe": lambda p, q: 1 << 30,
+}
+
+
+def _platform_devices(platform: Platform, n: int, schedule: str) -> list[str]:
+    """The names of the platform's first ``n`` devices, one per pipeline device."""
+    if schedule not in IN_FLIGHT:
+        raise ValueError(
+            f"platform= with schedule = {schedule!r}: the cut over a platform takes one chunk "
+            f"per device ({sorted(IN_FLIGHT)})"
+        )
+    if len(platform.devices) < n:
+        raise ValueError(f"platform has {len(platform.devices)} devices, the plan {n}")
+    return [d.name for d in platform.devices[:n]]
+
+
+def _model_leaves(plan: PipelinePlan, model: nnx.Module) -> tuple[list, dict]:
+    graphdef = nnx.split(model, nnx.Param, ...)[0]
+    why = graph_difference(plan.model.traced.graphdef, graphdef)
+    if why is not None:
+        raise ValueError(f"the model is not the planned one: {why}; plan again")
+    return model_leaves(plan.program, model)
+
+
+def _stage_problem(
+    bm: BlockModel,
+    slices: Sequence[StageSlice],
+    stages: Sequence[Stage],
+    platform: Platform,
+    m: int,
+    working_sets: bool,
+) -> PipelineProblem:
+    """The stages as a problem: exact bytes of what their kernels keep (as
+    :func:`jax_exec.pipeline.profile.profile` measures a stage list: traced, the
+    runtime's own functions), roofline times; with ``working_sets`` the kernels are
+    compiled for their temporary bytes (else 0: not counted)."""
+    program, blocks = bm.program, bm.blocks.blocks
+    fwd, bwd, in_size, saved, fwd_tmp, bwd_tmp, weights = [], [], [], [], [], [], []
+    for s, stage in zip(slices, stages, strict=True):
+        times = [stage_times(bm, blocks[b]) for b in range(*s.blocks)]
+        fwd.append(sum(t[0] for t in times))
+        bwd.append(sum(t[1] for t in times))
+        spec = carried_spec(program, s)
+        fns = node_functions(stage, (spec,))
+        in_size.append(spec_bytes(spec))
+        saved.append(fns.saved_bytes)
+        if working_sets:
+            kern = node_kernels(stage, (spec,))
+            fwd_tmp.append(max(kern.fwd.temp_bytes, kern.rec.temp_bytes))
+            bwd_tmp.append(kern.bwd.temp_bytes)
+        else:
+            fwd_tmp.append(0)
+            bwd_tmp.append(0)
+        weights.append(spec_bytes(stage.params))
+    out = fns.out  # the loss
+    loss_tmp = loss_kernel(take_loss, out, ()).temp_bytes if working_sets else 0
+    chain = Chain(
+        tuple([*fwd, 0.0]),
+        tuple([*bwd, 0.0]),
+        tuple([*in_size, spec_bytes(out)]),
+        tuple([*saved, 0]),
+        tuple([*fwd_tmp, 0]),
+        tuple([*bwd_tmp, loss_tmp]),
+        tuple(st.name for st in stages) + ("loss",),
+    )
+    return PipelineProblem(chain, weights, platform, m, True)
+
+
+def _predicted(problem: PipelineProblem, schedule: PipelineSchedule) -> Predicted:
+    speed = {d.name: d.speed for d in problem.platform.devices}
+    device_of = {op.first: dev for dev, ops in schedule.ops for op in ops if isinstance(op, Fwd)}
+    seconds = tuple(problem.work(k, k + 1) / speed[device_of[k]] for k in range(problem.length))
+    trace_ = simulate_pipeline(problem, schedule)
+    devices = len(schedule.ops)
+    busy = problem.microbatches * sum(seconds)
+    bubble = 1.0 - busy / (devices * trace_.makespan) if trace_.makespan > 0 else 0.0
+    return Predicted(seconds, trace_.makespan, bubble, dict(trace_.device_peak))
+
+
+def _loss_scale(traced: Any, args: tuple, m: int) -> float:
+    """1 when the batch's loss is the mean of the micro-batches' losses, ``m`` when it is
+    their sum; a ValueError when it is neither (micro-batching would change it)."""
+    loss = jax.jit(lambda p, r, a: traced.pure(p, r, a)[0])
+    whole = float(loss(traced.params, traced.rest, tuple(args)))
+    parts = [float(loss(traced.params, traced.rest, a)) for a in split_microbatches(tuple(args), m)]
+    mean, total = sum(parts) / m, sum(parts)
+    tol = 1e-4 * max(1.0, abs(whole))
+    if abs(whole - mean) <= tol:
+        return 1.0
+    if abs(whole - total) <= tol:
+        return float(m)
+    raise ValueError(
+        f"the loss of the batch ({whole:.6g}) is neither the mean ({mean:.6g}) nor the sum "
+        f"({total:.6g}) of its {m} micro-batches' losses: loss_fn mixes the items of the "
+        f"batch (batch statistics, a normalization over the whole batch...), which "
+        f"micro-batching changes"
+    )
+
+
+def _stage_devices(schedule: PipelineSchedule, placement: dict) -> dict[int, Any]:
+    """Pipeline stage -> the JAX device that runs it."""
+    return {
+        op.first: placement[dev] for dev, ops in schedule.ops for op in ops if isinstance(op, Fwd)
+    }

@@ -1,0 +1,198 @@
+"""Pipelines of traced Flax models, cut automatically (jax_exec.parallel.plan_pipeline).
+
+On 4 host CPU devices (a subprocess: XLA_FLAGS must be set before jax is imported), a
+decoder LM (tests/zoo/decoder_lm.py: RoPE tables, a KV-cache argument, tied embeddings)
+and a CNN (tests/zoo/convnext.py with its stochastic depth rate at 0: Dropout of rate 0
+draws nothing) are cut into 4 stages and run under 1F1B and ZB-H1: loss and gradients
+equal plain ``nnx.value_and_grad`` (tolerance relative to the largest leaf), and the
+bytes measured after every op equal the model's. In this process (one device): the
+refusals (dropout drawing, arguments without the batch axis, a loss mixing the batch)
+and a summed loss."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+from jax_exec.parallel import plan_pipeline
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def assert_close(got, want, what: str) -> None:
+    """Every leaf within 1e-5 of the largest leaf's magnitude (a None leaf: another
+    process's)."""
+    import numpy as np
+
+    got = jax.tree_util.tree_leaves(got, is_leaf=lambda v: v is None)
+    want = jax.tree_util.tree_leaves(want)
+    assert len(got) == len(want), what
+    scale = max(float(np.abs(np.asarray(w)).max()) for w in want)
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
+        if g is not None:
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=0,
+                                       atol=1e-5 * scale, err_msg=f"{what}: leaf {k}")  # fmt: skip
+
+
+def decoder_lm_case(batch: int = 8, n_layers: int = 3):
+    """The zoo's decoder LM on a batch of ``batch`` sequences."""
+    from zoo import decoder_lm
+
+    cfg = decoder_lm.LlamaConfig(n_layers=n_layers)
+    case = decoder_lm.make(cfg=cfg)
+    t = 12
+    seq = jax.random.randint(jax.random.key(3), (batch, t + 1), 0, cfg.vocab_size)
+    positions = jnp.broadcast_to(4 + jnp.arange(t, dtype=jnp.int32)[None], (batch, t))
+    args = (seq[:, :-1], seq[:, 1:], decoder_lm.init_cache(cfg, batch), positions)
+    return case, args
+
+
+def convnext_case(batch: int = 8, drop_path_rate: float = 0.0):
+    """The zoo's ConvNeXt without stochastic depth (rate 0) on ``batch`` images."""
+    from zoo import convnext
+
+    cfg = convnext.ConvNeXtConfig(drop_path_rate=drop_path_rate, depths=[2, 2])
+    case = convnext.make(cfg=cfg)
+    key = jax.random.key(5)
+    images = jax.random.normal(key, (batch, 16, 16, 3))
+    labels = jax.random.randint(jax.random.fold_in(key, 1), (batch,), 0, cfg.num_classes)
+    return case, (images, labels)
+
+
+def test_four_devices_1f1b_and_zb_h1_match_plain_value_and_grad():
+    from xla_env import device_flags
+
+    env = dict(os.environ, XLA_FLAGS=device_flags(4), JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS)]))  # fmt: skip
+    proc = subprocess.run([sys.executable, __file__], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["checked"] == ["decoder_lm 1f1b", "decoder_lm zb_h1", "convnext 1f1b",
+                                 "convnext zb_h1"], report  # fmt: skip
+    for name, stages in report["stages"].items():
+        assert stages == 4, (name, report)
+
+
+def check_plan(case, args, report: dict) -> None:
+    """1F1B then ZB-H1 on the same automatic cut of 4 stages."""
+    model = case.factory()
+    ref_loss, ref_grads = nnx.value_and_grad(case.loss_fn)(model, *args)
+    plan = plan_pipeline(case.loss_fn, model, *args, devices=4, microbatches=4)
+    report["stages"][case.name] = len(plan.slices)
+    assert plan.loss_scale == 1.0 and plan.predicted.makespan > 0
+    for p in (plan, plan.with_schedule("zb_h1")):
+        step = p.run(model, *args, block=True)
+        what = f"{case.name} {p.schedule_name}"
+        assert_close(step.loss, ref_loss, f"{what}: loss")
+        assert_close(step.grads, ref_grads, f"{what}: gradients")
+        r = step.result
+        assert len(r.op_device_bytes) == len(r.op_log) > 0
+        assert r.op_device_bytes == r.op_model_bytes, (what, [
+            (op, got, want) for (_, op, *_), got, want in
+            zip(r.op_log, r.op_device_bytes, r.op_model_bytes, strict=True) if got != want
+        ][:5])  # fmt: skip
+        used = {d for leaf in jax.tree_util.tree_leaves(r.grads) for d in leaf.devices()}
+        assert len(used) == 4, what  # every stage ran on its own device
+        report["checked"].append(what)
+
+
+def _child() -> None:  # pragma: no cover - runs in the subprocess
+    assert len(jax.devices()) == 4
+    report: dict = {"checked": [], "stages": {}}
+    check_plan(*decoder_lm_case(), report)
+    check_plan(*convnext_case(), report)
+    print(json.dumps(report), flush=True)
+
+
+class MLP(nnx.Module):
+    def __init__(self, width: int = 8, depth: int = 3, *, rngs: nnx.Rngs) -> None:
+        self.layers = nnx.List([nnx.Linear(width, width, rngs=rngs) for _ in range(depth)])
+
+    def __call__(self, x):
+        for layer in self.layers:
+            x = jnp.tanh(layer(x))
+        return x
+
+
+def test_a_summed_loss_is_summed_over_micro_batches():
+    model = MLP(rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(0), (8, 8))
+
+    def loss_fn(model, x):
+        return jnp.sum(model(x) ** 2)
+
+    plan = plan_pipeline(loss_fn, model, x, devices=1, microbatches=4)
+    assert plan.loss_scale == 4.0
+    step = plan.run(model, x)
+    assert_close(step.loss, loss_fn(model, x), "loss")
+    assert_close(step.grads, nnx.grad(loss_fn)(model, x), "gradients")
+
+
+def test_refusals_name_the_cause():
+    model = MLP(rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(0), (8, 8))
+
+    def mse(model, x, target):
+        return jnp.mean((model(x) - target) ** 2)
+
+    with pytest.raises(ValueError, match=r"args\[1\] has shape \[3, 8\]: .*batch size 8"):
+        plan_pipeline(mse, model, x, jnp.zeros((3, 8)), devices=1)
+    with pytest.raises(ValueError, match="not divisible into 3 micro-batches"):
+        plan_pipeline(mse, model, x, x, devices=1, microbatches=3)
+    with pytest.raises(ValueError, match="schedule = 'zb'"):
+        plan_pipeline(mse, model, x, x, devices=1, schedule="zb")
+
+    def centered(model, x):  # batch statistics: micro-batching changes the loss
+        out = model(x)
+        return jnp.mean((out - out.mean(axis=0)) ** 2)
+
+    with pytest.raises(ValueError, match="mixes the items of the batch"):
+        plan_pipeline(centered, model, x, devices=1, microbatches=2)
+    case, args = convnext_case(drop_path_rate=0.5)
+    with pytest.raises(TypeError, match=r"changes its state .*dropout.*count"):
+        plan_pipeline(case.loss_fn, case.factory(), *args, devices=1)
+    with pytest.raises(ValueError, match="at most .* pipeline stages, asked for 4"):
+        plan_pipeline(mse, model, x, x, devices=[jax.devices()[0]] * 4)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(TESTS))
+    _child()
+
+
+def test_the_cut_follows_device_speeds_and_memories():
+    import schedir
+
+    model = MLP(depth=6, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(0), (8, 8))
+
+    def loss_fn(model, x):
+        return jnp.mean(model(x) ** 2)
+
+    two = jax.devices()[:1] * 2
+    even = plan_pipeline(loss_fn, model, x, devices=two, microbatches=4)
+    fast = schedir.Platform.fully_connected(
+        [schedir.Device("fast", speed=4.0), schedir.Device("slow")], 1e9
+    )
+    plan = plan_pipeline(loss_fn, model, x, devices=two, microbatches=4, platform=fast)
+    assert plan.cuts[1] > even.cuts[1], (plan.cuts, even.cuts)  # more blocks on "fast"
+    assert [dev for dev, _ in plan.schedule.ops] == ["fast", "slow"]
+    step = plan.run(model, x)
+    assert_close(step.grads, nnx.grad(loss_fn)(model, x), "gradients")
+    tiny = schedir.Platform.fully_connected(
+        [schedir.Device("a", memory=1000), schedir.Device("b", memory=1000)], 1e9
+    )
+    with pytest.raises(schedir.InvalidSchedule, match="fits the devices' memory"):
+        plan_pipeline(loss_fn, model, x, devices=two, microbatches=4, platform=tiny)
+    with pytest.raises(ValueError, match="one chunk per device"):
+        plan_pipeline(loss_fn, model, x, devices=two, platform=fast, schedule="v_shape")
