@@ -117,6 +117,8 @@ _VARIANTS: dict[str, Style] = {
     "checkpoint_dots + offload pcie4": Style("#1b9e77", "v", ""),
     "checkpoint_dots + offload pcie5": Style("#1b9e77", "^", ""),
     "checkpoint_dots + offload nvlink-c2c": Style("#1b9e77", "s", ""),
+    # traced_pipelines.py: the blocks split evenly by hand, under the best baseline
+    "hand (even cut)": Style("#525252", "s", "--"),
     # pipeline_schedules.py: every baseline with full rematerialization, dashed
     **{f"{name}+remat": replace(_METHODS[name], linestyle="--")
        for name in ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "v_shape")},

@@ -68,7 +68,7 @@ from jax_exec.program.model import BlockModel, program_model, stage_times
 from jax_exec.program.trace import Program, graph_difference, trace
 from jax_exec.stages.program import plain_options
 from jax_exec.stages.split import Stage, spec_bytes
-from schedir import Chain
+from schedir import Chain, InvalidSchedule
 from schedir.pipeline.baselines import BASELINES
 from schedir.pipeline.ops import Fwd
 from schedir.pipeline.placement import balanced_cuts
@@ -138,6 +138,8 @@ class PipelinePlan:
         loss_scale: 1 when the batch's loss is the mean of the micro-batches' losses,
             ``microbatches`` when it is their sum.
         model: the :class:`~jax_exec.program.model.BlockModel` of one micro-batch.
+        alternatives: with ``schedule="auto"``, ``(schedule, simulated step seconds)``
+            of every schedule tried.
     """
 
     cuts: tuple[int, ...]
@@ -151,6 +153,7 @@ class PipelinePlan:
     batch: int
     loss_scale: float
     model: BlockModel
+    alternatives: tuple[tuple[str, float], ...] = ()
 
     @property
     def program(self) -> Program:
@@ -271,6 +274,7 @@ def plan_pipeline(
     bandwidth: float = 100e9,
     working_sets: bool = False,
     platform: Platform | None = None,
+    cuts: Sequence[int] | None = None,
 ) -> PipelinePlan:
     """Plan a pipeline of ``loss_fn(model, *args)`` (module docstring).
 
@@ -283,7 +287,12 @@ def plan_pipeline(
         devices: a device count (the first ones of ``jax.devices()``) or the devices.
         microbatches: micro-batches per step.
         schedule: a key of :data:`schedir.pipeline.baselines.BASELINES` ("1f1b",
-            "gpipe", "zb_h1", "zb_h2", "interleaved_1f1b", "v_shape").
+            "gpipe", "zb_h1", "zb_h2", "interleaved_1f1b", "v_shape"), or ``"auto"``:
+            each of them (:data:`AUTO_SCHEDULES`; the two-chunk ones on a cut of their
+            own where the model has the blocks; with a ``platform``, each one-chunk
+            schedule on its own cut within the memories), keeping the shortest simulated step
+            whose predicted peaks fit the platform's memories (ties: the earlier in
+            that order); :attr:`PipelinePlan.alternatives` lists every step found.
         cost_model: the roofline model of the block times.
         bandwidth: bytes/s of the links in the simulated figures (nominal).
         platform: the devices' speeds and memories (its first ``len(devices)``
@@ -296,6 +305,9 @@ def plan_pipeline(
         working_sets: compile the stages' kernels ahead of time for their temporary
             bytes, counted in the problem and the predicted peaks (else not counted:
             the peaks are then lower bounds; the runtime compiles its own kernels).
+        cuts: the stage boundaries by hand (block indices ``0 = c_0 < ... < c_S = L``,
+            ``S`` = devices x chunks per device of the schedule; with ``"auto"``,
+            one-chunk schedules only), instead of the balanced cut.
 
     Raises:
         ValueError: an argument without the batch axis, a batch not divisible into
@@ -304,8 +316,14 @@ def plan_pipeline(
         TypeError: a model whose state changes during the call (dropout, BatchNorm
             statistics), not an NNX model, a non-scalar loss.
     """
+    if schedule == "auto":
+        kw = dict(devices=devices, microbatches=microbatches, cost_model=cost_model,
+                  bandwidth=bandwidth, working_sets=working_sets, platform=platform,
+                  cuts=cuts)  # fmt: skip
+        return _best_schedule(loss_fn, model, args, kw)
     if schedule not in BASELINES:
-        raise ValueError(f"schedule = {schedule!r}: expected one of {sorted(BASELINES)}")
+        known = ", ".join(["auto", *sorted(BASELINES)])
+        raise ValueError(f"schedule = {schedule!r}: expected one of {known}")
     devs = _devices(devices)
     parts = len(devs) * CHUNKS_PER_DEVICE.get(schedule, 1)
     batch = _batch_size(args, microbatches)
@@ -325,7 +343,13 @@ def plan_pipeline(
             f"at most {L} pipeline stages, asked for {parts} ({len(devs)} devices x "
             f"{parts // len(devs)} chunks of {schedule})"
         )
-    if platform is None:
+    if cuts is not None:
+        cuts = _checked_cuts(cuts, parts, L)
+        names = (_platform_devices(platform, len(devs), schedule) if platform is not None
+                 else [f"d{k}" for k in range(len(devs))])  # fmt: skip
+        if platform is None:
+            platform = Platform.fully_connected([Device(n) for n in names], bandwidth)
+    elif platform is None:
         names = [f"d{k}" for k in range(len(devs))]
         platform = Platform.fully_connected([Device(n) for n in names], bandwidth)
         cuts = tuple(balanced_cuts(_block_problem(bm, microbatches, platform), parts))
@@ -359,6 +383,59 @@ def plan_pipeline(
         scale,
         bm,
     )
+
+
+# schedule="auto" tries these, in this order (ties keep the earlier)
+AUTO_SCHEDULES = ("1f1b", "zb_h1", "zb_h2", "gpipe", "interleaved_1f1b", "v_shape")
+
+
+def _best_schedule(loss_fn: Callable, model: nnx.Module, args: tuple, kw: dict) -> PipelinePlan:
+    """``schedule="auto"``: every schedule of :data:`AUTO_SCHEDULES` that applies, the
+    shortest predicted step that fits (:func:`plan_pipeline`)."""
+    one_chunk = AUTO_SCHEDULES[:4]
+    if kw["platform"] is None or kw["cuts"] is not None:  # one cut for every schedule
+        first = plan_pipeline(loss_fn, model, *args, schedule=one_chunk[0], **kw)
+        found = [first, *(first.with_schedule(s) for s in one_chunk[1:])]
+    else:  # within the devices' memories: each schedule's in-flight stashes, its own cut
+        found, refused = [], None
+        for s in one_chunk:
+            try:
+                found.append(plan_pipeline(loss_fn, model, *args, schedule=s, **kw))
+            except InvalidSchedule as err:  # no cut of this schedule fits the memories
+                refused = err
+        if not found:
+            raise refused
+    two_chunks = kw["platform"] is None and kw["cuts"] is None
+    if two_chunks and 2 * len(found[0].devices) <= found[0].model.length:
+        twice = plan_pipeline(loss_fn, model, *args, schedule=AUTO_SCHEDULES[4], **kw)
+        found += [twice, twice.with_schedule(AUTO_SCHEDULES[5])]
+    memory = {d.name: d.memory for d in found[0].problem.platform.devices}
+
+    def fits(p: PipelinePlan) -> bool:
+        return all(memory.get(d) is None or peak <= memory[d]
+                   for d, peak in p.predicted.device_peak.items())  # fmt: skip
+
+    best = min(found, key=lambda p: (not fits(p), p.predicted.makespan))
+    steps = tuple((p.schedule_name, p.predicted.makespan) for p in found)
+    return replace(best, alternatives=steps)
+
+
+def _checked_cuts(cuts: Sequence[int], parts: int, L: int) -> tuple[int, ...]:
+    """Hand cuts as a tuple, or a ``ValueError`` naming the field."""
+    cuts = tuple(cuts)
+    ok = (
+        all(isinstance(c, int) and not isinstance(c, bool) for c in cuts)
+        and len(cuts) == parts + 1
+        and cuts[0] == 0
+        and cuts[-1] == L
+        and all(a < b for a, b in zip(cuts[:-1], cuts[1:], strict=True))
+    )
+    if not ok:
+        raise ValueError(
+            f"cuts = {cuts!r}: expected {parts + 1} increasing block indices from 0 to {L} "
+            f"({parts} stages of the traced model's {L} blocks)"
+        )
+    return cuts
 
 
 def _devices(devices: int | Sequence) -> list:

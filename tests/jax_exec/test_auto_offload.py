@@ -26,8 +26,10 @@ FAST = Platform.host_offload(1e15)
 
 
 @pytest.mark.parametrize(("family", "budget"),
-                         [("decoder_lm", "60%"), ("vit", "60%"), ("unet", "60%"),
-                          ("bert", "40%")])  # fmt: skip
+                         [("decoder_lm", "60%"),  # the default run; the others: -m slow
+                          pytest.param("vit", "60%", marks=pytest.mark.slow),
+                          pytest.param("unet", "60%", marks=pytest.mark.slow),
+                          pytest.param("bert", "40%", marks=pytest.mark.slow)])  # fmt: skip
 def test_joint_plans_offload_and_run_exactly_on_both_paths(family, budget):
     case = zoo.case(family)
     remat = jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget=budget)

@@ -165,11 +165,6 @@ def test_refusals_name_the_cause():
         plan_pipeline(mse, model, x, x, devices=[jax.devices()[0]] * 4)
 
 
-if __name__ == "__main__":
-    sys.path.insert(0, str(TESTS))
-    _child()
-
-
 def test_the_cut_follows_device_speeds_and_memories():
     import schedir
 
@@ -196,3 +191,36 @@ def test_the_cut_follows_device_speeds_and_memories():
         plan_pipeline(loss_fn, model, x, devices=two, microbatches=4, platform=tiny)
     with pytest.raises(ValueError, match="one chunk per device"):
         plan_pipeline(loss_fn, model, x, devices=two, platform=fast, schedule="v_shape")
+
+
+def test_auto_schedule_and_cuts_by_hand():
+    """``schedule="auto"`` keeps the shortest simulated step of every schedule tried
+    (the two-chunk ones on a cut of their own); ``cuts=`` replaces the balanced cut
+    and is checked."""
+    model = MLP(depth=6, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(0), (8, 8))
+
+    def loss_fn(model, x):
+        return jnp.mean(model(x) ** 2)
+
+    two = jax.devices()[:1] * 2
+    best = plan_pipeline(loss_fn, model, x, devices=two, microbatches=4, schedule="auto")
+    names = [name for name, _ in best.alternatives]
+    assert names == ["1f1b", "zb_h1", "zb_h2", "gpipe", "interleaved_1f1b", "v_shape"]
+    assert best.predicted.makespan == min(t for _, t in best.alternatives)
+    assert_close(best.run(model, x).grads, nnx.grad(loss_fn)(model, x), "gradients")
+    L = best.model.length
+    hand = plan_pipeline(loss_fn, model, x, devices=two, microbatches=4, cuts=(0, 1, L))
+    assert hand.cuts == (0, 1, L)
+    assert (
+        hand.predicted.makespan
+        >= plan_pipeline(loss_fn, model, x, devices=two, microbatches=4).predicted.makespan
+    )  # the balanced cut is the DP's optimum of the slowest stage
+    assert_close(hand.run(model, x).grads, nnx.grad(loss_fn)(model, x), "gradients")
+    with pytest.raises(ValueError, match=r"cuts = \(0, 3\): expected 3 increasing"):
+        plan_pipeline(loss_fn, model, x, devices=two, cuts=(0, 3))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(TESTS))
+    _child()

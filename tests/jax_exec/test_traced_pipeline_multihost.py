@@ -11,10 +11,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 
 
+@pytest.mark.slow  # 36 s: -m slow
 def test_two_processes_run_a_traced_plan_like_one_device():
     from launched import launch_reports
 
