@@ -16,10 +16,13 @@ from jax_exec.program.compiled import Kernel
 TIMINGS = ("measure", "flops")
 
 
-def check_timing(timing: str, flops_per_second: float, repeats: int) -> None:
-    """Raise ``ValueError`` naming the option that is not valid."""
-    if timing not in TIMINGS:
-        raise ValueError(f"timing = {timing!r}: expected one of {', '.join(TIMINGS)}")
+def check_timing(
+    timing: str, flops_per_second: float, repeats: int, known: tuple[str, ...] = TIMINGS
+) -> None:
+    """Raise ``ValueError`` naming the option that is not valid (``known``: the
+    profiler's timings)."""
+    if timing not in known:
+        raise ValueError(f"timing = {timing!r}: expected one of {', '.join(known)}")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats = {repeats!r}: expected an int >= 1")
     if not flops_per_second > 0:

@@ -74,3 +74,15 @@ def assert_matches(got_loss, got_grads, got_state, reference, what: str, got_aux
         assert_tree_close(state_arrays(got_state), state_arrays(state), f"{what}: state")
     if aux is not None:
         assert_tree_close(got_aux, aux, f"{what}: aux")
+
+
+def check_plan(case, p, reference, what: str) -> None:
+    """Plan ``p`` of ``case`` op by op (measured peak = predicted <= budget) and compiled:
+    loss, gradients and state equal ``reference`` (:func:`plain`)."""
+    result = p.run(case.factory(), *case.args)
+    assert result.peak_bytes == p.schedule.meta["peak_memory"] <= p.budget, what
+    assert_matches(result.loss, result.grads, result.new_state, reference, f"{what}, op by op")
+    _, params, rest = nnx.split(case.factory(), nnx.Param, ...)
+    step = jax.jit(jax.value_and_grad(p.lowered(), has_aux=True))
+    (loss, (_, new_rest)), grads = step(params, rest, case.args)
+    assert_matches(loss, grads, new_rest, reference, f"{what}, compiled")

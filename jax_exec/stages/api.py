@@ -25,6 +25,7 @@ from jax_exec.execute.lowering import expected_residuals
 from jax_exec.execute.residuals import saved_residuals as residuals_of
 from jax_exec.execute.result import RunResult
 from jax_exec.execute.tree import parse_tree, split_copies
+from jax_exec.profile import check_timing
 from jax_exec.program.analysis import CostModel
 from jax_exec.stages.program import StageStep, stage_step
 from jax_exec.stages.split import LayerWatch, StageList, split_layers
@@ -61,12 +62,7 @@ def profile(
         TypeError: a layer output or the loss is not an array / scalar.
         ValueError: unknown ``timing``, ``repeats`` < 1, ``flops_per_second`` <= 0.
     """
-    if timing not in TIMINGS:
-        raise ValueError(f"timing = {timing!r}: expected one of {', '.join(TIMINGS)}")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats = {repeats!r}: expected an int >= 1")
-    if not flops_per_second > 0:
-        raise ValueError(f"flops_per_second = {flops_per_second!r}: expected a positive rate")
+    check_timing(timing, flops_per_second, repeats, TIMINGS)
     step = stage_step(layers, loss_fn, x, y, cost_model=cost_model)
     chain = step.model.problem.to_chain([0] * step.length)
     names = tuple(s.name for s in step.split.stages) + ("loss",)

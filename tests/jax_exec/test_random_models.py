@@ -20,10 +20,8 @@ continuous values, which have none.
 
 from __future__ import annotations
 
-import jax
 import pytest
-from flax import nnx
-from plain_reference import assert_matches, model_state, plain
+from plain_reference import assert_matches, check_plan, model_state, plain
 from random_models import random_case
 
 import jax_exec
@@ -45,13 +43,7 @@ def check(seed: int) -> None:
     except solvers.Infeasible as err:
         p = top.replan(err.min_budget)
     what += f" at {p.budget:,} B ({p.budget / top.budget:.0%} of store-all)"
-    result = p.run(case.factory(), *case.args)
-    assert result.peak_bytes == p.schedule.meta["peak_memory"] <= p.budget, what
-    assert_matches(result.loss, result.grads, result.new_state, reference, f"{what}, op by op")
-    _, params, rest = nnx.split(case.factory(), nnx.Param, ...)
-    step = jax.jit(jax.value_and_grad(p.lowered(), has_aux=True))
-    (loss, (_, new_rest)), grads = step(params, rest, case.args)
-    assert_matches(loss, grads, new_rest, reference, f"{what}, compiled")
+    check_plan(case, p, reference, what)
     if seed % 5 == 0:
         vg = jax_exec.value_and_grad(case.aux_loss_fn, budget=p.budget, has_aux=True)
         model = case.factory()

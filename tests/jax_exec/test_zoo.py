@@ -9,11 +9,10 @@ family (store-all, 80% or 65% of it by turns; the least budget where that is bel
 
 from __future__ import annotations
 
-import jax
 import pytest
 import zoo
 from flax import nnx
-from plain_reference import assert_matches, model_state, plain
+from plain_reference import assert_matches, check_plan, model_state, plain
 
 import jax_exec
 import solvers
@@ -28,16 +27,6 @@ def planned(case, budget):
         return jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget=budget)
     except solvers.Infeasible as err:
         return jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget=err.min_budget)
-
-
-def check_plan(case, p, reference, what: str) -> None:
-    result = p.run(case.factory(), *case.args)
-    assert result.peak_bytes == p.schedule.meta["peak_memory"] <= p.budget, what
-    assert_matches(result.loss, result.grads, result.new_state, reference, f"{what}, op by op")
-    _, params, rest = nnx.split(case.factory(), nnx.Param, ...)
-    step = jax.jit(jax.value_and_grad(p.lowered(), has_aux=True))
-    (loss, (_, new_rest)), grads = step(params, rest, case.args)
-    assert_matches(loss, grads, new_rest, reference, f"{what}, compiled")
 
 
 def check_drop_in(case, budget, reference, what: str) -> None:
