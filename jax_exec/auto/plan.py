@@ -78,6 +78,9 @@ class Plan:
     graph_options: tuple[int, ...] = ()  # a graph method's: the options of its block graph
     model_name: str = ""  # the model's class (reports)
     platform: Platform | None = None  # with a host link: remat and offload planned together
+    # the most devices a parameter or argument was sharded over when planned (>1: the
+    # figures are the whole step's bytes, every device's share together)
+    sharded_devices: int = 1
 
     @property
     def overhead(self) -> float:
@@ -107,7 +110,7 @@ class Plan:
         base = self.base or self.model
         done = solve(base, budget, solver, options, exact, whole, platform)
         return make_plan(done, method, start, exact, whole_graph, base, self.model_name,
-                         platform)  # fmt: skip
+                         platform, self.sharded_devices)  # fmt: skip
 
     def least_budget(self) -> int:
         """The least budget (bytes) at which the method finds a schedule (exact for the
@@ -168,6 +171,9 @@ class Plan:
             f"{meta['makespan'] * 1e3:.3g} ms (overhead {self.overhead:+.1%}; roofline "
             f"estimate), {p.length} blocks + loss, planned in {self.plan_time:.1f} s",
         ]
+        if self.sharded_devices > 1:
+            lines.append(f"sharded over {self.sharded_devices} devices: bytes are the whole "
+                         f"step's, every device's share together")  # fmt: skip
         recorded = _record_counts(self.model, self.schedule, self.options)
         lines.append(f"{'block':>5}  {'equations':>11}  {'input MiB':>10}  {'option':<22}"
                      f"{'saved MiB':>10}  {'forwards':>8}  {'bwd tmp MiB':>11}")  # fmt: skip
@@ -332,7 +338,8 @@ def plan(
         bm.progress = None
         if hasattr(report, "done"):
             report.done()
-    return make_plan(done, method, start, exact, whole_graph, bm, type(model).__name__, platform)
+    return make_plan(done, method, start, exact, whole_graph, bm, type(model).__name__, platform,
+                     sharded_devices(model, args))  # fmt: skip
 
 
 def device_memory(field: str = "budget") -> int:
@@ -366,9 +373,28 @@ def device_room(model: Any, args: tuple) -> int:
     return room
 
 
+def sharded_devices(model: Any, args: tuple) -> int:
+    """The most devices one of the model's arrays or of ``args`` is sharded over; above
+    1, a warning: the planner counts the whole step's bytes (a conservative figure for a
+    budget per device), while under GSPMD each device holds the share XLA gives it."""
+    _, params, rest = split_model(model)
+    leaves = jax.tree.leaves((params, rest, tuple(args)))
+    concrete = [x for x in leaves  # traced (under jit): no concrete sharding to read
+                if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)]
+    n = max((len(x.sharding.device_set) for x in concrete), default=1)
+    if n > 1:
+        warnings.warn(
+            f"jax_exec.plan: arrays of the model or its arguments are sharded over {n} "
+            f"devices; budgets and predicted bytes are the whole step's (every device's "
+            f"share together: conservative for a budget per device), not per device",
+            stacklevel=3,
+        )
+    return n
+
+
 def make_plan(done: Solved, method: str, start: float, exact: bool, whole_graph: int,
-              base: BlockModel, name: str = "",
-              platform: Platform | None = None) -> Plan:  # fmt: skip
+              base: BlockModel, name: str = "", platform: Platform | None = None,
+              sharded: int = 1) -> Plan:  # fmt: skip
     """The :class:`Plan` of a solve, logged in one line (``logging.getLogger("jax_exec")``,
     INFO)."""
     done.schedule.meta["compile_rounds"] = done.rounds
@@ -390,6 +416,7 @@ def make_plan(done: Solved, method: str, start: float, exact: bool, whole_graph:
         graph_options=done.graph_options,
         model_name=name,
         platform=platform,
+        sharded_devices=sharded,
     )
     _log(plan)
     return plan

@@ -1,6 +1,7 @@
 """A model sharded the way Flax users shard it (``nnx.with_partitioning`` on a 4x2 mesh,
 FSDP-style, under ``jax.set_mesh``; a batch sharded over the data axis) through the
-drop-in: the compiled step under ``nnx.jit`` and eagerly gives plain
+drop-in: the plan says (a warning, ``Plan.sharded_devices``, the summary) that its
+bytes are the whole step's; the compiled step under ``nnx.jit`` and eagerly gives plain
 ``nnx.value_and_grad``'s loss and gradients with the same shardings; the op-by-op
 runtime gathers the arrays on one device (with a warning) and gives the same figures.
 Run in a subprocess with 8 CPU devices (XLA_FLAGS before JAX is imported)."""
@@ -54,6 +55,12 @@ with jax.set_mesh(mesh):
     x = jax.device_put(jnp.linspace(-1, 1, 512).reshape(16, 32), NamedSharding(mesh, P("data")))
     y = jnp.zeros((16, 32))
     loss, grads = nnx.jit(nnx.value_and_grad(mse))(model, x, y)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        p = jax_exec.plan(mse, model, x, y, budget="60%")
+    assert any("sharded over 8 devices" in str(w.message) for w in seen)
+    assert p.sharded_devices == 8 and p.replan("80%").sharded_devices == 8
+    assert "sharded over 8 devices" in p.summary()
     vg = jax_exec.value_and_grad(mse, budget="60%")
     for got_loss, got in (nnx.jit(vg)(model, x, y), vg(model, x, y)):
         assert abs(float(got_loss) - float(loss)) <= 1e-6 * abs(float(loss))
