@@ -129,6 +129,8 @@ class DevicePlan:
     costs: StepCosts = field(repr=False, default_factory=StepCosts)
     exact: bool = True
     plan_time: float = 0.0
+    # the axes of the mesh the model was traced under (jax.set_mesh), if any
+    traced_mesh: dict = field(default_factory=dict)
 
     def table(self) -> str:
         """One row per strategy considered: whether it fits, its predicted device peak
@@ -192,6 +194,15 @@ class DevicePlan:
         backward (:mod:`jax_exec.zero_blocks`); the update is placed as the strategy
         says. The batch is ``args`` as a tuple."""
         n = self.data_parallel
+        if self.traced_mesh:
+            raise ValueError(
+                f"DevicePlan.zero_step: the model was traced under a mesh "
+                f"{self.traced_mesh} (jax.set_mesh, e.g. with nnx.with_partitioning): the "
+                f"ZeRO step runs each device's share under shard_map over its own "
+                f"{AXIS!r} mesh, which cannot run a program traced under another mesh; "
+                f"train such a model with jax_exec.value_and_grad under jax.jit (GSPMD "
+                f"keeps its shardings), or plan it outside the mesh"
+            )
         if AXIS not in mesh.shape or mesh.shape[AXIS] != n:
             raise ValueError(f"mesh axes {dict(mesh.shape)}: expected a {AXIS!r} axis of {n}")
         placement = self.strategy.placement
@@ -362,6 +373,7 @@ def plan_device(
             model state that is not an ``nnx.Param`` (ZeRO steps train parameters only).
     """
     start = time.perf_counter()
+    context = jax.sharding.get_abstract_mesh()  # a mesh the model is traced under
     if isinstance(budget, str) and budget.strip() == "device":
         budget = device_memory()  # the whole device, as JAX reports it
     parse_budget(budget, 1)  # a malformed budget fails before any tracing
@@ -466,4 +478,5 @@ def plan_device(
         costs=costs,
         exact=exact,
         plan_time=time.perf_counter() - start,
+        traced_mesh=dict(context.shape) if not context.empty else {},
     )

@@ -379,8 +379,11 @@ def sharded_devices(model: Any, args: tuple) -> int:
     budget per device), while under GSPMD each device holds the share XLA gives it."""
     _, params, rest = split_model(model)
     leaves = jax.tree.leaves((params, rest, tuple(args)))
-    concrete = [x for x in leaves  # traced (under jit): no concrete sharding to read
-                if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)]
+    concrete = [
+        x
+        for x in leaves  # traced (under jit): no concrete sharding to read
+        if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+    ]
     n = max((len(x.sharding.device_set) for x in concrete), default=1)
     if n > 1:
         warnings.warn(

@@ -73,6 +73,18 @@ with jax.set_mesh(mesh):
     assert any("sharded over several devices" in str(w.message) for w in seen)
     assert result.peak_bytes == vg.plan.schedule.meta["peak_memory"]
     close(result.grads, grads)
+    # the device planner plans it; its shard_map ZeRO step refuses a program traced
+    # under another mesh, naming it (no internal error)
+    import optax
+    dp = jax_exec.plan_device(mse, model, x, y, budget="80%", optimizer=optax.sgd(0.1),
+                              data_parallel=4)
+    assert dp.traced_mesh == {"data": 4, "model": 2}
+    try:
+        dp.run(model, x, y, mesh=mesh)
+    except ValueError as err:
+        assert "traced under a mesh" in str(err) and "value_and_grad" in str(err), err
+    else:
+        raise AssertionError("plan_device's ZeRO step ran a program traced under a mesh")
 print("ok")
 """
 
