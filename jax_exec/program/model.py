@@ -182,13 +182,17 @@ class BlockModel:
         through = tuple(avals[v] if f else None for v, f in zip(act_ins, flags, strict=True))
         return (fns.backward, *specs, outs, results, fns.recipe.new, d_outs, through)
 
-    def backward_bytes(self, k: int, o: int, lower: bool = False) -> tuple[int, int, bool]:
+    def backward_bytes(
+        self, k: int, o: int, lower: bool = False, late: bool = False
+    ) -> tuple[int, int, bool]:
         """``(bwd_tmp, bwd_release, exact)`` of block k's backward under option o: from
         its phases' compiled temporaries once compiled
         (:meth:`~jax_exec.program.phases.PhasedBackward.effective`), else an estimate of
         one kernel's that frees nothing (:func:`jax_exec.program.options.temp_estimate`).
         ``lower``: a lower bound instead of an estimate where the phases are traced
-        (uncompiled phases' temporaries taken as 0; both figures grow with them)."""
+        (uncompiled phases' temporaries taken as 0; both figures grow with them).
+        ``late``: of its late-residual variant (:meth:`PhasedBackward.late`), exact or
+        with ``lower`` only."""
         from jax_exec.program.options import temp_estimate
 
         key = self.kernel_key("backward", k, o)
@@ -197,9 +201,14 @@ class BlockModel:
             phases = [(*key, j) for j in range(len(pb.phases))]
             temps = tuple(self._kernels[j].temp_bytes if j in self.known else 0 for j in phases)
             if all(j in self.known for j in phases):
-                return (*pb.effective(temps), True)
+                return (*pb.effective(temps, late), True)
             if lower:
-                return (*pb.effective(temps), False)
+                return (*pb.effective(temps, late), False)
+        if late:
+            raise ValueError(
+                f"block {k} option {o}: the late-residual variant needs its phases compiled, "
+                f"or lower=True after trace_options()"
+            )
         if lower:
             raise ValueError(f"block {k} option {o}: no lower bound before trace_options()")
         return temp_estimate(self, "backward", k, self.option(k, o)), 0, False

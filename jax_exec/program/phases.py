@@ -116,15 +116,39 @@ class PhasedBackward:
 
         return fn
 
-    def effective(self, temps: tuple[int, ...]) -> tuple[int, int]:
+    def effective(self, temps: tuple[int, ...], late: bool = False) -> tuple[int, int]:
         """``(bwd_tmp, bwd_release)`` of the block chain for these phase temporaries:
         ``bwd_tmp`` is the largest need over the live bytes after adding the input
         cotangents when nothing is freed (phases run as a graph node's, whose inputs
-        stay until a ``Free``), ``bwd_tmp - bwd_release`` the same with the frees."""
-        rows = list(zip(self.live, temps, self.released, strict=True))
-        held = max(live + temp for live, temp, _ in rows)
-        freed = max(live + temp - rel for live, temp, rel in rows)
+        stay until a ``Free``), ``bwd_tmp - bwd_release`` the same with the frees.
+        ``late``: of the variant that keeps the late residuals (:meth:`late`) in host
+        memory until their first reading phase (its saved bytes count the device part
+        only): their bytes are added back from that phase on."""
+        host, first = self.late() if late else (0, len(self.phases))
+        rows = []
+        for j, (live, temp, rel) in enumerate(zip(self.live, temps, self.released, strict=True)):
+            rows.append((live + temp + (host if j >= first else 0), rel))
+        held = max(need for need, _ in rows)
+        freed = max(need - rel for need, rel in rows)
         return held - self.d_x_bytes, held - freed
+
+    def late(self) -> tuple[int, int]:
+        """``(bytes, phase)``: the block's saved residuals (group ``new``) that phase 0
+        does not read but a later phase does, and the first phase that reads one of
+        them (``len(phases)`` when there are none): what may stay in host memory
+        during the backward's first phases."""
+        first_read = {}
+        for j, phase in enumerate(self.phases):
+            for v in phase.ins:
+                first_read.setdefault(v, j)
+        late = {}
+        for pos, (group, _) in enumerate(self.groups):
+            vid = self.flat.in_ids[pos]
+            if group == "new" and first_read.get(vid, 0) > 0:
+                late[vid] = first_read[vid]
+        if not late:
+            return 0, len(self.phases)
+        return sum(aval_bytes(self.avals[v]) for v in late), min(late.values())
 
 
 def phased_backward(
