@@ -138,12 +138,14 @@ def _op_effects(problem: PipelineProblem, schedule: PipelineSchedule, training: 
     """(device, position) -> Effect, with the footprints of the chunks' plans, as the
     simulator reads them."""
     whole = schedule.footprints() if training else {}
+    held = schedule.held_bytes() if training else {}
     out = {}
     for dev, ops in schedule.ops:
         for k, op in enumerate(ops):
-            fp = whole.get((op.first, op.last)) if isinstance(op, Fwd | Bwd | Wgt) else None
+            chunk = (op.first, op.last) if isinstance(op, Fwd | Bwd | Wgt) else None
             try:
-                out[dev, k] = effect(problem, dev, op, training=training, footprint=fp)
+                out[dev, k] = effect(problem, dev, op, training=training,
+                                     footprint=whole.get(chunk), held=held.get(chunk))  # fmt: skip
             except InvalidSchedule as err:
                 raise InvalidSchedule(f"device {dev}: {op}: {err}") from None
     return out
