@@ -61,12 +61,13 @@ from jax_exec.execute.tree import check_schedule
 from jax_exec.pipeline.chunks import (  # the dynamic runtime imports these two from here too
     ChunkKernels,
     ChunkProgram,
+    given_stages,
     interval_kernels,
     recompute_ops,
     split_microbatches,
     store_all_ops,
 )
-from jax_exec.stages.split import Stage, as_stages
+from jax_exec.stages.split import Stage
 from schedir import Chain
 from schedir.errors import InvalidSchedule
 from schedir.pipeline.ops import Bwd, Fwd, Send, Wgt, effect
@@ -186,10 +187,7 @@ def run_pipeline(
     None), the outputs (inference) where every item's last stage ran, and log
     entries and peaks for its own devices only.
     """
-    # Stage objects (a traced model's, jax_exec.pipeline.traced) are taken as they are:
-    # their maker sums the gradients of a parameter several of them read
-    given = list(layers) if isinstance(layers, list | tuple) else []
-    stages = given if given and all(isinstance(s, Stage) for s in given) else as_stages(layers)
+    stages = given_stages(layers)
     L = len(stages)
     place = _devices_for(schedule, devices)
     ops = {dev: list(lst) for dev, lst in schedule.ops}

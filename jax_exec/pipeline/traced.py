@@ -58,6 +58,7 @@ from jax_exec.distributed import is_local, transfer_tree
 from jax_exec.execute.result import RunResult
 from jax_exec.kernels import loss_kernel, node_functions, node_kernels
 from jax_exec.pipeline.chunks import split_microbatches
+from jax_exec.pipeline.dynamic_training import run_dynamic_training
 from jax_exec.pipeline.mpmd import run_pipeline
 from jax_exec.pipeline.program_stages import (
     StageSlice,
@@ -195,7 +196,30 @@ class PipelinePlan:
             block=block,
             problem=self.problem,
         )
-        return PipelineStep(result.loss, self._grads(model, result), result)
+        device_of = _block_devices(self.schedule, result.placement)
+        return PipelineStep(result.loss, self._grads(model, result.grads, device_of), result)
+
+    def run_dynamic(
+        self, model: nnx.Module, *args: Any, policy: str = "dmda", **options: Any
+    ) -> PipelineStep:
+        """One training step of ``loss_fn(model, *args)`` on the block stages with the
+        dynamic runtime (:func:`~jax_exec.pipeline.dynamic_training.
+        run_dynamic_training`: tasks placed and started by ``policy`` at run time on
+        the plan's devices, the loss computed by the last block stage as in
+        :meth:`run`): the loss and the gradients of ``nnx.value_and_grad``.
+        ``options`` go to ``run_dynamic_training`` (``memory=`` caps per device,
+        ``host_bandwidth=``, ``speeds=``, ``noise=``...); ``cuts`` (block indices, the
+        task groups) defaults to the plan's stage cuts."""
+        stages = self.stages(model)
+        options.setdefault("cuts", self.cuts)
+        options.setdefault("devices", list(self.devices))
+        result = run_dynamic_training(stages, self.inputs(args), (), take_loss, policy=policy,
+                                      microbatches=self.microbatches, **options)  # fmt: skip
+        # each group's gradients are on the device of its update task
+        device_of = {b: next(iter(leaf.devices()))
+                     for b, g in enumerate(result.grads)
+                     for leaf in jax.tree.leaves(g)[:1]}  # fmt: skip
+        return PipelineStep(result.loss, self._grads(model, result.grads, device_of), result)
 
     def with_schedule(self, schedule: str) -> PipelinePlan:
         """The same stages and cut under another schedule with as many chunks per device
@@ -237,21 +261,22 @@ class PipelinePlan:
             by_id[vid] = leaf
         return tuple(encode(jnp.asarray(by_id[v])) for v in self.slices[0].ins)
 
-    def _grads(self, model: nnx.Module, result: RunResult) -> Any:
-        """Per parameter leaf, the sum of its stages' gradients on the device of the
-        first stage reading it (None where that stage ran in another process)."""
+    def _grads(self, model: nnx.Module, grads: Sequence, device_of: dict) -> Any:
+        """Per parameter leaf, the sum of its block stages' gradients (``grads``, one
+        tuple per block stage, None where another process ran it) on the device of the
+        first stage reading it (``device_of``: block stage -> JAX device; None where
+        that stage ran in another process)."""
         params = nnx.split(model, nnx.Param, ...)[1]
         leaves, treedef = jax.tree_util.tree_flatten(params)
-        device_of = _block_devices(self.schedule, result.placement)
         per_stage = [
             dict(zip(s.params, g, strict=True)) if g is not None else None
-            for s, g in zip(self.slices, result.grads, strict=True)
+            for s, g in zip(self.slices, grads, strict=True)
         ]
         out = []
         for j, leaf in enumerate(leaves):
             readers = [q for q, s in enumerate(self.slices) if j in s.params]
             if not readers:  # a parameter the loss does not read: a zero gradient
-                first = device_of[0]
+                first = device_of.get(0, self.devices[0])
                 out.append(jnp.zeros_like(leaf, device=first) if is_local(first) else None)
                 continue
             owner = device_of[readers[0]]
