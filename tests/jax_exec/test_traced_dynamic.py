@@ -25,8 +25,8 @@ TESTS = Path(__file__).resolve().parents[1]
 def _run(which: str) -> dict:
     from xla_env import device_flags
 
-    env = dict(os.environ, XLA_FLAGS=device_flags(4), JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS), str(TESTS / "jax_exec")]))  # fmt: skip
+    path = os.pathsep.join([str(ROOT), str(TESTS), str(TESTS / "jax_exec")])
+    env = dict(os.environ, XLA_FLAGS=device_flags(4), JAX_PLATFORMS="cpu", PYTHONPATH=path)
     proc = subprocess.run([sys.executable, __file__, which], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
