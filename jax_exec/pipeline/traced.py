@@ -428,11 +428,14 @@ def _schedule(
     try:
         return plan_pattern(problem, name, devices, cuts)
     except Infeasible:
-        raise InvalidSchedule(
-            f"no cut of the traced model's {problem.length} blocks into {parts} stages, each "
-            f"storing or rematerializing its activations under {name}, fits the devices' "
-            f"memory"
-        ) from None
+        if cuts is not None:
+            why = (f"the cut {tuple(cuts)}: no plan of its {parts} stages (store-all or "
+                   f"rotor's rematerialization) under {name} fits the devices' memory")  # fmt: skip
+        else:
+            why = (f"no cut of the traced model's {problem.length} blocks into {parts} "
+                   f"stages, each storing or rematerializing its activations (rotor) under "
+                   f"{name}, fits the devices' memory")  # fmt: skip
+        raise InvalidSchedule(why) from None
 
 
 def has_memories(platform: Platform) -> bool:
