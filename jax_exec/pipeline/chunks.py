@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jax.extend.core import Literal
 
 from jax_exec.kernels import stage_functions
-from jax_exec.stages.split import Stage, spec_bytes
+from jax_exec.stages.split import Stage, as_stages, spec_bytes
 from schedir import B, F_all, F_ck, F_n, Loss
 from schedir.chain.ops import buffer_moves
 
@@ -41,6 +41,15 @@ def split_microbatches(tree: Any, m: int) -> list:
     size = n // m
     return [jax.tree_util.tree_map(lambda a, k=k: a[k * size : (k + 1) * size], tree)
             for k in range(m)]  # fmt: skip
+
+
+def given_stages(layers: Any) -> list[Stage]:
+    """``layers`` as stages: a list of :class:`~jax_exec.stages.split.Stage` objects
+    taken as they are (a traced model's, :mod:`jax_exec.pipeline.traced`, whose
+    activations are tuples and whose maker sums the gradients of a parameter several
+    of them read), anything else through :func:`~jax_exec.stages.split.as_stages`."""
+    given = list(layers) if isinstance(layers, list | tuple) else []
+    return given if given and all(isinstance(s, Stage) for s in given) else as_stages(layers)
 
 
 def interval_fn(stages: Sequence[Stage], i: int, j: int) -> Callable:

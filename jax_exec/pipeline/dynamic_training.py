@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_exec.execute.result import RunResult
-from jax_exec.pipeline.chunks import ChunkKernels
+from jax_exec.pipeline.chunks import ChunkKernels, given_stages
 from jax_exec.pipeline.dynamic import (
     TaskOutput,
     Workers,
@@ -41,7 +41,6 @@ from jax_exec.pipeline.dynamic import (
     tree_bytes,
 )
 from jax_exec.pipeline.mpmd import interval_kernels, split_microbatches
-from jax_exec.stages.split import as_stages
 from schedir.dynamic import GroupCosts, RuntimeState, simulate_dynamic, training_task_graph
 from schedir.pipeline.simulate import Noise
 from solvers.pipeline.dynamic import Dmda, make_policy
@@ -97,7 +96,11 @@ def run_dynamic_training(
     **options,
 ) -> RunResult:
     """One training step of ``layers`` (loss ``loss_fn(out, y)``, the mean of the
-    micro-batch losses) with its tasks placed and started by ``policy`` (any of
+    micro-batch losses; ``layers`` may also be a list of
+    :class:`~jax_exec.stages.split.Stage` objects taken as they are, e.g. a traced
+    model's, whose activations ``x`` are tuples of arrays: every leaf is split into
+    micro-batches; :meth:`jax_exec.pipeline.traced.PipelinePlan.run_dynamic`) with its
+    tasks placed and started by ``policy`` (any of
     ``solvers.pipeline.dynamic.POLICIES``; ``plan``: the static plan of ``static`` and
     ``guided``, device -> tasks or a PipelineSchedule of the groups, devices named
     ``dev0``, ``dev1``, ...; ``options``: the guided policy's ``tol``, ``min_samples``).
@@ -117,7 +120,7 @@ def run_dynamic_training(
     durations, memory, evictions), ``predicted`` (the simulator, same policy and
     graph, and with the knobs the same noise), ``op_log``, ``makespan``.
     """
-    stages = as_stages(layers)
+    stages = given_stages(layers)
     L = len(stages)
     cuts = tuple(cuts or range(L + 1))
     G = len(cuts) - 1
@@ -125,7 +128,7 @@ def run_dynamic_training(
     devs = list(devices if devices is not None else jax.devices())
     names = [f"dev{k}" for k in range(len(devs))]
     jdev = dict(zip(names, devs, strict=True))
-    xs = split_microbatches(jnp.asarray(x), m)
+    xs = split_microbatches(jax.tree_util.tree_map(jnp.asarray, x), m)
     ys = split_microbatches(y, m)
     kern = [interval_kernels(stages, cuts[g], cuts[g + 1], loss_fn) for g in range(G)]
     host_params = [group_state(stages, cuts[g], cuts[g + 1]) for g in range(G)]
@@ -162,7 +165,8 @@ def run_dynamic_training(
     ids = {d.name: k for k, d in enumerate(graph.data)}
     sources = {ids[f"w{g}"]: host_params[g] for g in range(G)}
     sources.update({ids[f"x[{n}]"]: xs[n] for n in range(m)})
-    sources.update({ids[f"y[{n}]"]: ys[n] for n in range(m)})
+    # no target bytes (a traced model's last stage computes the loss): no y data
+    sources.update({ids[f"y[{n}]"]: ys[n] for n in range(m) if f"y[{n}]" in ids})
     emulate = emulation(graph, state, noise, emulate_on)
     losses: dict = {}
 
@@ -177,7 +181,7 @@ def run_dynamic_training(
         a = values[ids[f"x[{n}]"] if g == 0 else ids[f"a{g}[{n}]"]]
         work = graph.tasks[t].work
         if g == G - 1:
-            yv = values[ids[f"y[{n}]"]]
+            yv = values[ids[f"y[{n}]"]] if f"y[{n}]" in ids else ys[n]
             return timed(t, u, work, _record, kern[g], p, r, a, yv, 1.0 / m)
         return timed(t, u, work, _record, kern[g], p, r, a)
 
@@ -306,6 +310,6 @@ def _calibrate(kern, host_params, x0, y0, jdev, scale, lr) -> Calibration:
                 calib[f"W{g}", u] = time.perf_counter() - began
     update = [b + (tree_bytes(params0[g][0]) if lr is not None else 0)
               for g, b in enumerate(grad_bytes)]  # fmt: skip
-    return Calibration(calib, [int(v.nbytes) for v in acts], [tree_bytes(v) for v in vjps],
+    return Calibration(calib, [tree_bytes(v) for v in acts], [tree_bytes(v) for v in vjps],
                        [tree_bytes(p) for p in params0], grad_bytes, update, tree_bytes(y0),
                        loss_dtype)  # fmt: skip

@@ -61,12 +61,13 @@ from jax_exec.execute.tree import check_schedule
 from jax_exec.pipeline.chunks import (  # the dynamic runtime imports these two from here too
     ChunkKernels,
     ChunkProgram,
+    given_stages,
     interval_kernels,
     recompute_ops,
     split_microbatches,
     store_all_ops,
 )
-from jax_exec.stages.split import Stage, as_stages
+from jax_exec.stages.split import Stage
 from schedir import Chain
 from schedir.errors import InvalidSchedule
 from schedir.pipeline.ops import Bwd, Fwd, Send, Wgt, effect
@@ -138,12 +139,14 @@ def _op_effects(problem: PipelineProblem, schedule: PipelineSchedule, training: 
     """(device, position) -> Effect, with the footprints of the chunks' plans, as the
     simulator reads them."""
     whole = schedule.footprints() if training else {}
+    held = schedule.held_bytes() if training else {}
     out = {}
     for dev, ops in schedule.ops:
         for k, op in enumerate(ops):
-            fp = whole.get((op.first, op.last)) if isinstance(op, Fwd | Bwd | Wgt) else None
+            chunk = (op.first, op.last) if isinstance(op, Fwd | Bwd | Wgt) else None
             try:
-                out[dev, k] = effect(problem, dev, op, training=training, footprint=fp)
+                out[dev, k] = effect(problem, dev, op, training=training,
+                                     footprint=whole.get(chunk), held=held.get(chunk))  # fmt: skip
             except InvalidSchedule as err:
                 raise InvalidSchedule(f"device {dev}: {op}: {err}") from None
     return out
@@ -184,10 +187,7 @@ def run_pipeline(
     None), the outputs (inference) where every item's last stage ran, and log
     entries and peaks for its own devices only.
     """
-    # Stage objects (a traced model's, jax_exec.pipeline.traced) are taken as they are:
-    # their maker sums the gradients of a parameter several of them read
-    given = list(layers) if isinstance(layers, list | tuple) else []
-    stages = given if given and all(isinstance(s, Stage) for s in given) else as_stages(layers)
+    stages = given_stages(layers)
     L = len(stages)
     place = _devices_for(schedule, devices)
     ops = {dev: list(lst) for dev, lst in schedule.ops}

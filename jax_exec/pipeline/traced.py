@@ -2,15 +2,22 @@
 
 :func:`plan_pipeline` traces ``loss_fn(model, *args)`` for one micro-batch into the
 block chain of the automatic planner (:mod:`jax_exec.program`: one block per layer-like
-piece, cut where few bytes cross), cuts the blocks into contiguous pipeline stages with
-:func:`schedir.pipeline.placement.balanced_cuts` (the exact DP over contiguous blocks
-that minimizes the slowest stage's forward + backward seconds, the loss block in the
-last stage; the block model's roofline times) and makes every stage a
+piece, cut where few bytes cross) and makes every block a
 :class:`~jax_exec.stages.split.Stage` of kind ``"program"`` whose ``apply`` runs its
-slice of the traced program (:mod:`jax_exec.pipeline.program_stages`). The MPMD
-runtime (:func:`~jax_exec.pipeline.mpmd.run_pipeline`) executes the chosen schedule on
-them, with a problem profiled from the stages' own kernels, so that the bytes it
-measures after every op equal the model's.
+slice of the traced program (:mod:`jax_exec.pipeline.program_stages`; the last block
+stage ends with the loss block). A pipeline stage is a contiguous interval of block
+stages, a chunk of the schedule, cut by :func:`schedir.pipeline.placement.balanced_cuts`
+(the exact DP over contiguous blocks that minimizes the slowest stage's forward +
+backward seconds, divided by its device's speed; the block model's roofline times).
+With device memories (``platform=``), every chunk runs its fastest activation plan,
+store-all or rotor's rematerialization of its own chain of blocks, within the bytes
+its device gives each of its micro-batches in flight, and the cut minimizes the
+slowest planned stage (:func:`solvers.pipeline.joint.plan_pattern`). The MPMD runtime
+(:func:`~jax_exec.pipeline.mpmd.run_pipeline`) executes the schedule on the block
+stages, each chunk as the chain schedule of its plan, with a problem profiled from
+the blocks' own kernels, so that the bytes it measures after every op equal the
+model's (a planned chunk holds :attr:`~schedir.pipeline.schedule.ChunkPlan.held`
+between its forward and its backward).
 
 Between stages a tuple travels: the values crossing the cut (the residual stream, RoPE
 tables, masks...), then the call arguments later stages read (token ids, labels).
@@ -51,15 +58,13 @@ from jax_exec.distributed import is_local, transfer_tree
 from jax_exec.execute.result import RunResult
 from jax_exec.kernels import loss_kernel, node_functions, node_kernels
 from jax_exec.pipeline.chunks import split_microbatches
+from jax_exec.pipeline.dynamic_training import run_dynamic_training
 from jax_exec.pipeline.mpmd import run_pipeline
 from jax_exec.pipeline.program_stages import (
     StageSlice,
     carried_spec,
-    crossing,
     encode,
-    globals_read,
     model_leaves,
-    param_positions,
     program_stage,
     stage_slices,
 )
@@ -70,12 +75,14 @@ from jax_exec.stages.program import plain_options
 from jax_exec.stages.split import Stage, spec_bytes
 from schedir import Chain, InvalidSchedule
 from schedir.pipeline.baselines import BASELINES
-from schedir.pipeline.ops import Fwd
+from schedir.pipeline.ops import Bwd, Fwd
 from schedir.pipeline.placement import balanced_cuts
 from schedir.pipeline.problem import PipelineProblem
 from schedir.pipeline.schedule import PipelineSchedule
 from schedir.pipeline.simulate import simulate_pipeline
 from schedir.platform import Device, Platform
+from solvers.pipeline.joint import plan_pattern
+from solvers.registry import Infeasible
 
 # chunks (virtual stages) per device of each schedule
 CHUNKS_PER_DEVICE = {"interleaved_1f1b": 2, "v_shape": 2}
@@ -93,7 +100,8 @@ class Predicted:
 
     Attributes:
         stage_seconds: per pipeline stage, forward + backward seconds of one
-            micro-batch on its device (the loss in the last).
+            micro-batch on its device (the loss in the last), with its plan's
+            recomputation.
         makespan: the schedule's simulated step, seconds.
         bubble: the idle share of the devices over the step.
         device_peak: per device, the simulated peak bytes (parameters, activations,
@@ -125,12 +133,15 @@ class PipelinePlan:
     Attributes:
         cuts: block indices ``0 = c_0 < ... < c_S = L`` of the stage boundaries (the
             loss block, index L, belongs to the last stage).
-        slices: per stage, what it runs (:class:`StageSlice`).
+        slices: per block stage, what it runs (:class:`StageSlice`; the last one
+            with the loss block).
         schedule_name: the schedule generator (a key of
             :data:`schedir.pipeline.baselines.BASELINES`).
-        schedule: the per-device op lists.
-        problem: the stages as a :class:`~schedir.PipelineProblem`: sizes of the
-            stages' compiled kernels (exact bytes), roofline times.
+        schedule: the per-device op lists over the block stages; with device memories
+            its ``plans`` give each chunk's activation plan (kind, footprint, held
+            bytes, rotor's chain ops).
+        problem: the block stages as a :class:`~schedir.PipelineProblem`: sizes of
+            their traced kernels (exact bytes), roofline times.
         predicted: :class:`Predicted`.
         devices: the JAX devices, in the order of the schedule's devices (``d0, d1...``,
             or the platform's).
@@ -160,18 +171,13 @@ class PipelinePlan:
         return self.model.program
 
     def stages(self, model: nnx.Module) -> list[Stage]:
-        """The pipeline stages holding ``model``'s current parameters and state."""
+        """The block stages (one per block; a pipeline stage runs an interval of them)
+        holding ``model``'s current parameters and state."""
         params, rest = _model_leaves(self, model)
+        last = len(self.slices) - 1
         return [
-            program_stage(
-                self.program,
-                q,
-                s,
-                params,
-                rest,
-                self.loss_scale if q == len(self.slices) - 1 else None,
-            )
-            for q, s in enumerate(self.slices)
+            program_stage(self.program, b, s, params, rest, self.loss_scale if b == last else None)
+            for b, s in enumerate(self.slices)
         ]
 
     def run(self, model: nnx.Module, *args: Any, block: bool = False) -> PipelineStep:
@@ -190,11 +196,36 @@ class PipelinePlan:
             block=block,
             problem=self.problem,
         )
-        return PipelineStep(result.loss, self._grads(model, result), result)
+        device_of = _block_devices(self.schedule, result.placement)
+        return PipelineStep(result.loss, self._grads(model, result.grads, device_of), result)
+
+    def run_dynamic(
+        self, model: nnx.Module, *args: Any, policy: str = "dmda", **options: Any
+    ) -> PipelineStep:
+        """One training step of ``loss_fn(model, *args)`` on the block stages with the
+        dynamic runtime (:func:`~jax_exec.pipeline.dynamic_training.
+        run_dynamic_training`: tasks placed and started by ``policy`` at run time on
+        the plan's devices, the loss computed by the last block stage as in
+        :meth:`run`): the loss and the gradients of ``nnx.value_and_grad``.
+        ``options`` go to ``run_dynamic_training`` (``memory=`` caps per device,
+        ``host_bandwidth=``, ``speeds=``, ``noise=``...); ``cuts`` (block indices, the
+        task groups) defaults to the plan's stage cuts."""
+        stages = self.stages(model)
+        options.setdefault("cuts", self.cuts)
+        options.setdefault("devices", list(self.devices))
+        result = run_dynamic_training(stages, self.inputs(args), (), take_loss, policy=policy,
+                                      microbatches=self.microbatches, **options)  # fmt: skip
+        # each group's gradients are on the device of its update task
+        device_of = {b: next(iter(leaf.devices()))
+                     for b, g in enumerate(result.grads)
+                     for leaf in jax.tree.leaves(g)[:1]}  # fmt: skip
+        return PipelineStep(result.loss, self._grads(model, result.grads, device_of), result)
 
     def with_schedule(self, schedule: str) -> PipelinePlan:
-        """The same stages under another schedule with as many chunks per device (e.g.
-        "1f1b", "gpipe", "zb_h1", "zb_h2"): no tracing, the kernels shared."""
+        """The same stages and cut under another schedule with as many chunks per device
+        (e.g. "1f1b", "gpipe", "zb_h1", "zb_h2"): no tracing, the kernels shared; with
+        device memories, the chunks' activation plans made again for its micro-batches
+        in flight."""
         if CHUNKS_PER_DEVICE.get(schedule, 1) != CHUNKS_PER_DEVICE.get(self.schedule_name, 1):
             raise ValueError(
                 f"schedule = {schedule!r} runs another number of chunks per device than "
@@ -203,7 +234,7 @@ class PipelinePlan:
         if schedule not in BASELINES:
             raise ValueError(f"schedule = {schedule!r}: expected one of {sorted(BASELINES)}")
         names = [dev for dev, _ in self.schedule.ops]
-        sched = BASELINES[schedule](self.problem, names, cuts=list(range(len(self.slices) + 1)))
+        sched = _schedule(self.problem, schedule, names, self.cuts)
         return replace(
             self, schedule_name=schedule, schedule=sched, predicted=_predicted(self.problem, sched)
         )
@@ -230,21 +261,22 @@ class PipelinePlan:
             by_id[vid] = leaf
         return tuple(encode(jnp.asarray(by_id[v])) for v in self.slices[0].ins)
 
-    def _grads(self, model: nnx.Module, result: RunResult) -> Any:
-        """Per parameter leaf, the sum of its stages' gradients on the device of the
-        first stage reading it (None where that stage ran in another process)."""
+    def _grads(self, model: nnx.Module, grads: Sequence, device_of: dict) -> Any:
+        """Per parameter leaf, the sum of its block stages' gradients (``grads``, one
+        tuple per block stage, None where another process ran it) on the device of the
+        first stage reading it (``device_of``: block stage -> JAX device; None where
+        that stage ran in another process)."""
         params = nnx.split(model, nnx.Param, ...)[1]
         leaves, treedef = jax.tree_util.tree_flatten(params)
-        device_of = _stage_devices(self.schedule, result.placement)
         per_stage = [
             dict(zip(s.params, g, strict=True)) if g is not None else None
-            for s, g in zip(self.slices, result.grads, strict=True)
+            for s, g in zip(self.slices, grads, strict=True)
         ]
         out = []
         for j, leaf in enumerate(leaves):
             readers = [q for q, s in enumerate(self.slices) if j in s.params]
             if not readers:  # a parameter the loss does not read: a zero gradient
-                first = device_of[0]
+                first = device_of.get(0, self.devices[0])
                 out.append(jnp.zeros_like(leaf, device=first) if is_local(first) else None)
                 continue
             owner = device_of[readers[0]]
@@ -297,11 +329,13 @@ def plan_pipeline(
         bandwidth: bytes/s of the links in the simulated figures (nominal).
         platform: the devices' speeds and memories (its first ``len(devices)``
             devices, in order, one per pipeline device; one-chunk schedules only): the
-            cut divides each stage's time by its device's speed and skips cuts whose
-            stage does not fit its device (its parameters and its micro-batches in
-            flight, each holding its store-all stash: an estimate from the blocks'
-            traced sizes); the links time the simulated figures. Default: identical
-            devices of unlimited memory over links of ``bandwidth``.
+            cut divides each stage's time by its device's speed; with memories, each
+            chunk runs the fastest plan (store-all or rotor) within the bytes per
+            micro-batch its device leaves (its parameters, messages and micro-batches
+            in flight under the schedule), the cut minimizes the slowest planned
+            stage and the simulator checks the peaks (module docstring); the links
+            time the simulated figures. Default: identical devices of unlimited
+            memory over links of ``bandwidth``.
         working_sets: compile the stages' kernels ahead of time for their temporary
             bytes, counted in the problem and the predicted peaks (else not counted:
             the peaks are then lower bounds; the runtime compiles its own kernels).
@@ -343,35 +377,26 @@ def plan_pipeline(
             f"at most {L} pipeline stages, asked for {parts} ({len(devs)} devices x "
             f"{parts // len(devs)} chunks of {schedule})"
         )
-    if cuts is not None:
-        cuts = _checked_cuts(cuts, parts, L)
-        names = (_platform_devices(platform, len(devs), schedule) if platform is not None
-                 else [f"d{k}" for k in range(len(devs))])  # fmt: skip
-        if platform is None:
-            platform = Platform.fully_connected([Device(n) for n in names], bandwidth)
-    elif platform is None:
-        names = [f"d{k}" for k in range(len(devs))]
-        platform = Platform.fully_connected([Device(n) for n in names], bandwidth)
-        cuts = tuple(balanced_cuts(_block_problem(bm, microbatches, platform), parts))
-    else:
-        names = _platform_devices(platform, len(devs), schedule)
-        m = microbatches
-        inflight = [m if schedule == "gpipe" else min(IN_FLIGHT[schedule](len(names), q), m)
-                    for q in range(len(names))]  # fmt: skip
-        bm.trace_options()  # the blocks' saved bytes exact (traced, not compiled)
-        problem = _block_problem(bm, microbatches, platform, sizes=True)
-        cuts = tuple(balanced_cuts(problem, parts, names, inflight))
-    slices = tuple(stage_slices(bm, cuts))
     scale = _loss_scale(traced, args, microbatches)
+    # one stage per block (the last with the loss block): a pipeline stage is a
+    # contiguous interval of them, a chunk of the schedule
+    slices = tuple(stage_slices(bm, range(L + 1)))
     params, rest = model_leaves(traced.program, model)
     stages = [
-        program_stage(traced.program, q, s, params, rest, scale if q == parts - 1 else None)
-        for q, s in enumerate(slices)
+        program_stage(traced.program, b, s, params, rest, scale if b == L - 1 else None)
+        for b, s in enumerate(slices)
     ]
+    if platform is None:
+        names = [f"d{k}" for k in range(len(devs))]
+        platform = Platform.fully_connected([Device(n) for n in names], bandwidth)
+    else:
+        names = _platform_devices(platform, len(devs), schedule)
     problem = _stage_problem(bm, slices, stages, platform, microbatches, working_sets)
-    sched = BASELINES[schedule](problem, names, cuts=list(range(parts + 1)))
+    if cuts is not None:
+        cuts = _checked_cuts(cuts, parts, L)
+    sched = _schedule(problem, schedule, names, cuts)
     return PipelinePlan(
-        cuts,
+        _chunk_cuts(sched),
         slices,
         schedule,
         sched,
@@ -383,6 +408,45 @@ def plan_pipeline(
         scale,
         bm,
     )
+
+
+def _schedule(
+    problem: PipelineProblem, name: str, devices: list[str], cuts: Sequence[int] | None
+) -> PipelineSchedule:
+    """``name`` on the block problem: without device memories on ``cuts`` or the
+    balanced cut (each stage's time divided by its device's speed), every chunk storing
+    its activations; with memories, every chunk's fastest plan (store-all or rotor)
+    within what its device gives each of its micro-batches in flight, on ``cuts`` or
+    on the cut of least slowest planned stage (:func:`solvers.pipeline.joint.
+    plan_pattern`)."""
+    parts = len(devices) * CHUNKS_PER_DEVICE.get(name, 1)
+    if not has_memories(problem.platform):
+        if cuts is None:
+            speeds = devices if parts == len(devices) else None
+            cuts = balanced_cuts(problem, parts, speeds)
+        return BASELINES[name](problem, devices, cuts=list(cuts))
+    try:
+        return plan_pattern(problem, name, devices, cuts)
+    except Infeasible:
+        if cuts is not None:
+            why = (f"the cut {tuple(cuts)}: no plan of its {parts} stages (store-all or "
+                   f"rotor's rematerialization) under {name} fits the devices' memory")  # fmt: skip
+        else:
+            why = (f"no cut of the traced model's {problem.length} blocks into {parts} "
+                   f"stages, each storing or rematerializing its activations (rotor) under "
+                   f"{name}, fits the devices' memory")  # fmt: skip
+        raise InvalidSchedule(why) from None
+
+
+def has_memories(platform: Platform) -> bool:
+    return any(d.memory is not None for d in platform.devices)
+
+
+def _chunk_cuts(schedule: PipelineSchedule) -> tuple[int, ...]:
+    """The chunk boundaries of a schedule, in stage order."""
+    firsts = {op.first for _, ops in schedule.ops for op in ops if isinstance(op, Fwd)}
+    lasts = {op.last for _, ops in schedule.ops for op in ops if isinstance(op, Fwd)}
+    return tuple(sorted(firsts | lasts))
 
 
 # schedule="auto" tries these, in this order (ties keep the earlier)
@@ -495,54 +559,16 @@ def _refuse_state_changes(model: nnx.Module, program: Program) -> None:
             )
 
 
-def _block_problem(
-    bm: BlockModel, m: int, platform: Platform, sizes: bool = False
-) -> PipelineProblem:
-    """The blocks as a chain of roofline times (what :func:`balanced_cuts` reads); with
-    ``sizes`` also the bytes its memory test reads, per micro-batch: a block's input
-    (the values crossing the cut before it and the arguments read from it on), its
-    saved bytes (the next input and its plain autodiff residuals, traced) and the
-    parameters it reads (a parameter several blocks read counts in each)."""
-    program, blocks = bm.program, bm.blocks.blocks
-    times = [stage_times(bm, b) for b in blocks]
-    L = bm.length
-    fwd = [t[0] for t in times[:L]] + [0.0]
-    bwd = [t[1] for t in times[:L]] + [sum(times[L])]  # the loss block: forward + backward
-    if not sizes:
-        zeros = (0,) * (L + 1)
-        chain = Chain(tuple(fwd), tuple(bwd), zeros, zeros, zeros, zeros)
-        return PipelineProblem(chain, [0] * L, platform, m, True)
-    args = set(program.arg_ids)
-    reads = [globals_read(program, b.start, b.stop, b.index == L) for b in blocks]
-    x = []
-    for k in range(L + 1):
-        carried = set(crossing(bm.blocks, k)) | (set().union(*reads[k:]) & args)
-        x.append(sum(program.nbytes(v) for v in carried))
-    saved = [x[k + 1] + bm.saved_bytes(k, 0)[0] for k in range(L)] + [0]
-    weights = [sum(program.nbytes(program.param_ids[j]) for j in param_positions(program, r))
-               for r in reads]  # fmt: skip
-    weights[L - 1] += weights.pop()  # the loss block's parameters: in the last block
-    zeros = (0,) * (L + 1)
-    chain = Chain(tuple(fwd), tuple(bwd), tuple(x), tuple(saved), zeros, zeros)
-    return PipelineProblem(chain, weights, platform, m, True)
-
-
-# micro-batches in flight on stage q of p under one-chunk schedules (an estimate of
-# what the schedule holds: 1F1B and ZB-H1 as PipeDream-Flush, ZB-H2 about twice)
-IN_FLIGHT = {
-    "1f1b": lambda p, q: p - q,
-    "zb_h1": lambda p, q: p - q,
-    "zb_h2": lambda p, q: 2 * (p - q) - 1,
-    "gpipe": lambda p, q: 1 << 30,
-}
+# the schedules whose cut may follow a platform (one chunk per device)
+ONE_CHUNK = ("1f1b", "zb_h1", "zb_h2", "gpipe")
 
 
 def _platform_devices(platform: Platform, n: int, schedule: str) -> list[str]:
     """The names of the platform's first ``n`` devices, one per pipeline device."""
-    if schedule not in IN_FLIGHT:
+    if schedule not in ONE_CHUNK:
         raise ValueError(
             f"platform= with schedule = {schedule!r}: the cut over a platform takes one chunk "
-            f"per device ({sorted(IN_FLIGHT)})"
+            f"per device ({', '.join(ONE_CHUNK)})"
         )
     if len(platform.devices) < n:
         raise ValueError(f"platform has {len(platform.devices)} devices, the plan {n}")
@@ -603,8 +629,12 @@ def _stage_problem(
 
 def _predicted(problem: PipelineProblem, schedule: PipelineSchedule) -> Predicted:
     speed = {d.name: d.speed for d in problem.platform.devices}
-    device_of = {op.first: dev for dev, ops in schedule.ops for op in ops if isinstance(op, Fwd)}
-    seconds = tuple(problem.work(k, k + 1) / speed[device_of[k]] for k in range(problem.length))
+    device_of = {(op.first, op.last): dev
+                 for dev, ops in schedule.ops for op in ops if isinstance(op, Fwd)}  # fmt: skip
+    extra = {(op.first, op.last): op.recompute
+             for _, ops in schedule.ops for op in ops if isinstance(op, Bwd)}  # fmt: skip
+    seconds = tuple((problem.work(i, j) + extra[i, j]) / speed[device_of[i, j]]
+                    for i, j in sorted(device_of))  # fmt: skip
     trace_ = simulate_pipeline(problem, schedule)
     devices = len(schedule.ops)
     busy = problem.microbatches * sum(seconds)
@@ -632,8 +662,12 @@ def _loss_scale(traced: Any, args: tuple, m: int) -> float:
     )
 
 
-def _stage_devices(schedule: PipelineSchedule, placement: dict) -> dict[int, Any]:
-    """Pipeline stage -> the JAX device that runs it."""
+def _block_devices(schedule: PipelineSchedule, placement: dict) -> dict[int, Any]:
+    """Block stage -> the JAX device that runs it."""
     return {
-        op.first: placement[dev] for dev, ops in schedule.ops for op in ops if isinstance(op, Fwd)
+        b: placement[dev]
+        for dev, ops in schedule.ops
+        for op in ops
+        if isinstance(op, Fwd)
+        for b in range(op.first, op.last)
     }

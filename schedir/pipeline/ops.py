@@ -256,6 +256,7 @@ def effect(
     *,
     training: bool | None = None,
     footprint: int | None = None,
+    held: int | None = None,
 ) -> Effect:
     """The :class:`Effect` of ``op`` in the list of ``device``: the rules of the module
     docstring, read by the simulator and by the multi-device executors.
@@ -265,6 +266,8 @@ def effect(
     (its ``ChunkPlan.footprint``: e.g. a rotor plan's peak, which covers the chunk's
     input, its activations, the incoming gradient and the temporaries) from its Fwd's
     start to its backward's end, in place of the chunk's own accounting below.
+    ``held`` (its ``ChunkPlan.held``, at most the footprint): the part of it held
+    between its forward and its backward, the rest being its ops' working set.
 
     Memory (bytes, x_k = ``in_size[k]``; docs/pipelines.md "Lifetimes"):
 
@@ -285,7 +288,10 @@ def effect(
       releases it; the sender's copy is released when the send ends.
     - Inside a footprint F: the Fwd allocates F and releases its input when it starts;
       the backward releases the incoming gradient when it starts and F when it ends;
-      d_i is allocated when it ends (until sent).
+      d_i is allocated when it ends (until sent). With ``held`` H, the Fwd allocates H
+      and F - H is the working set of the Fwd and of the backward; an input part
+      without ``wgrad_bytes`` keeps H and the incoming gradient (x_j, j < L) for its
+      Wgt, whose working set is then F - H.
 
     Raises ``InvalidSchedule`` when the op's stages (or a message's index) are out of
     range 0..L.
@@ -328,8 +334,9 @@ def effect(
     kept_out = (a_out,) if j < L else ()  # the output stays in the stash's last abar
     # a split backward without wgrad_bytes frees nothing early: its buffers live to W
     late_free = problem.wgrad_bytes is None and footprint is None and training
+    inside = None if footprint is None else (footprint if held is None else held)
     if isinstance(op, Wgt):
-        temp = max(chain.bwd_tmp[i:j])
+        temp = max(chain.bwd_tmp[i:j]) if held is None else footprint - held
         kept = (stash, a_in) + ((d_in,) if j < L else ()) + kept_out if late_free else ()
         return Effect(compute, (wdata,), (), problem.wgrad_time(i, j), 0,
                       releases=(wdata, *kept), temp=temp)  # fmt: skip
@@ -339,8 +346,8 @@ def effect(
         adds = (a_out, stash) if training else (a_out,)
         out = ((a_out, x[j]),) if j < L else ()
         if training and footprint is not None:
-            return Effect(compute, reads, adds, work, 0, allocs=((stash, footprint),),
-                          releases_start=reads)  # fmt: skip
+            return Effect(compute, reads, adds, work, 0, allocs=((stash, inside),),
+                          releases_start=reads, temp=footprint - inside)  # fmt: skip
         allocs = out + (((a_in, x[0]),) if i == 0 else ())
         if training:
             allocs += ((stash, stash_bytes(problem, i, j)),)
@@ -357,10 +364,11 @@ def effect(
     split = op.part == "input"
     adds = (d_out, wdata) if split else (d_out,)
     if footprint is not None:
-        held = footprint
-        late = ((wdata, wgrad_hold(problem, i, j, held)),) if split else ()
+        kept = inside if held is None else held + (x[j] if j < L else 0)
+        late = ((wdata, wgrad_hold(problem, i, j, kept)),) if split else ()
         return Effect(compute, reads, adds, work, 0, allocs_end=out + late,
-                      releases=(stash,), releases_start=reads[:-1])  # fmt: skip
+                      releases=(stash,), releases_start=reads[:-1],
+                      temp=footprint - inside)  # fmt: skip
     freed = (stash, a_in) + reads[:-1] + kept_out
     if split and late_free:  # the stash, input, gradient and output are W's to free
         return Effect(compute, reads, adds, work, 0, allocs=out,

@@ -79,6 +79,10 @@ class ChunkPlan:
         ops: the chain schedule of its sub-chain that the executors run (local stages
             0..last-first-1, its ``Loss`` the arrival of d_last or the real loss);
             (): store-all, or the chunk checkpointed whole when its backwards recompute.
+        held: bytes of the footprint it holds between its forward and its backward
+            (what its chain schedule holds before its ``Loss``, e.g. rotor's
+            checkpoints; at most ``footprint``), the rest being the working set of
+            its ops; None: the whole footprint all along.
     """
 
     first: int
@@ -88,6 +92,7 @@ class ChunkPlan:
     kind: str | None = None
     extra: float = 0.0
     ops: tuple = ()
+    held: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("first", "last"):
@@ -116,12 +121,19 @@ class ChunkPlan:
             if type(o) not in OP_TYPES.values():
                 raise InvalidSchedule(f"{label}: {o!r} is not a chain op")
         object.__setattr__(self, "ops", ops)
+        h = self.held
+        if h is not None and (isinstance(h, bool) or not isinstance(h, int) or h < 0
+                              or fp is None or h > fp):  # fmt: skip
+            raise InvalidSchedule(f"{label}: held = {h!r}: expected bytes (an integer >= 0) "
+                                  f"at most the footprint ({fp!r}), or None")  # fmt: skip
 
     def to_dict(self) -> dict:
         out = {"chunk": [self.first, self.last], "device": self.device,
                "footprint": self.footprint, "kind": self.kind, "extra": self.extra}  # fmt: skip
         if self.ops:
             out["ops"] = [str(o) for o in self.ops]
+        if self.held is not None:
+            out["held"] = self.held
         return out
 
     @classmethod
@@ -131,7 +143,7 @@ class ChunkPlan:
                                   "'device': ..., ...}")  # fmt: skip
         first, last = d["chunk"]
         return cls(first, last, d.get("device"), d.get("footprint"), d.get("kind"),
-                   d.get("extra", 0.0), tuple(d.get("ops", ())))  # fmt: skip
+                   d.get("extra", 0.0), tuple(d.get("ops", ())), d.get("held"))  # fmt: skip
 
 
 def _short(value) -> str:
@@ -228,6 +240,11 @@ class PipelineSchedule(Schedule):
         """(first, last) -> bytes per micro-batch, for the chunks whose plan reserves a
         footprint (the others keep their own accounting)."""
         return {(p.first, p.last): p.footprint for p in self.plans if p.footprint is not None}
+
+    def held_bytes(self) -> dict[tuple[int, int], int]:
+        """(first, last) -> bytes per micro-batch held between forward and backward,
+        for the chunks whose plan says (:attr:`ChunkPlan.held`)."""
+        return {(p.first, p.last): p.held for p in self.plans if p.held is not None}
 
     def with_plans(self, plans: Iterable[ChunkPlan]) -> PipelineSchedule:
         """This schedule with ``plans`` in place of its plans of the same chunks (the

@@ -170,7 +170,7 @@ def simulate_pipeline(
     noise = noise or Noise()
     rng = noise.generator() if noise.sigma > 0 else None
     dev_factor = noise.device_factors([d.name for d in plat.devices])
-    footprints = schedule.footprints()
+    footprints, held = schedule.footprints(), schedule.held_bytes()
     training = problem.training or any(isinstance(o, Bwd) for _, ops in schedule.ops for o in ops)
     # Tasks: resource, duration, data deps, release time, effect.
     res, dur, deps, rel, label, owner, effects = [], [], [], [], [], [], []
@@ -182,11 +182,12 @@ def simulate_pipeline(
     for dev, ops in schedule.ops:
         speed = plat.device(dev).speed
         for op in ops:
-            whole = None
+            whole = kept = None
             if training and isinstance(op, Fwd | Bwd | Wgt):
                 whole = footprints.get((op.first, op.last))
+                kept = held.get((op.first, op.last))
             try:
-                eff = effect(problem, dev, op, training=training, footprint=whole)
+                eff = effect(problem, dev, op, training=training, footprint=whole, held=kept)
             except InvalidSchedule as err:
                 raise InvalidSchedule(f"device {dev}: {op}: {err}") from None
             t = len(res)

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from schedir.errors import InvalidSchedule
-from schedir.pipeline.baselines import one_f_one_b, v_shape, zb_h1, zb_h2
+from schedir.pipeline.baselines import gpipe, one_f_one_b, v_shape, zb_h1, zb_h2
 from schedir.pipeline.listsched import list_schedule
 from schedir.pipeline.ops import Bwd, Fwd, Wgt, wgrad_hold
 from schedir.pipeline.placement import balanced_cuts, place, schedule_from_orders
@@ -49,8 +49,9 @@ from solvers.pipeline.one_f_one_b import message_reserve
 from solvers.pipeline.stage_plans import Plan, shared_plans
 from solvers.registry import Infeasible, register
 
-PATTERNS = {"1f1b": one_f_one_b, "zb_h1": zb_h1, "zb_h2": zb_h2, "v_shape": v_shape}
-CHUNKS_PER_DEVICE = {"1f1b": 1, "zb_h1": 1, "zb_h2": 1, "v_shape": 2, "list": 1}
+PATTERNS = {"1f1b": one_f_one_b, "zb_h1": zb_h1, "zb_h2": zb_h2, "v_shape": v_shape,
+            "gpipe": gpipe}  # fmt: skip
+CHUNKS_PER_DEVICE = {"1f1b": 1, "zb_h1": 1, "zb_h2": 1, "v_shape": 2, "gpipe": 1, "list": 1}
 
 
 def alive_profile(schedule: PipelineSchedule) -> dict[str, list[dict]]:
@@ -135,11 +136,12 @@ class Candidate:
 
 
 class _Search:
-    def __init__(self, problem, budget, slots, steps, patterns, max_evals, progress, walk=4):
+    def __init__(self, problem, budget, slots, steps, patterns, max_evals, progress, walk=4,
+                 offload=True):  # fmt: skip
         self.problem, self.budget, self.steps = problem, budget, steps
         self.patterns, self.max_evals, self.progress = patterns, max_evals, progress
         self.walk = walk
-        self.plans = shared_plans(problem, slots)
+        self.plans = shared_plans(problem, slots, offload)
         self.best: Candidate | None = None
         self.evals = 0
         self.seen: set = set()
@@ -362,6 +364,48 @@ class _Search:
             if best[1] is None:
                 return
             period, cuts = best
+
+
+def plan_pattern(
+    problem: PipelineProblem,
+    pattern: str,
+    devices: Sequence[str],
+    cuts: Sequence[int] | None = None,
+    *,
+    slots: int = 500,
+    steps: int = 2,
+    max_evals: int = 400,
+) -> PipelineSchedule:
+    """One fixed-order ``pattern`` (a key of :data:`PATTERNS`) on ``devices``, every
+    chunk running its fastest plan, store-all or rotor (no offload), within the bytes
+    per micro-batch its device gives it (the module docstring's budget), judged by the
+    simulator over ``steps`` (>= 2) repeated steps; on ``cuts`` (chunk boundaries) or on the
+    DP's cuts (one chunk per device; else balanced) improved by hill climbing. The
+    chunks' plans carry their footprints, kinds, extra seconds and rotor ops, and
+    :attr:`~schedir.pipeline.schedule.ChunkPlan.held` (what their chain schedules
+    hold between forward and backward, :meth:`StagePlans.held`). Raises
+    :class:`~solvers.registry.Infeasible` when no candidate fits."""
+    if pattern not in PATTERNS:
+        raise ValueError(f"pattern = {pattern!r}: expected one of {', '.join(PATTERNS)}")
+    devs = list(devices)
+    search = _Search(problem, None, slots, steps, [pattern], max_evals, None, offload=False)
+    if cuts is not None:
+        search.candidate(pattern, devs, list(cuts), "plan")
+    else:
+        parts = len(devs) * CHUNKS_PER_DEVICE[pattern]
+        start = search.dp_cuts(pattern, devs) if parts == len(devs) else None
+        search.improve(pattern, devs, start or balanced_cuts(problem, parts))
+    if search.best is None:
+        raise Infeasible("pipeline_joint", None, None, f"no cut of {pattern} with per-chunk "
+                         "plans fits the devices' memory")  # fmt: skip
+    best, plans = search.best, search.plans
+    chunks = plans.chunk_plans(best.schedule.plans, best.plans)
+    held = [plans.held(c.first, c.last, c.ops, problem.target_bytes)
+            if c.ops or c.extra == 0 else None for c in chunks]  # fmt: skip
+    return best.schedule.with_plans(
+        dataclasses.replace(c, held=h, footprint=max(c.footprint, h or 0))
+        for c, h in zip(chunks, held, strict=True)
+    )
 
 
 def apply_plans(schedule: PipelineSchedule, plans: dict[tuple[int, int], Plan]):

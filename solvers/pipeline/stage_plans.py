@@ -38,7 +38,7 @@ from functools import cache, lru_cache
 
 import numpy as np
 
-from schedir import Chain, OffloadProblem, discretize, simulate
+from schedir import Chain, Loss, OffloadProblem, discretize, simulate
 from schedir.chain.discretize import size_unit
 from schedir.pipeline.problem import PipelineProblem
 from schedir.pipeline.schedule import ChunkPlan
@@ -227,6 +227,18 @@ class StagePlans:
         if not math.isfinite(curve.table.value(units)):
             return None
         return curve.table.ops(units)
+
+    def held(self, i: int, j: int, ops: Sequence = (), target_bytes: int = 0) -> int:
+        """Bytes chunk [i, j) holds between its forward and its backward when it runs
+        the chain schedule ``ops`` of its sub-chain (() : store-all): what the schedule
+        holds before its ``Loss``, plus the micro-batch's ``target_bytes`` on the
+        chunk with the loss."""
+        sub = sub_chain(self.problem.chain, i, j)
+        ops = tuple(ops) or store_all_ops(sub)
+        at = next(k for k, op in enumerate(ops) if isinstance(op, Loss))
+        trace = simulate(sub, ops)
+        before = trace.resident[at - 1] if at else trace.initial_memory
+        return int(before) + (target_bytes if j == self.problem.length else 0)
 
     def chunk_plans(self, chunks: Sequence[ChunkPlan], plans: Sequence[Plan]) -> tuple:
         """The schedule's ``chunks`` (their plans, in order) running ``plans``: each

@@ -5,7 +5,9 @@ decoder LM (tests/zoo/decoder_lm.py: RoPE tables, a KV-cache argument, tied embe
 and a CNN (tests/zoo/convnext.py with its stochastic depth rate at 0: Dropout of rate 0
 draws nothing) are cut into 4 stages and run under 1F1B and ZB-H1: loss and gradients
 equal plain ``nnx.value_and_grad`` (tolerance relative to the largest leaf), and the
-bytes measured after every op equal the model's. In this process (one device): the
+bytes measured after every op equal the model's; the decoder LM again with device
+memories below its store-all peaks, where the chunks' plans rematerialize. In this
+process (one device): the
 refusals (dropout drawing, arguments without the batch axis, a loss mixing the batch)
 and a summed loss."""
 
@@ -77,18 +79,18 @@ def test_four_devices_1f1b_and_zb_h1_match_plain_value_and_grad():
                           text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert report["checked"] == ["decoder_lm 1f1b", "decoder_lm zb_h1", "convnext 1f1b",
-                                 "convnext zb_h1"], report  # fmt: skip
+    assert report["checked"] == ["decoder_lm 1f1b", "decoder_lm zb_h1", "decoder_lm planned",
+                                 "convnext 1f1b", "convnext zb_h1"], report  # fmt: skip
     for name, stages in report["stages"].items():
         assert stages == 4, (name, report)
 
 
-def check_plan(case, args, report: dict) -> None:
-    """1F1B then ZB-H1 on the same automatic cut of 4 stages."""
+def check_plan(case, args, report: dict):
+    """1F1B then ZB-H1 on the same automatic cut of 4 stages; returns the 1F1B plan."""
     model = case.factory()
     ref_loss, ref_grads = nnx.value_and_grad(case.loss_fn)(model, *args)
     plan = plan_pipeline(case.loss_fn, model, *args, devices=4, microbatches=4)
-    report["stages"][case.name] = len(plan.slices)
+    report["stages"][case.name] = len(plan.cuts) - 1
     assert plan.loss_scale == 1.0 and plan.predicted.makespan > 0
     for p in (plan, plan.with_schedule("zb_h1")):
         step = p.run(model, *args, block=True)
@@ -104,12 +106,46 @@ def check_plan(case, args, report: dict) -> None:
         used = {d for leaf in jax.tree_util.tree_leaves(r.grads) for d in leaf.devices()}
         assert len(used) == 4, what  # every stage ran on its own device
         report["checked"].append(what)
+    return plan
+
+
+def check_planned(case, args, free, report: dict) -> None:
+    """Device memories at 0.8 of the store-all plan's largest predicted peak: the cut
+    and the chunks' plans rematerialize (rotor) where storing every activation does
+    not fit; loss and gradients equal plain, measured bytes equal the model's after
+    every op, predicted peaks within the memories."""
+    import schedir
+    from schedir.pipeline.baselines import BASELINES
+
+    model = case.factory()
+    ref_loss, ref_grads = nnx.value_and_grad(case.loss_fn)(model, *args)
+    memory = int(0.8 * max(free.predicted.device_peak.values()))
+    names = [f"d{u}" for u in range(4)]
+    platform = schedir.Platform.fully_connected(
+        [schedir.Device(n, 1.0, memory) for n in names], 100e9
+    )
+    plan = plan_pipeline(case.loss_fn, model, *args, devices=4, microbatches=4,
+                         platform=platform)  # fmt: skip
+    assert any(p.kind == "rotor" and p.ops for p in plan.schedule.plans), plan.schedule.plans
+    assert max(plan.predicted.device_peak.values()) <= memory, plan.predicted
+    stored = BASELINES["1f1b"](plan.problem, names, cuts=list(plan.cuts))
+    assert max(schedir.simulate_pipeline(plan.problem, stored).device_peak.values()) > memory
+    step = plan.run(model, *args, block=True)
+    assert_close(step.loss, ref_loss, "planned: loss")
+    assert_close(step.grads, ref_grads, "planned: gradients")
+    r = step.result
+    assert r.op_device_bytes == r.op_model_bytes, [
+        (op, got, want) for (_, op, *_), got, want in
+        zip(r.op_log, r.op_device_bytes, r.op_model_bytes, strict=True) if got != want
+    ][:5]  # fmt: skip
+    report["checked"].append(f"{case.name} planned")
 
 
 def _child() -> None:  # pragma: no cover - runs in the subprocess
     assert len(jax.devices()) == 4
     report: dict = {"checked": [], "stages": {}}
-    check_plan(*decoder_lm_case(), report)
+    case, args = decoder_lm_case()
+    check_planned(case, args, check_plan(case, args, report), report)
     check_plan(*convnext_case(), report)
     print(json.dumps(report), flush=True)
 
