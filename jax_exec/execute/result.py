@@ -117,6 +117,13 @@ def tree_bytes(tree: Any) -> int:
     return sum(int(leaf.nbytes) for leaf in jax.tree_util.tree_leaves(tree))
 
 
+def distinct_bytes(tree: Any) -> int:
+    """Bytes of the distinct arrays of a pytree (a leaf held twice counted once): what
+    the arrays occupy, as :meth:`~jax_exec.execute.buffers.Buffers.nbytes` counts."""
+    leaves = {id(a): a for a in jax.tree_util.tree_leaves(tree)}
+    return sum(int(a.nbytes) for a in leaves.values())
+
+
 class OpMeter:
     """What a single-device runtime measures per op, turned into a :class:`RunResult`.
 

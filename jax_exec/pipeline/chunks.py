@@ -5,11 +5,12 @@
   parameter copies, with the backward kernels that rebuild the closure, cached per
   computation by :func:`interval_kernels`;
 - training: :class:`ChunkProgram`, the chunk as a chain schedule of its sub-chain
-  (:func:`store_all_ops`, :func:`recompute_ops`, or a rotor plan's ops), each chain op
-  one of the stage kernels of :mod:`jax_exec.kernels` (cached there per computation
-  and shapes), so that a training loop compiles once and a chunk holds exactly the
-  buffers its chain schedule names; :func:`weight_data_bytes` profiles what a split
-  backward keeps per stage for its weight part (``wgrad_bytes``).
+  (:func:`schedir.chain.ops.store_all_ops`, :func:`recompute_ops`, or a rotor plan's
+  ops), each chain op one of the stage kernels of :mod:`jax_exec.kernels` (cached
+  there per computation and shapes), so that a training loop compiles once and a chunk
+  holds exactly the buffers its chain schedule names; :func:`weight_data_bytes`
+  profiles what a split backward keeps per stage for its weight part
+  (``wgrad_bytes``).
 """
 
 from __future__ import annotations
@@ -182,12 +183,6 @@ class ChunkKernels:
             )
             self.masks[layout] = used[n : n + len(res)]
         return self.masks[layout]
-
-
-def store_all_ops(n: int) -> tuple:
-    """The chain schedule of a chunk of n stages that stores every stage's residuals:
-    ``F_all(0..n-1) Loss B(n-1..0)``."""
-    return (*(F_all(k) for k in range(n)), Loss(), *(B(k) for k in reversed(range(n))))
 
 
 def recompute_ops(n: int) -> tuple:

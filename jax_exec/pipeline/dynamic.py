@@ -42,14 +42,6 @@ from schedir.pipeline.simulate import Noise
 from solvers.pipeline.dynamic import Dmda, make_policy
 
 
-def tree_bytes(tree: Any) -> int:
-    return sum(int(a.nbytes) for a in unique_leaves(tree))
-
-
-def unique_leaves(tree: Any) -> list:
-    return list({id(a): a for a in jax.tree_util.tree_leaves(tree)}.values())
-
-
 def move(tree: Any, to: Any) -> Any:
     """``tree`` on device ``to`` (None: to the host, as numpy), each distinct leaf once."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)

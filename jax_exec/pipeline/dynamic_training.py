@@ -26,7 +26,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jax_exec.execute.result import RunResult
+from jax_exec.execute.result import RunResult, distinct_bytes
 from jax_exec.pipeline.chunks import ChunkKernels, given_stages
 from jax_exec.pipeline.dynamic import (
     TaskOutput,
@@ -38,7 +38,6 @@ from jax_exec.pipeline.dynamic import (
     move,
     per_device,
     tree_add,
-    tree_bytes,
 )
 from jax_exec.pipeline.mpmd import interval_kernels, split_microbatches
 from schedir.dynamic import GroupCosts, RuntimeState, simulate_dynamic, training_task_graph
@@ -284,7 +283,7 @@ def _calibrate(kern, host_params, x0, y0, jdev, scale, lr) -> Calibration:
     for g in reversed(range(G)):
         seeds[g] = seed
         grads[g], seed = _backward(kern[g], params0[g][0], vjps[g], seed)
-    grad_bytes = [tree_bytes(gp) for gp in grads]
+    grad_bytes = [distinct_bytes(gp) for gp in grads]
     calib = {}
     for u in names:
         dev = jdev[u]
@@ -308,8 +307,8 @@ def _calibrate(kern, host_params, x0, y0, jdev, scale, lr) -> Calibration:
                 if lr is not None:
                     jax.block_until_ready(_sgd(p[0], total, lr))
                 calib[f"W{g}", u] = time.perf_counter() - began
-    update = [b + (tree_bytes(params0[g][0]) if lr is not None else 0)
+    update = [b + (distinct_bytes(params0[g][0]) if lr is not None else 0)
               for g, b in enumerate(grad_bytes)]  # fmt: skip
-    return Calibration(calib, [tree_bytes(v) for v in acts], [tree_bytes(v) for v in vjps],
-                       [tree_bytes(p) for p in params0], grad_bytes, update, tree_bytes(y0),
+    return Calibration(calib, [distinct_bytes(v) for v in acts], [distinct_bytes(v) for v in vjps],
+                       [distinct_bytes(p) for p in params0], grad_bytes, update, distinct_bytes(y0),
                        loss_dtype)  # fmt: skip

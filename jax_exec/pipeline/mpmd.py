@@ -65,10 +65,10 @@ from jax_exec.pipeline.chunks import (  # the dynamic runtime imports these two 
     interval_kernels,
     recompute_ops,
     split_microbatches,
-    store_all_ops,
 )
 from jax_exec.stages.split import Stage
 from schedir import Chain
+from schedir.chain.ops import store_all_ops
 from schedir.errors import InvalidSchedule
 from schedir.pipeline.ops import Bwd, Fwd, Send, Wgt, effect
 from schedir.pipeline.problem import PipelineProblem
@@ -123,7 +123,7 @@ def chunk_chain_ops(schedule: PipelineSchedule, i: int, j: int) -> tuple:
     arrival of d_j or the real loss): its plan's ``ops`` (a rotor plan's), else
     :func:`~jax_exec.pipeline.chunks.recompute_ops` when a backward of the chunk
     recomputes (``Bwd.recompute > 0`` without plan ops: the chunk checkpointed whole),
-    else :func:`~jax_exec.pipeline.chunks.store_all_ops`."""
+    else :func:`schedir.chain.ops.store_all_ops`."""
     plan = schedule.plan(i, j)
     if plan is not None and plan.ops:
         try:

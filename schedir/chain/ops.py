@@ -67,6 +67,13 @@ OP_TYPES: dict[str, type] = {"F_ck": F_ck, "F_n": F_n, "F_all": F_all, "B": B, "
 _OP_RE = re.compile(r"^\s*(\w+)\(\s*(\d*)\s*\)\s*$")
 
 
+def store_all_ops(length: int) -> tuple[ChainOp, ...]:
+    """The schedule of a chain of ``length`` stages that records every stage once and
+    recomputes nothing: ``F_all(0..L-1) Loss B(L-1..0)``."""
+    return (*(F_all(k) for k in range(length)), Loss(),
+            *(B(k) for k in reversed(range(length))))  # fmt: skip
+
+
 def parse_op(text: str) -> ChainOp:
     """Parse the printed form of an op.
 

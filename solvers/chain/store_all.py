@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from schedir import B, Chain, F_all, Loss, Schedule
+from schedir import Chain, Schedule
+from schedir.chain.ops import store_all_ops as chain_store_all_ops
 from solvers.registry import fixed_schedule, register
 
 
 def store_all_ops(chain: Chain) -> tuple:
-    L = chain.length
-    return (*(F_all(k) for k in range(L)), Loss(), *(B(k) for k in range(L - 1, -1, -1)))
+    """:func:`schedir.chain.ops.store_all_ops` of the chain's length."""
+    return chain_store_all_ops(chain.length)
 
 
 @register(

@@ -61,9 +61,9 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
     from jax_exec.pipeline.chunks import (
         ChunkProgram,
         recompute_ops,
-        store_all_ops,
         weight_data_bytes,
     )
+    from schedir.chain.ops import store_all_ops
     from jax_exec.pipeline.dynamic import run_dynamic
     from jax_exec.pipeline.mpmd import _activation_avals, chunk_chain_ops, run_pipeline
     from jax_exec.pipeline.spmd import (
