@@ -14,9 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # 12 s; traced pipelines cover multi-device MPMD in the default run
 def test_multi_device_execution_matches_the_single_device_model():
     from xla_env import device_flags  # tests/ is not on the child's path
 
@@ -63,7 +66,6 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
         recompute_ops,
         weight_data_bytes,
     )
-    from schedir.chain.ops import store_all_ops
     from jax_exec.pipeline.dynamic import run_dynamic
     from jax_exec.pipeline.mpmd import _activation_avals, chunk_chain_ops, run_pipeline
     from jax_exec.pipeline.spmd import (
@@ -77,6 +79,7 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
         stage_orders,
     )
     from jax_exec.stages import as_stages
+    from schedir.chain.ops import store_all_ops
     from schedir.pipeline.baselines import BASELINES, gpipe_ops, one_f_one_b_ops
     from schedir.pipeline.problem import Interval, Mapping, PipelineProblem
     from schedir.pipeline.schedule import PipelineSchedule, expand
