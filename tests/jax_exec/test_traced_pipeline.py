@@ -80,7 +80,8 @@ def test_four_devices_1f1b_and_zb_h1_match_plain_value_and_grad():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["checked"] == ["decoder_lm 1f1b", "decoder_lm zb_h1", "decoder_lm planned",
-                                 "convnext 1f1b", "convnext zb_h1"], report  # fmt: skip
+                                 "decoder_lm planned zb_h1", "convnext 1f1b",
+                                 "convnext zb_h1"], report  # fmt: skip
     for name, stages in report["stages"].items():
         assert stages == 4, (name, report)
 
@@ -110,10 +111,10 @@ def check_plan(case, args, report: dict):
 
 
 def check_planned(case, args, free, report: dict) -> None:
-    """Device memories at 0.8 of the store-all plan's largest predicted peak: the cut
-    and the chunks' plans rematerialize (rotor) where storing every activation does
-    not fit; loss and gradients equal plain, measured bytes equal the model's after
-    every op, predicted peaks within the memories."""
+    """Device memories at 0.8 of the store-all plan's largest predicted peak (1F1B), then
+    at 0.9 of ZB-H1's: the cut and the chunks' plans rematerialize (rotor) where
+    storing every activation does not fit; loss and gradients equal plain, measured
+    bytes equal the model's after every op, predicted peaks within the memories."""
     import schedir
     from schedir.pipeline.baselines import BASELINES
 
@@ -139,6 +140,22 @@ def check_planned(case, args, free, report: dict) -> None:
         zip(r.op_log, r.op_device_bytes, r.op_model_bytes, strict=True) if got != want
     ][:5]  # fmt: skip
     report["checked"].append(f"{case.name} planned")
+    # a zero-bubble schedule with per-stage plans: ZB-H1 at 0.9 of its store-all peak
+    free_zb = free.with_schedule("zb_h1")
+    memory = int(0.9 * max(free_zb.predicted.device_peak.values()))
+    platform = schedir.Platform.fully_connected(
+        [schedir.Device(n, 1.0, memory) for n in names], 100e9
+    )
+    plan = plan_pipeline(case.loss_fn, model, *args, devices=4, microbatches=4,
+                         platform=platform, schedule="zb_h1")  # fmt: skip
+    assert any(p.kind == "rotor" and p.ops for p in plan.schedule.plans), plan.schedule.plans
+    assert max(plan.predicted.device_peak.values()) <= memory, plan.predicted
+    step = plan.run(model, *args, block=True)
+    assert_close(step.loss, ref_loss, "planned zb_h1: loss")
+    assert_close(step.grads, ref_grads, "planned zb_h1: gradients")
+    r = step.result
+    assert r.op_device_bytes == r.op_model_bytes, "planned zb_h1: measured bytes"
+    report["checked"].append(f"{case.name} planned zb_h1")
 
 
 def _child() -> None:  # pragma: no cover - runs in the subprocess
