@@ -9,6 +9,7 @@ gradient leaf once."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,8 +24,8 @@ def test_two_processes_run_a_traced_plan_like_one_device():
 
     reports = launch_reports(__file__, timeout=500, path=(ROOT / "tests", HERE))
     names = reports[0]["leaves"].keys()
-    assert set(names) == {"decoder_lm 1f1b", "decoder_lm zb_h1", "convnext 1f1b",
-                          "convnext zb_h1"}, reports  # fmt: skip
+    assert set(names) == {"decoder_lm 1f1b", "decoder_lm zb_h1", "decoder_lm zb_h1 planned",
+                          "convnext 1f1b", "convnext zb_h1"}, reports  # fmt: skip
     for name in names:
         mine = [set(r["leaves"][name]) for r in reports.values()]
         assert not mine[0] & mine[1], (name, reports)  # every leaf from one process
@@ -40,6 +41,7 @@ def _child() -> None:  # pragma: no cover - runs in the launched processes
     from flax import nnx
     from test_traced_pipeline import assert_close, convnext_case, decoder_lm_case
 
+    import schedir
     from jax_exec.parallel import plan_pipeline
 
     assert group is not None and group.num_processes == 2 and len(jax.devices()) == 8
@@ -52,8 +54,20 @@ def _child() -> None:  # pragma: no cover - runs in the launched processes
         model = case.factory()
         ref_loss, ref_grads = nnx.value_and_grad(case.loss_fn)(model, *args)
         plan = plan_pipeline(case.loss_fn, model, *args, devices=devices, microbatches=4)
-        assert len(plan.slices) == len(devices)
-        for p in (plan, plan.with_schedule("zb_h1")):
+        assert len(plan.cuts) - 1 == len(devices)
+        plans = [plan, plan.with_schedule("zb_h1")]
+        if case.name == "decoder_lm":  # ZB-H1 with per-stage plans within device memories
+            free = plans[1]
+            memory = int(0.9 * max(free.predicted.device_peak.values()))
+            platform = schedir.Platform.fully_connected(
+                [schedir.Device(f"d{u}", 1.0, memory) for u in range(len(devices))], 100e9
+            )
+            planned = plan_pipeline(case.loss_fn, model, *args, devices=devices,
+                                    microbatches=4, platform=platform,
+                                    schedule="zb_h1")  # fmt: skip
+            assert any(c.kind == "rotor" and c.ops for c in planned.schedule.plans)
+            plans.append(replace(planned, schedule_name="zb_h1 planned"))
+        for p in plans:
             step = p.run(model, *args)
             what = f"{case.name} {p.schedule_name}"
             assert_close(step.grads, ref_grads, what)
