@@ -56,7 +56,7 @@ def screen(name: str, quick: bool) -> tuple[list[dict], dict]:
                      activation_tolerance=0)  # fmt: skip
     assert not any(isinstance(o, lowbit.LowBitOption) for opts in zero.model.options for o in opts)
     allowed = lowbit.with_lowbit(p.model, args, TOLERANCE)  # reuses the measured errors
-    chosen = replace(p, model=allowed, problem=allowed.problem).replan(tight.budget)
+    chosen = replace(p, model=allowed, base=allowed, problem=allowed.problem).replan(tight.budget)
     report = chosen.schedule.meta["lowbit"]
     planner = {"model": name, "budget": tight.budget, "full_overhead": tight.overhead,
                "zero_tolerance_overhead": zero.overhead, "lowbit_overhead": chosen.overhead,
