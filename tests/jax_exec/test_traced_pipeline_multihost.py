@@ -1,7 +1,9 @@
 """Traced pipelines on two processes of four CPU devices (``schedir launch``): the zoo's
 decoder LM cut into 8 stages over the 8 devices of both processes, and the zoo's
 ConvNeXt (stochastic depth rate 0) into 4 stages on two devices of each process, under
-1F1B and ZB-H1: each process's gradients (its stages', the tied embedding's summed
+1F1B and ZB-H1 (the decoder LM also with per-stage plans within device memories):
+measured bytes equal the model after every op on each process's devices, each
+process's gradients (its stages', the tied embedding's summed
 across processes on its first reader's device) and the loss (where the last stage
 ran) equal plain ``nnx.value_and_grad``; between them the processes return every
 gradient leaf once."""
@@ -70,6 +72,8 @@ def _child() -> None:  # pragma: no cover - runs in the launched processes
         for p in plans:
             step = p.run(model, *args)
             what = f"{case.name} {p.schedule_name}"
+            r = step.result  # this process's devices, after every op it ran
+            assert r.op_device_bytes == r.op_model_bytes and r.op_log, what
             assert_close(step.grads, ref_grads, what)
             leaves = jax.tree_util.tree_leaves(step.grads, is_leaf=lambda v: v is None)
             report["leaves"][what] = [k for k, v in enumerate(leaves) if v is not None]
