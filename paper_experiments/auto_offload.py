@@ -54,6 +54,7 @@ from schedir import (  # noqa: E402
 )
 from schedir.blocks.problem import simulate_blocks  # noqa: E402
 from schedir.blocks.schedule import BlockSchedule  # noqa: E402
+from schedir_cli.common import make_folder  # noqa: E402
 
 PRESETS = ("pcie4", "pcie5", "nvlink-c2c")
 FRACTIONS = (1.0, 0.8, 0.6, 0.45, 0.3)
@@ -224,9 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="results/auto_offload", help="output directory")
     ns = parser.parse_args(argv)
     out = Path(ns.out)
-    if not out.exists():
-        print(f"auto_offload: created {out}", file=sys.stderr)
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)  # says on stderr when it creates it
     models = dict(MODELS)
     models["gpt24"] = lambda quick: gpt(quick=quick, depth=24)
     if ns.quick:

@@ -41,6 +41,7 @@ from flax import nnx  # noqa: E402
 
 from jax_exec.parallel import plan_pipeline  # noqa: E402
 from schedir import Device, Platform, plot_style  # noqa: E402
+from schedir_cli.common import make_folder  # noqa: E402
 
 ONE_CHUNK = ("1f1b", "zb_h1", "zb_h2", "gpipe")
 BANDWIDTH = 100e9
@@ -153,9 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="*", default=["gpt", "unet"], choices=["gpt", "unet"])
     ns = parser.parse_args(argv)
     out = Path(ns.out)
-    if not out.exists():
-        print(f"traced_pipelines: created {out}", file=sys.stderr)
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)  # says on stderr when it creates it
     rows = []
     for name, make in models(ns.quick).items():
         if name not in ns.models:

@@ -23,7 +23,7 @@ from jax_exec.auto.whole import WHOLE_GRAPH_VARIABLES
 from jax_exec.execute.graph import run_graph_schedule
 from jax_exec.execute.interpreter import run_schedule
 from jax_exec.execute.lowering import lower
-from jax_exec.execute.result import RunResult
+from jax_exec.execute.result import RunResult, tree_bytes
 from jax_exec.program.analysis import CostModel
 from jax_exec.program.model import BlockModel, block_model
 from jax_exec.program.trace import graph_difference, split_model
@@ -212,8 +212,7 @@ def _on_one_device(tree: Any) -> Any:
     """``tree`` with arrays sharded over several devices gathered on the first of them,
     with a warning: the op-by-op runtime measures one device's program (the compiled
     path, ``Plan.lowered`` under ``jax.jit``, keeps the shardings)."""
-    leaves = jax.tree.leaves(tree)
-    spread = [x for x in leaves if isinstance(x, jax.Array) and len(x.sharding.device_set) > 1]
+    spread = _spread(tree)
     if not spread:
         return tree
     device = sorted(spread[0].sharding.device_set, key=lambda d: d.id)[0]
@@ -359,11 +358,7 @@ def device_room(model: Any, args: tuple) -> int:
     """Bytes the device leaves for activations: its memory less the parameters, their
     gradients (as many bytes), the model's other state and the arguments."""
     _, params, rest = split_model(model)
-
-    def nbytes(tree: Any) -> int:
-        return sum(int(x.nbytes) for x in jax.tree.leaves(tree) if hasattr(x, "nbytes"))
-
-    held = 2 * nbytes(params) + nbytes(rest) + nbytes(tuple(args))
+    held = 2 * tree_bytes(params) + tree_bytes(rest) + tree_bytes(tuple(args))
     room = device_memory() - held
     if room <= 0:
         raise BudgetError(
@@ -373,18 +368,21 @@ def device_room(model: Any, args: tuple) -> int:
     return room
 
 
+def _spread(tree: Any) -> list:
+    """The concrete arrays of ``tree`` sharded over several devices (a traced array,
+    under jit, has no concrete sharding to read)."""
+    return [x for x in jax.tree.leaves(tree)
+            if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+            and len(x.sharding.device_set) > 1]  # fmt: skip
+
+
 def sharded_devices(model: Any, args: tuple) -> int:
     """The most devices one of the model's arrays or of ``args`` is sharded over; above
     1, a warning: the planner counts the whole step's bytes (a conservative figure for a
     budget per device), while under GSPMD each device holds the share XLA gives it."""
     _, params, rest = split_model(model)
-    leaves = jax.tree.leaves((params, rest, tuple(args)))
-    concrete = [
-        x
-        for x in leaves  # traced (under jit): no concrete sharding to read
-        if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
-    ]
-    n = max((len(x.sharding.device_set) for x in concrete), default=1)
+    n = max((len(x.sharding.device_set) for x in _spread((params, rest, tuple(args)))),
+            default=1)  # fmt: skip
     if n > 1:
         warnings.warn(
             f"jax_exec.plan: arrays of the model or its arguments are sharded over {n} "

@@ -113,8 +113,10 @@ class RunResult:
 
 
 def tree_bytes(tree: Any) -> int:
-    """Bytes of the arrays of a pytree (each leaf counted as given)."""
-    return sum(int(leaf.nbytes) for leaf in jax.tree_util.tree_leaves(tree))
+    """Bytes of the arrays of a pytree (each leaf counted as given; a leaf that is not
+    an array, such as a Python number, counts 0)."""
+    return sum(int(leaf.nbytes) for leaf in jax.tree_util.tree_leaves(tree)
+               if hasattr(leaf, "nbytes"))  # fmt: skip
 
 
 def distinct_bytes(tree: Any) -> int:
