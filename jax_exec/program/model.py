@@ -14,11 +14,12 @@ schedule uses, :func:`jax_exec.auto.plan.plan`). Times come from the roofline mo
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -316,14 +317,8 @@ class BlockModel:
                 if key not in self._kernels and key not in todo:
                     todo[key] = source or self.kernel_source(kind, k, o)
         if todo:
-            workers = min(len(todo), os.cpu_count() or 1)
-            with ThreadPoolExecutor(max_workers=workers) as pool:
-                compiled = []
-                for i, kernel in enumerate(pool.map(lambda src: kernel_of(*src), todo.values())):
-                    compiled.append(kernel)
-                    if self.progress is not None:
-                        self.progress((i + 1) / len(todo), f"compiled {i + 1}/{len(todo)} kernels")
-            self._kernels.update(zip(todo, compiled, strict=True))
+            self._kernels.update(zip(todo, kernels_of(list(todo.values()), self.progress),
+                                     strict=True))  # fmt: skip
         fresh = set(new) - self.known
         self.known.update(fresh)
         self.timings["kernels"] = self.timings.get("kernels", 0.0) + time.perf_counter() - start
@@ -361,13 +356,41 @@ _KERNELS: dict[str, Kernel] = {}
 def kernel_of(fn: Callable, *args: Any) -> Kernel:
     """``jax.jit(fn)`` compiled for ``args`` with :data:`KERNEL_OPTIONS` (cached by the
     lowered program), its temporary bytes and FLOPs."""
-    lowered = jax.jit(fn).lower(*args)
-    text = re.sub(r"^module @\S+", "module @kernel", lowered.as_text(), count=1)  # its name
-    trees = f"{lowered.in_tree} -> {lowered.out_tree}"  # the executable's calling convention
-    key = hashlib.sha256((trees + text).encode()).hexdigest()
+    key, lowered = _lowered(fn, *args)
     if key not in _KERNELS:
         _KERNELS[key] = lowered_kernel(lowered, KERNEL_OPTIONS)
     return _KERNELS[key]
+
+
+def kernels_of(sources: list[tuple], progress: Callable | None = None) -> list[Kernel]:
+    """:func:`kernel_of` of every ``(fn, *args)``: lowered one after the other in this
+    thread (tracing holds the GIL) while XLA compiles those already lowered in worker
+    threads (compilation releases it), so the two overlap."""
+    futures: dict[str, Future] = {}
+    order = []
+    workers = max(1, min(len(sources), os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for i, (fn, *args) in enumerate(sources):
+            key, lowered = _lowered(fn, *args)
+            order.append(key)
+            if key not in _KERNELS and key not in futures:
+                futures[key] = pool.submit(lowered_kernel, lowered, KERNEL_OPTIONS)
+            if progress is not None:
+                progress(math.nan, f"lowered {i + 1}/{len(sources)} kernels")
+        for i, (key, future) in enumerate(futures.items()):
+            _KERNELS[key] = future.result()
+            if progress is not None:
+                progress((i + 1) / len(futures), f"compiled {i + 1}/{len(futures)} kernels")
+    return [_KERNELS[key] for key in order]
+
+
+def _lowered(fn: Callable, *args: Any) -> tuple[str, Any]:
+    """``jax.jit(fn).lower(*args)`` and its cache key: the lowered program's text (its
+    module name aside) and calling convention."""
+    lowered = jax.jit(fn).lower(*args)
+    text = re.sub(r"^module @\S+", "module @kernel", lowered.as_text(), count=1)  # its name
+    trees = f"{lowered.in_tree} -> {lowered.out_tree}"  # the executable's calling convention
+    return hashlib.sha256((trees + text).encode()).hexdigest(), lowered
 
 
 def through_flags(model: BlockModel, k: int) -> tuple[bool, ...]:
