@@ -32,7 +32,7 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, primal_dtype_to_tangent_dtype
 
-from jax_exec.program.trace import Eqn, Lit, Program, UnsupportedModel, aval_bytes
+from jax_exec.program.trace import INLINED, Eqn, Lit, Program, UnsupportedModel, aval_bytes
 
 ELEMENTWISE = frozenset(
     """abs acos acosh add add_any and asin asinh atan atan2 atanh bessel_i0e bessel_i1e
@@ -201,11 +201,13 @@ def _primitive_cost(
     elif name == "cond":
         branches = [_jaxpr_cost(j, model) for j in _sub_jaxprs(params)]
         return max(branches, default=(0.0, 0.0, 0.0))
-    elif name in OPAQUE:
+    elif name in OPAQUE or name in INLINED:  # a nested call costs what it holds
         inner = [_jaxpr_cost(j, model) for j in _sub_jaxprs(params)]
         return tuple(sum(x[i] for x in inner) for i in range(3))  # type: ignore[return-value]
     elif name in ELEMENTWISE or name in LAYOUT:
         flops, nbytes = float(out_elems), 0.0
+    elif name == "dynamic_update_slice":  # in place: a layout op over the update (like
+        flops, nbytes = float(_size(ins[1])), 0.0  # pad, the transpose of a static slice)
     else:  # heavy: reads its inputs, writes its outputs
         flops = float(max(sum(_size(a) for a in ins if hasattr(a, "shape")), out_elems))
         nbytes = in_bytes + out_bytes

@@ -574,5 +574,5 @@ def global_values(model: BlockModel, params: Any, rest: Any, args: tuple) -> dic
         values[vid] = jax.lax.convert_element_type(leaf, planned.dtype) if aval.weak_type else leaf
     values.update(program.consts)
     for vid, (src, i) in sorted(program.derived.items()):  # slices of stacked globals
-        values[vid] = values[src][i]
+        values[vid] = jax.lax.index_in_dim(values[src], i, keepdims=False)
     return values

@@ -188,8 +188,11 @@ class _Builder:
         self.unroll = True
         self.inlined = INLINED + CHECKPOINTS
 
-    def slice_of(self, ref: Ref, i: int, where: str) -> Ref:
-        """``ref[i]``: a global slice (no equation) for stacked globals, else traced."""
+    def slice_of(self, ref: Ref, i: int, where: str, index: int | None = None) -> Ref:
+        """``ref[i]``: a global slice (no equation) for stacked globals, else traced: a
+        ``dynamic_slice`` at ``index[i]``, a slice of the scan's global iteration index
+        (so that every iteration's equations are the same and the compiled path can run
+        them as a loop, :mod:`jax_exec.execute.loops`)."""
         if isinstance(ref, Lit):
             return Lit(np.asarray(ref.value)[i])
         aval = self.avals[ref]
@@ -201,8 +204,21 @@ class _Builder:
             self.derived[vid] = (ref, i)
             self.globals.add(vid)
             return vid
-        closed = jax.make_jaxpr(lambda x: x[i])(aval)
-        return self.inline(closed.jaxpr, closed.consts, [ref], where)[0]
+        if index is None:
+            closed = jax.make_jaxpr(lambda x: x[i])(aval)
+            return self.inline(closed.jaxpr, closed.consts, [ref], where)[0]
+        at = self.slice_of(index, i, where)
+        closed = jax.make_jaxpr(
+            lambda x, t: jax.lax.dynamic_index_in_dim(x, t, 0, keepdims=False)
+        )(aval, self.avals[at])
+        return self.inline(closed.jaxpr, closed.consts, [ref, at], where)[0]
+
+    def iteration_index(self, length: int) -> int:
+        """A global constant ``arange(length)``: a scan's iteration indices."""
+        vid = self.new(jax.ShapeDtypeStruct((length,), np.int32))
+        self.consts[vid] = np.arange(length, dtype=np.int32)
+        self.globals.add(vid)
+        return vid
 
     def unsliced(self, parts: list[Ref]) -> int | None:
         """The stacked global whose slices 0, 1, ... are ``parts``, if they are."""
@@ -228,12 +244,14 @@ class _Builder:
             ins[n_consts + n_carry :],
         )
         order = range(length - 1, -1, -1) if p["reverse"] else range(length)
+        traced = [r for r in xs if not isinstance(r, Lit) and r not in self.globals]
+        index = self.iteration_index(length) if traced else None
         ys: list[list[Ref]] = []
         starts, carries = [], []
         for i in order:
             starts.append(len(self.eqns))
             carries.append(tuple(carry))
-            xs_i = [self.slice_of(r, i, where) for r in xs]
+            xs_i = [self.slice_of(r, i, where, index) for r in xs]
             outs = self.inline(body.jaxpr, body.consts, [*consts, *carry, *xs_i], where)
             carry = outs[:n_carry]
             ys.append(outs[n_carry:])

@@ -130,8 +130,8 @@ def test_reverse_scan_and_a_value_passing_through():
     runs = scan_runs(p.model, p.schedule)
     assert sorted(r.step for r in runs.values()) == [-1, 1]  # both scans, one reversed
     assert any(not c for r in runs.values() for c in boundary(p.model, r)[2])  # ctx
-    q = p.replan(budgets(p, (0.25,))[0])
-    assert {r.top for r in scan_runs(q.model, q.schedule).values()} == {True, False}
+    q = p.replan(budgets(p, (0.1,))[0])
+    assert False in {r.top for r in scan_runs(q.model, q.schedule).values()}  # in a Segment
     for plan in (p, q):  # a run inside a checkpointed Segment too
         check_loops(plan, factory, loss_fn, args, ref, looped=True)
 
