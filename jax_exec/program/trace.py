@@ -208,9 +208,9 @@ class _Builder:
             closed = jax.make_jaxpr(lambda x: x[i])(aval)
             return self.inline(closed.jaxpr, closed.consts, [ref], where)[0]
         at = self.slice_of(index, i, where)
-        closed = jax.make_jaxpr(
-            lambda x, t: jax.lax.dynamic_index_in_dim(x, t, 0, keepdims=False)
-        )(aval, self.avals[at])
+        closed = jax.make_jaxpr(lambda x, t: jax.lax.dynamic_index_in_dim(x, t, 0, keepdims=False))(
+            aval, self.avals[at]
+        )
         return self.inline(closed.jaxpr, closed.consts, [ref, at], where)[0]
 
     def iteration_index(self, length: int) -> int:
