@@ -363,18 +363,20 @@ def kernel_of(fn: Callable, *args: Any) -> Kernel:
 
 
 def kernels_of(sources: list[tuple], progress: Callable | None = None) -> list[Kernel]:
-    """:func:`kernel_of` of every ``(fn, *args)``: lowered one after the other in this
-    thread (tracing holds the GIL) while XLA compiles those already lowered in worker
-    threads (compilation releases it), so the two overlap."""
+    """:func:`kernel_of` of every ``(fn, *args)``: lowered one after the other in one
+    worker thread (tracing holds the GIL) while XLA compiles those already lowered in
+    others (compilation releases it), so the two overlap. Worker threads, not the
+    caller's: a mesh the caller set (``jax.set_mesh``) is thread-local and must not
+    reach the kernels, whose placement their argument shapes say."""
     futures: dict[str, Future] = {}
     order = []
     workers = max(1, min(len(sources), os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for i, (fn, *args) in enumerate(sources):
-            key, lowered = _lowered(fn, *args)
+    with ThreadPoolExecutor(max_workers=1) as lower, ThreadPoolExecutor(workers) as pool:
+        lowered = lower.map(lambda src: _lowered(*src), sources)
+        for i, (key, low) in enumerate(lowered):
             order.append(key)
             if key not in _KERNELS and key not in futures:
-                futures[key] = pool.submit(lowered_kernel, lowered, KERNEL_OPTIONS)
+                futures[key] = pool.submit(lowered_kernel, low, KERNEL_OPTIONS)
             if progress is not None:
                 progress(math.nan, f"lowered {i + 1}/{len(sources)} kernels")
         for i, (key, future) in enumerate(futures.items()):
