@@ -319,7 +319,8 @@ class DeviceRun:
     def state_bytes(self) -> int:
         """The largest device's measured parameters + gradients + optimizer state."""
         parts = ("params", "grads", "opt_state")
-        return max(sum(self.measured[p][d] for p in parts) for d in self.measured["params"])
+        devices = {d for p in parts for d in self.measured[p]}  # (sgd: no optimizer state)
+        return max((sum(self.measured[p].get(d, 0) for p in parts) for d in devices), default=0)
 
     @property
     def measured_bytes(self) -> int:
