@@ -46,13 +46,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jax
-import numpy as np
 from jax.sharding import Mesh
 
 import solvers
 from jax_exec import auto
 from jax_exec.auto.exact import in_user_units
 from jax_exec.auto.plan import Plan, device_memory
+from jax_exec.device_run import DeviceRun, default_mesh, per_device
 from jax_exec.program.analysis import CostModel
 from jax_exec.zero import AXIS, HOST, ZeroStep, measured_bytes, split_params, state_bytes
 from jax_exec.zero_blocks import gspmd_value_and_grad, planned_value_and_grad
@@ -202,7 +202,7 @@ class DevicePlan:
         return [
             f"GSPMD on the mesh {mesh}: state bytes are per device, exact from the "
             f"shardings; activation bytes are the global batch's whole step (every "
-            f"device's share together: an estimate per device, an upper one)",
+            f"device's share together: as a figure per device, a conservative estimate)",
             f"the model shards {own} of {len(self.params)} parameter tensors over {AXIS!r} "
             f"itself (kept sharded under every stage); ZeRO-3 splits {added} more",
         ]  # fmt: skip
@@ -224,7 +224,10 @@ class DevicePlan:
         of the batch (``shard_map``; the plan's compiled path), its blocks gathering
         their sharded parameters just in time and reducing their gradients after their
         backward (:mod:`jax_exec.zero_blocks`); the update is placed as the strategy
-        says. The batch is ``args`` as a tuple."""
+        says. The batch is ``args`` as a tuple. GSPMD (``spmd="gspmd"``): the plan's
+        compiled step of the global batch inside the same ``jax.jit``, on the mesh the
+        model is sharded on, the model's shardings kept with ZeRO's ``data`` axis
+        added (:mod:`jax_exec.zero_layout`)."""
         n = self.data_parallel
         if AXIS not in mesh.shape or mesh.shape[AXIS] != n:
             raise ValueError(f"mesh axes {dict(mesh.shape)}: expected a {AXIS!r} axis of {n}")
@@ -286,70 +289,6 @@ class DevicePlan:
                 model, *per_device(tuple(args), self.data_parallel)
             )
         return DeviceRun(loss, state, grads, measured, activations.peak_bytes, step, self)
-
-
-@dataclass(frozen=True)
-class DeviceRun:
-    """One executed step of a :class:`DevicePlan`.
-
-    Attributes:
-        loss: the step's loss (mean over the devices' shares).
-        state: the :class:`jax_exec.zero.ZeroState` after the step.
-        grads: the gradients, placed as the strategy keeps them.
-        measured: ``"params"``, ``"grads"``, ``"opt_state"`` (device memory) and
-            ``"host"`` (the optimizer state in host memory): device id -> bytes, from
-            the arrays' addressable shards.
-        activation_peak: the op-by-op runtime's measured activation peak on the first
-            device's share (every device runs the same program on its share); GSPMD:
-            of the global batch on one device (the plan's whole-step figure).
-        zero_step: the step that ran (``zero_step.with_grads(state, batch)`` goes on
-            training, compiled once).
-        plan: the plan that ran.
-    """
-
-    loss: jax.Array
-    state: Any
-    grads: Any
-    measured: dict
-    activation_peak: int
-    zero_step: ZeroStep = field(repr=False)
-    plan: DevicePlan = field(repr=False)
-
-    @property
-    def state_bytes(self) -> int:
-        """The largest device's measured parameters + gradients + optimizer state."""
-        parts = ("params", "grads", "opt_state")
-        devices = {d for p in parts for d in self.measured[p]}  # (sgd: no optimizer state)
-        return max((sum(self.measured[p].get(d, 0) for p in parts) for d in devices), default=0)
-
-    @property
-    def measured_bytes(self) -> int:
-        """Measured state bytes + measured activation peak (the reserved communication
-        buffers are the model's: XLA places its collectives' buffers itself)."""
-        return self.state_bytes + self.activation_peak
-
-
-def default_mesh(devices: int) -> Mesh:
-    """A ``data`` mesh over the first ``devices`` JAX devices."""
-    found = jax.devices()
-    if len(found) < devices:
-        raise ValueError(f"data_parallel = {devices}: only {len(found)} JAX devices here")
-    return Mesh(np.array(found[:devices]), (AXIS,))
-
-
-def per_device(args: tuple, devices: int) -> tuple:
-    """The first device's share of ``args``: every array leaf's leading axis (the
-    batch) divided by ``devices``; ValueError naming a leaf it does not divide."""
-    out = []
-    for path, x in jax.tree_util.tree_leaves_with_path(tuple(args)):
-        shape = np.shape(x)
-        if not shape or shape[0] % devices:
-            raise ValueError(
-                f"args{jax.tree_util.keystr(path)} shape {shape}: its leading axis (the "
-                f"batch) must be a multiple of data_parallel = {devices}"
-            )
-        out.append(x[: shape[0] // devices])
-    return tuple(jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(tuple(args)), out))
 
 
 def block_params(model: Any) -> tuple[tuple[int, ...], ...]:
