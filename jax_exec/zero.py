@@ -20,7 +20,9 @@ XLA's ``memory_analysis()`` counts host arrays with the device's (its ``host_*``
 stay 0).
 
 ``value_and_grad`` replaces the step's ``jax.value_and_grad`` of the loss: e.g. a
-rematerialization schedule run per device (:mod:`jax_exec.device_plan`).
+rematerialization schedule run per device (:mod:`jax_exec.device_plan`). With
+``keep_shardings`` a model sharded by its authors keeps its shardings, ZeRO adding the
+``data`` axis as the stage says (:mod:`jax_exec.zero_layout`).
 
     step = zero_step(loss_fn, optax.adamw(1e-3), mesh, stage=2)   # loss_fn(model, batch)
     state = step.init(model)
@@ -50,6 +52,7 @@ from jax_exec.zero_layout import (
     model_mesh,
     model_specs,
     opt_state_specs,
+    own_specs,
     placed_spec,
     tensors,
 )
@@ -91,11 +94,6 @@ def state_bytes(
     o_specs = opt_state_specs(opt_state, params, p_specs)
     mesh_shape = dict(mesh.shape) if mesh is not None else {}
     return tensors(params, p_specs, mesh_shape), tensors(opt_state, o_specs, mesh_shape)
-
-
-def own_specs(tree: object) -> list[P]:
-    """``P()`` for every leaf: no sharding of its own."""
-    return [P()] * len(jax.tree_util.tree_leaves(tree))
 
 
 def shardings(

@@ -92,6 +92,11 @@ def model_mesh(tree: object) -> Mesh | None:
     return mesh
 
 
+def own_specs(tree: object) -> list[P]:
+    """``P()`` for every leaf: no sharding of its own (the rule alone)."""
+    return [P()] * len(jax.tree_util.tree_leaves(tree))
+
+
 def model_specs(tree: object, mesh: Mesh | None = None) -> list[P]:
     """Each leaf's own ``PartitionSpec`` (``P()``: on one device or replicated), in leaf
     order; ValueError naming a sharded leaf whose mesh is not ``mesh`` (when given)."""
