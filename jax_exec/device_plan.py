@@ -26,27 +26,37 @@ The result, a :class:`DevicePlan`, lists every strategy considered (``table()``)
 runs the chosen one on a mesh (:meth:`DevicePlan.zero_step`: the ZeRO step of
 :mod:`jax_exec.zero` whose per-device gradient follows the activation schedule,
 ``shard_map`` over ``data``; :meth:`DevicePlan.run`: one step with measured bytes).
+
+A model sharded by its authors (``nnx.with_partitioning`` under ``jax.set_mesh``, or
+whenever ``spmd="gspmd"``) is planned and run through GSPMD instead: the activation plan
+is of the global batch (the one program GSPMD partitions), the state keeps the model's
+own shardings with ZeRO's ``data`` axis added as the stage says
+(:mod:`jax_exec.zero_layout`; its bytes per device exact from those shardings), and the
+step is one ``jax.jit`` on the model's mesh (docs/device_memory.md, "Models sharded by
+their authors (GSPMD)").
 """
 
 from __future__ import annotations
 
 import numbers
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jax
-import numpy as np
 from jax.sharding import Mesh
 
 import solvers
 from jax_exec import auto
 from jax_exec.auto.exact import in_user_units
 from jax_exec.auto.plan import Plan, device_memory
+from jax_exec.device_run import DeviceRun, default_mesh, per_device
 from jax_exec.program.analysis import CostModel
-from jax_exec.zero import AXIS, HOST, ZeroStep, measured_bytes, state_bytes
-from jax_exec.zero_blocks import planned_value_and_grad
+from jax_exec.zero import AXIS, HOST, ZeroStep, measured_bytes, split_params, state_bytes
+from jax_exec.zero_blocks import gspmd_value_and_grad, planned_value_and_grad
+from jax_exec.zero_layout import model_mesh
 from schedir import simulate
 from schedir.budget import parse_budget
 from schedir.device_step import (
@@ -60,7 +70,7 @@ from schedir.device_step import (
     strategies,
 )
 from schedir.platform import Platform
-from schedir.training_state import Placement, Tensor
+from schedir.training_state import Placement, Tensor, shard_axis
 from solvers.blocks.policies import policy_schedule
 
 
@@ -110,6 +120,11 @@ class DevicePlan:
         costs: the optimizer update's throughputs.
         exact: whether the chosen figures and ``min_budget`` come from compiled kernels.
         plan_time: seconds spent planning.
+        spmd: ``"shard_map"`` (each device's share planned and run under ``shard_map``)
+            or ``"gspmd"`` (the global batch planned, run as one program that GSPMD
+            partitions, the model's own shardings kept).
+        traced_mesh: the axes of the mesh the model was traced under (``jax.set_mesh``)
+            or its parameters are sharded on, if any.
     """
 
     strategy: Strategy
@@ -129,7 +144,7 @@ class DevicePlan:
     costs: StepCosts = field(repr=False, default_factory=StepCosts)
     exact: bool = True
     plan_time: float = 0.0
-    # the axes of the mesh the model was traced under (jax.set_mesh), if any
+    spmd: str = "shard_map"
     traced_mesh: dict = field(default_factory=dict)
 
     def table(self) -> str:
@@ -171,9 +186,26 @@ class DevicePlan:
             f"step {s.step_time:.3e} s (compute {s.compute_time:.3e}, update "
             f"{s.update_time:.3e}, exposed communication {s.exposed_time:.3e}); planned in "
             f"{self.plan_time:.1f} s",
+            *self._gspmd_lines(),
             *self._lowbit_line(),
             self.table(),
         ])  # fmt: skip
+
+    def _gspmd_lines(self) -> list[str]:
+        if self.spmd != "gspmd":
+            return []
+        n = self.data_parallel
+        own = sum(t.data_axis is not None for t in self.params)
+        added = sum(t.data_axis is None and shard_axis(t.shape, n) is not None
+                    for t in self.params)  # fmt: skip
+        mesh = self.traced_mesh or {AXIS: n}
+        return [
+            f"GSPMD on the mesh {mesh}: state bytes are per device, exact from the "
+            f"shardings; activation bytes are the global batch's whole step (every "
+            f"device's share together: as a figure per device, a conservative estimate)",
+            f"the model shards {own} of {len(self.params)} parameter tensors over {AXIS!r} "
+            f"itself (kept sharded under every stage); ZeRO-3 splits {added} more",
+        ]  # fmt: skip
 
     def _lowbit_line(self) -> list[str]:
         report = self.activation_plan.schedule.meta.get("lowbit")
@@ -192,25 +224,28 @@ class DevicePlan:
         of the batch (``shard_map``; the plan's compiled path), its blocks gathering
         their sharded parameters just in time and reducing their gradients after their
         backward (:mod:`jax_exec.zero_blocks`); the update is placed as the strategy
-        says. The batch is ``args`` as a tuple."""
+        says. The batch is ``args`` as a tuple. GSPMD (``spmd="gspmd"``): the plan's
+        compiled step of the global batch inside the same ``jax.jit``, on the mesh the
+        model is sharded on, the model's shardings kept with ZeRO's ``data`` axis
+        added (:mod:`jax_exec.zero_layout`)."""
         n = self.data_parallel
-        if self.traced_mesh:
-            raise ValueError(
-                f"DevicePlan.zero_step: the model was traced under a mesh "
-                f"{self.traced_mesh} (jax.set_mesh, e.g. with nnx.with_partitioning): the "
-                f"ZeRO step runs each device's share under shard_map over its own "
-                f"{AXIS!r} mesh, which cannot run a program traced under another mesh; "
-                f"train such a model with jax_exec.value_and_grad under jax.jit (GSPMD "
-                f"keeps its shardings), or plan it outside the mesh"
-            )
         if AXIS not in mesh.shape or mesh.shape[AXIS] != n:
             raise ValueError(f"mesh axes {dict(mesh.shape)}: expected a {AXIS!r} axis of {n}")
+        if self.traced_mesh and dict(mesh.shape) != self.traced_mesh:
+            raise ValueError(
+                f"mesh axes {dict(mesh.shape)}: the model was planned on a mesh "
+                f"{self.traced_mesh}; run it on that mesh"
+            )
         placement = self.strategy.placement
-        value_and_grad = planned_value_and_grad(self.activation_plan, mesh, placement)
+        gspmd = self.spmd == "gspmd"
+        if gspmd:
+            value_and_grad = gspmd_value_and_grad(self.activation_plan)
+        else:
+            value_and_grad = planned_value_and_grad(self.activation_plan, mesh, placement)
         loss_fn = self.loss_fn
         return ZeroStep(lambda m, batch: loss_fn(m, *batch), self.optimizer, mesh,
                         self.strategy.stage, placement.opt_state == "host",
-                        value_and_grad)  # fmt: skip
+                        value_and_grad, keep_shardings=gspmd)  # fmt: skip
 
     def make_exact(self) -> None:
         """Re-plan the chosen activation budget with compiled kernels and re-price the
@@ -228,11 +263,13 @@ class DevicePlan:
         )  # fmt: skip
 
     def run(self, model: Any, *args: Any, mesh: Mesh | None = None) -> DeviceRun:
-        """One training step of the chosen strategy on ``mesh`` (default: the first N
-        devices), and the op-by-op run of the activation schedule on the first device's
-        share; measured bytes next to the prediction (:class:`DeviceRun`). An inexact
-        plan is made exact first (:meth:`make_exact`)."""
-        mesh = mesh if mesh is not None else default_mesh(self.data_parallel)
+        """One training step of the chosen strategy on ``mesh`` (default: the mesh the
+        model's parameters are sharded on, else the first N devices), and the op-by-op
+        run of the activation schedule on the first device's share (GSPMD: on the
+        global batch, on one device); measured bytes next to the prediction
+        (:class:`DeviceRun`). An inexact plan is made exact first (:meth:`make_exact`)."""
+        if mesh is None:
+            mesh = model_mesh(split_params(model)[1]) or default_mesh(self.data_parallel)
         if not self.activation_plan.exact:
             self.make_exact()
         step = self.zero_step(mesh)
@@ -243,71 +280,15 @@ class DevicePlan:
         for name, tree in trees.items():
             measured[name] = measured_bytes(tree, memory_kind="device")
         measured["host"] = measured_bytes(state.opt_state, memory_kind=HOST)
-        local = per_device(tuple(args), self.data_parallel)
-        activations = self.activation_plan.run(model, *local)
-        return DeviceRun(loss, state, grads, measured, activations.peak_bytes, step, self)
-
-
-@dataclass(frozen=True)
-class DeviceRun:
-    """One executed step of a :class:`DevicePlan`.
-
-    Attributes:
-        loss: the step's loss (mean over the devices' shares).
-        state: the :class:`jax_exec.zero.ZeroState` after the step.
-        grads: the gradients, placed as the strategy keeps them.
-        measured: ``"params"``, ``"grads"``, ``"opt_state"`` (device memory) and
-            ``"host"`` (the optimizer state in host memory): device id -> bytes, from
-            the arrays' addressable shards.
-        activation_peak: the op-by-op runtime's measured activation peak on the first
-            device's share (every device runs the same program on its share).
-        zero_step: the step that ran (``zero_step.with_grads(state, batch)`` goes on
-            training, compiled once).
-        plan: the plan that ran.
-    """
-
-    loss: jax.Array
-    state: Any
-    grads: Any
-    measured: dict
-    activation_peak: int
-    zero_step: ZeroStep = field(repr=False)
-    plan: DevicePlan = field(repr=False)
-
-    @property
-    def state_bytes(self) -> int:
-        """The largest device's measured parameters + gradients + optimizer state."""
-        parts = ("params", "grads", "opt_state")
-        return max(sum(self.measured[p][d] for p in parts) for d in self.measured["params"])
-
-    @property
-    def measured_bytes(self) -> int:
-        """Measured state bytes + measured activation peak (the reserved communication
-        buffers are the model's: XLA places its collectives' buffers itself)."""
-        return self.state_bytes + self.activation_peak
-
-
-def default_mesh(devices: int) -> Mesh:
-    """A ``data`` mesh over the first ``devices`` JAX devices."""
-    found = jax.devices()
-    if len(found) < devices:
-        raise ValueError(f"data_parallel = {devices}: only {len(found)} JAX devices here")
-    return Mesh(np.array(found[:devices]), (AXIS,))
-
-
-def per_device(args: tuple, devices: int) -> tuple:
-    """The first device's share of ``args``: every array leaf's leading axis (the
-    batch) divided by ``devices``; ValueError naming a leaf it does not divide."""
-    out = []
-    for path, x in jax.tree_util.tree_leaves_with_path(tuple(args)):
-        shape = np.shape(x)
-        if not shape or shape[0] % devices:
-            raise ValueError(
-                f"args{jax.tree_util.keystr(path)} shape {shape}: its leading axis (the "
-                f"batch) must be a multiple of data_parallel = {devices}"
+        if self.spmd == "gspmd":
+            with warnings.catch_warnings():  # the op-by-op run gathers on one device
+                warnings.filterwarnings("ignore", message="Plan.run: ")
+                activations = self.activation_plan.run(model, *args)
+        else:
+            activations = self.activation_plan.run(
+                model, *per_device(tuple(args), self.data_parallel)
             )
-        out.append(x[: shape[0] // devices])
-    return tuple(jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(tuple(args)), out))
+        return DeviceRun(loss, state, grads, measured, activations.peak_bytes, step, self)
 
 
 def block_params(model: Any) -> tuple[tuple[int, ...], ...]:
@@ -343,6 +324,7 @@ def plan_device(
     step_costs: StepCosts | None = None,
     cost_model: CostModel | None = None,
     exact: bool = True,
+    spmd: str | None = None,
     **options: Any,
 ) -> DevicePlan:
     """Plan one training step of ``loss_fn(model, *args)`` (``args``: the global batch)
@@ -364,13 +346,19 @@ def plan_device(
             with estimated temporaries; the best is made exact, and so is any other
             whose estimate beats it, until the best is exact. With ``exact=False``
             every figure is estimated (:meth:`DevicePlan.run` makes the chosen exact).
+        spmd: ``"shard_map"`` (one device's share planned, run per device with ZeRO's
+            collectives per block) or ``"gspmd"`` (the global batch planned and run as
+            one program GSPMD partitions, the model's own shardings kept, its mesh's
+            ``data`` axis of ``data_parallel``); default: ``"gspmd"`` for a model traced
+            under a mesh or with parameters sharded over several devices.
         cost_model, options: passed to :func:`jax_exec.auto.plan` (``method``,
             ``activation_tolerance``...).
 
     Raises:
         solvers.Infeasible: no strategy fits (``min_budget``: the least that does).
-        TypeError / ValueError: a malformed optimizer, data_parallel, batch or budget;
-            model state that is not an ``nnx.Param`` (ZeRO steps train parameters only).
+        TypeError / ValueError: a malformed optimizer, data_parallel, batch, budget or
+            spmd; model state that is not an ``nnx.Param`` (ZeRO steps train parameters
+            only); a model sharded on a mesh whose ``data`` axis is not data_parallel.
     """
     start = time.perf_counter()
     context = jax.sharding.get_abstract_mesh()  # a mesh the model is traced under
@@ -388,8 +376,12 @@ def plan_device(
     if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
         raise ValueError(f"data_parallel = {n!r}: expected a positive int")
     n = int(n)
-    params_t, opt_t = state_bytes(model, optimizer)
-    local = per_device(args, n)
+    spmd, mesh_shape = _spmd(spmd, model, dict(context.shape) if not context.empty else {}, n)
+    gspmd = spmd == "gspmd"
+    params_t, opt_t = state_bytes(model, optimizer, keep_shardings=gspmd)
+    local = per_device(args, n)  # (GSPMD: checks the batch splits over the devices)
+    if gspmd:
+        local = tuple(args)
     platform = platform if platform is not None else data_parallel_platform(n)
     cost_model = cost_model or CostModel()
     costs = step_costs or StepCosts(update_bytes_per_second=cost_model.bytes_per_second)
@@ -478,5 +470,35 @@ def plan_device(
         costs=costs,
         exact=exact,
         plan_time=time.perf_counter() - start,
-        traced_mesh=dict(context.shape) if not context.empty else {},
+        spmd=spmd,
+        traced_mesh=mesh_shape,
     )
+
+
+SPMD = ("shard_map", "gspmd")
+
+
+def _spmd(spmd: str | None, model: Any, traced: dict, n: int) -> tuple[str, dict]:
+    """(the way to run: :func:`plan_device`'s ``spmd``, the axes of the model's mesh:
+    the one it is traced under or its parameters are sharded on, {} for none);
+    ValueError naming what cannot hold."""
+    if spmd is not None and spmd not in SPMD:
+        raise ValueError(f"spmd = {spmd!r}: expected one of {SPMD} or None")
+    mesh = model_mesh(split_params(model)[1])
+    axes = dict(mesh.shape) if mesh is not None else traced
+    if spmd is None:
+        spmd = "gspmd" if axes else "shard_map"
+    if spmd == "shard_map" and axes:
+        raise ValueError(
+            f"spmd = 'shard_map': the model is traced under or sharded on a mesh {axes} "
+            f"(jax.set_mesh, nnx.with_partitioning); the shard_map step runs each "
+            f"device's share over its own {AXIS!r} mesh, which cannot run such a "
+            f"program: plan it with spmd='gspmd' (its default)"
+        )
+    if axes and axes.get(AXIS) != n:
+        raise ValueError(
+            f"data_parallel = {n}: the model's mesh {axes} has "
+            + (f"a {AXIS!r} axis of {axes[AXIS]}" if AXIS in axes else f"no {AXIS!r} axis")
+            + f" (ZeRO places the state over a {AXIS!r} axis of data_parallel devices)"
+        )
+    return spmd, axes

@@ -20,7 +20,9 @@ XLA's ``memory_analysis()`` counts host arrays with the device's (its ``host_*``
 stay 0).
 
 ``value_and_grad`` replaces the step's ``jax.value_and_grad`` of the loss: e.g. a
-rematerialization schedule run per device (:mod:`jax_exec.device_plan`).
+rematerialization schedule run per device (:mod:`jax_exec.device_plan`). With
+``keep_shardings`` a model sharded by its authors keeps its shardings, ZeRO adding the
+``data`` axis as the stage says (:mod:`jax_exec.zero_layout`).
 
     step = zero_step(loss_fn, optax.adamw(1e-3), mesh, stage=2)   # loss_fn(model, batch)
     state = step.init(model)
@@ -31,6 +33,7 @@ rematerialization schedule run per device (:mod:`jax_exec.device_plan`).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -43,17 +46,19 @@ from jax.experimental.compute_on import compute_on
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from schedir.training_state import Placement, Tensor, shard_axis
+from jax_exec.zero_layout import (
+    AXIS,
+    data_sharded,
+    model_mesh,
+    model_specs,
+    opt_state_specs,
+    own_specs,
+    placed_spec,
+    tensors,
+)
+from schedir.training_state import Placement, Tensor
 
-AXIS = "data"
 HOST = "pinned_host"  # the memory kind of host-resident optimizer state
-
-
-def _tensors(tree: object) -> tuple[Tensor, ...]:
-    """``(shape, itemsize)`` of every leaf of ``tree`` (arrays or ShapeDtypeStructs)."""
-    return tuple(
-        Tensor(tuple(x.shape), np.dtype(x.dtype).itemsize) for x in jax.tree_util.tree_leaves(tree)
-    )
 
 
 def split_params(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State]:
@@ -72,27 +77,44 @@ def split_params(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State]:
 
 
 def state_bytes(
-    model: nnx.Module, optimizer: optax.GradientTransformation
+    model: nnx.Module, optimizer: optax.GradientTransformation, *, keep_shardings: bool = False
 ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
     """(parameters, optimizer state) of ``model`` as per-tensor ``(shape, itemsize)``, the
     optimizer state exactly from ``jax.eval_shape(optimizer.init, params)`` (nothing is
-    allocated). Gradients have the parameters' shapes and dtypes."""
+    allocated). Gradients have the parameters' shapes and dtypes. ``keep_shardings``:
+    as the model's own shardings leave them to ZeRO (:func:`jax_exec.zero_layout.tensors`:
+    each tensor's piece over the mesh axes other than ``data``, and the axis the model
+    splits over ``data``)."""
     _, params = split_params(model)
-    return _tensors(params), _tensors(jax.eval_shape(optimizer.init, params))
+    opt_state = jax.eval_shape(optimizer.init, params)
+    if not keep_shardings:
+        return tensors(params, own_specs(params), {}), tensors(opt_state, own_specs(opt_state), {})
+    mesh = model_mesh(params)
+    p_specs = model_specs(params, mesh)
+    o_specs = opt_state_specs(opt_state, params, p_specs)
+    mesh_shape = dict(mesh.shape) if mesh is not None else {}
+    return tensors(params, p_specs, mesh_shape), tensors(opt_state, o_specs, mesh_shape)
 
 
-def _sharding(mesh: Mesh, x: object, sharded: bool, memory_kind: str | None) -> NamedSharding:
-    axis = shard_axis(tuple(x.shape), mesh.shape[AXIS]) if sharded else None
-    spec = [None] * len(x.shape)
-    if axis is not None:
-        spec[axis] = AXIS
-    return NamedSharding(mesh, P(*spec), memory_kind=memory_kind)
-
-
-def shardings(mesh: Mesh, tree: object, sharded: bool, memory_kind: str | None = None) -> object:
-    """A tree of NamedShardings for ``tree``: split by the sharding rule, or replicated;
-    in ``memory_kind`` (e.g. ``"pinned_host"``; None: the device's default)."""
-    return jax.tree_util.tree_map(lambda x: _sharding(mesh, x, sharded, memory_kind), tree)
+def shardings(
+    mesh: Mesh,
+    tree: object,
+    sharded: bool,
+    memory_kind: str | None = None,
+    specs: list[P] | None = None,
+) -> object:
+    """A tree of NamedShardings for ``tree``: each leaf's own spec (``specs``, in leaf
+    order; None: none) with the ``data`` axis the sharding rule adds when ``sharded``
+    (:func:`jax_exec.zero_layout.placed_spec`); in ``memory_kind`` (e.g.
+    ``"pinned_host"``; None: the device's default)."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    specs = own_specs(tree) if specs is None else specs
+    shape = dict(mesh.shape)
+    return jax.tree_util.tree_unflatten(treedef, [
+        NamedSharding(mesh, placed_spec(spec, tuple(x.shape), shape, sharded),
+                      memory_kind=memory_kind)
+        for x, spec in zip(leaves, specs, strict=True)
+    ])  # fmt: skip
 
 
 @jax.tree_util.register_dataclass
@@ -119,6 +141,9 @@ class ZeroStep:
         offload: the optimizer state and its update on the host (module docstring).
         value_and_grad: ``f(params, batch) -> (loss, grads)`` called inside the step
             (default: ``jax.value_and_grad`` of ``loss_fn`` on the merged model).
+        keep_shardings: each array keeps the sharding the model gives its parameter
+            (a model sharded by its authors on ``mesh``), ZeRO adding the ``data`` axis
+            as the stage says (:mod:`jax_exec.zero_layout`); False: the rule alone.
     """
 
     loss_fn: Callable
@@ -127,12 +152,14 @@ class ZeroStep:
     stage: int
     offload: bool = False
     value_and_grad: Callable | None = None
+    keep_shardings: bool = False
 
     def __post_init__(self) -> None:
         if self.stage not in (0, 1, 2, 3) or isinstance(self.stage, bool):
             raise ValueError(f"stage = {self.stage!r}: expected 0, 1, 2 or 3")
-        if not isinstance(self.offload, bool):
-            raise ValueError(f"offload = {self.offload!r}: expected a bool")
+        for name in ("offload", "keep_shardings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} = {getattr(self, name)!r}: expected a bool")
         if AXIS not in self.mesh.shape:
             raise ValueError(f"mesh axes {tuple(self.mesh.shape)}: no {AXIS!r} axis")
 
@@ -140,19 +167,40 @@ class ZeroStep:
     def placement(self) -> Placement:
         return Placement.zero(self.stage, offload=self.offload)
 
-    def _place(self, params: object, opt_state: object) -> tuple[object, object]:
-        p = self.placement
+    def _specs(self, params: object, opt_state: object) -> tuple[list[P], list[P]]:
+        """The own specs of the parameters and the optimizer state: the parameters'
+        shardings and the optimizer state following them (``keep_shardings``; the
+        placed state's give the same placement again), or none."""
+        if not self.keep_shardings:
+            return own_specs(params), own_specs(opt_state)
+        p_specs = model_specs(params, self.mesh)
+        return p_specs, opt_state_specs(opt_state, params, p_specs)
+
+    def _place(self, params: object, opt_state: object, specs: tuple) -> tuple[object, object]:
+        p, (p_specs, o_specs) = self.placement, specs
         if p.opt_state == "host":  # partitioned over the data axis, in host memory
-            o_sh = shardings(self.mesh, opt_state, True, HOST)
+            o_sh = shardings(self.mesh, opt_state, True, HOST, o_specs)
         else:
-            o_sh = shardings(self.mesh, opt_state, p.opt_state == "sharded")
-        return shardings(self.mesh, params, p.params == "sharded"), o_sh
+            o_sh = shardings(self.mesh, opt_state, p.opt_state == "sharded", specs=o_specs)
+        return shardings(self.mesh, params, p.params == "sharded", specs=p_specs), o_sh
 
     def init(self, model: nnx.Module) -> ZeroState:
-        """The model's parameters and a fresh optimizer state, placed on the mesh."""
+        """The model's parameters and a fresh optimizer state, placed on the mesh (a
+        warning names the parameters the model shards over ``data`` itself where the
+        stage keeps parameters replicated: they stay sharded)."""
         graphdef, params = split_params(model)
         opt_state = jax.eval_shape(self.optimizer.init, params)
-        p_sh, o_sh = self._place(params, opt_state)
+        specs = self._specs(params, opt_state)
+        own = data_sharded(params, specs[0])
+        if own and self.placement.params == "replicated":
+            warnings.warn(
+                f"ZeRO-{self.stage} keeps parameters replicated over {AXIS!r}, but the model "
+                f"shards {len(own)} over it itself ({', '.join(own[:4])}"
+                f"{', ...' if len(own) > 4 else ''}): they, their gradients and their "
+                f"optimizer state stay sharded",
+                stacklevel=2,
+            )
+        p_sh, o_sh = self._place(params, opt_state, specs)
         # a copy: the step donates its state, the model keeps its own arrays (device_put
         # to a replicated sharding reuses the source's buffer, even with may_alias=False)
         params = jax.device_put(jax.tree_util.tree_map(jnp.copy, params), p_sh)
@@ -169,9 +217,10 @@ class ZeroStep:
                 )
         return jax.device_put(batch, NamedSharding(self.mesh, P(AXIS)))
 
-    def _step(self, state: ZeroState, keep_grads: bool):
-        p_sh, o_sh = self._place(state.params, state.opt_state)
-        g_sh = shardings(self.mesh, state.params, self.placement.grads == "sharded")
+    def _step(self, state: ZeroState, keep_grads: bool, specs: tuple):
+        p_sh, o_sh = self._place(state.params, state.opt_state, specs)
+        g_sh = shardings(self.mesh, state.params, self.placement.grads == "sharded",
+                         specs=specs[0])  # fmt: skip
         host = self.placement.opt_state == "host"
 
         def update(grads: object, opt_state: object, params: object) -> tuple[object, object]:
@@ -180,7 +229,7 @@ class ZeroStep:
                 return optax.apply_updates(params, updates), opt_state
             # each device's shard of the gradients and parameters to host memory, the
             # update there, the new parameter shard back (ZeRO-Offload)
-            to_host = shardings(self.mesh, params, True, HOST)
+            to_host = shardings(self.mesh, params, True, HOST, specs[0])
             grads, params = jax.device_put((grads, params), (to_host, to_host))
             with compute_on("device_host"):
                 updates, opt_state = self.optimizer.update(grads, opt_state, params)
@@ -220,9 +269,11 @@ class ZeroStep:
 
     def _jitted(self, keep_grads: bool, state: ZeroState):
         cache = self.__dict__.setdefault("_cache", {})
-        key = (keep_grads, state.graphdef, jax.tree_util.tree_structure(state))
+        specs = self._specs(state.params, state.opt_state)
+        key = (keep_grads, state.graphdef, jax.tree_util.tree_structure(state),
+               *map(tuple, specs))  # fmt: skip
         if key not in cache:
-            cache[key] = self._step(state, keep_grads)
+            cache[key] = self._step(state, keep_grads, specs)
         return cache[key]
 
 
@@ -234,11 +285,13 @@ def zero_step(
     *,
     offload: bool = False,
     value_and_grad: Callable | None = None,
+    keep_shardings: bool = False,
 ) -> ZeroStep:
     """A training step of ZeRO ``stage`` (0-3) over ``mesh``'s ``data`` axis, the
-    optimizer state on the host with ``offload``; see :class:`ZeroStep` (``init(model)``,
-    then ``state, loss = step(state, batch)``)."""
-    return ZeroStep(loss_fn, optimizer, mesh, stage, offload, value_and_grad)
+    optimizer state on the host with ``offload``, the model's own shardings kept with
+    ``keep_shardings``; see :class:`ZeroStep` (``init(model)``, then ``state, loss =
+    step(state, batch)``)."""
+    return ZeroStep(loss_fn, optimizer, mesh, stage, offload, value_and_grad, keep_shardings)
 
 
 def measured_bytes(tree: object, memory_kind: str | None = None) -> dict[int, int]:

@@ -18,7 +18,9 @@ block as a ``custom_vjp`` of its functions. Here those functions are wrapped, pe
   reduce-scatter or not.
 
 Inside ``shard_map`` (one program per device, its share of the batch) the result is the
-loss and the gradients placed as the strategy keeps them. XLA schedules the collectives
+loss and the gradients placed as the strategy keeps them. A model sharded by its
+authors (traced under another mesh) runs instead as one program of the global batch
+that GSPMD partitions (:func:`gspmd_value_and_grad`). XLA schedules the collectives
 and decides when buffers are freed; on CPU the memory of this compiled step is not
 measurable (docs/auto.md, "Calibration"), its numerics are (tests/jax_exec/test_zero_jax.py).
 """
@@ -146,3 +148,19 @@ def planned_value_and_grad(
     specs = view.param_specs(placement.params == "sharded")  # gradients: alike
     return jax.shard_map(local, mesh=mesh, in_specs=(specs, P(AXIS)),
                          out_specs=(P(), specs), check_vma=False)  # fmt: skip
+
+
+def gspmd_value_and_grad(plan: Any) -> Callable[[Any, tuple], tuple]:
+    """``f(params, batch) -> (loss, grads)``: ``plan``'s compiled schedule (a
+    :class:`jax_exec.auto.Plan` of the global batch) as one program, which GSPMD
+    partitions over the mesh of its arguments' and results' shardings under
+    :class:`jax_exec.zero.ZeroStep`'s ``jax.jit`` (XLA inserts the collectives; the
+    blocks' ``custom_vjp`` residuals are whatever GSPMD makes of them)."""
+    fn = plan.lowered()
+    rest = jax.tree_util.tree_unflatten(plan.model.program.treedefs[1], [])
+
+    def f(params: Any, batch: tuple) -> tuple:
+        (loss, _), grads = jax.value_and_grad(fn, has_aux=True)(params, rest, tuple(batch))
+        return loss, grads
+
+    return f

@@ -347,7 +347,7 @@ def device_step(
     complete: dict[int, list[int]] = {}
     for t, k in first_reader.items():
         complete.setdefault(k, []).append(t)
-    gather = [split_bytes(ps, g, n) if p.params == "sharded" else 0 for g in groups]
+    gather = [split_bytes(ps, g, n, p.params) for g in groups]
 
     clock = {"compute": 0.0, "ring": 0.0, "down": 0.0, "ring_busy": 0.0}
     totals = {"sent": 0, "host": 0}
@@ -407,7 +407,8 @@ def device_step(
         update_time = touched / costs.update_bytes_per_second
         t += update_time
     if p.params == "replicated" and p.opt_state != "replicated" and n > 1:
-        t = collective(sum(x.nbytes for x in ps), t)
+        # (parameters the model shards over the data axis itself stay sharded)
+        t = collective(sum(x.nbytes for x in ps if x.data_axis is None), t)
     return DeviceStep(
         strategy=strategy,
         state=state,

@@ -20,6 +20,12 @@ gives extra rows to some devices), so a tensor with no such axis (a scalar, a bi
 length) stays replicated on every device, whatever the placement. A tensor with a zero
 size holds 0 bytes anywhere. With N = 1 every placement holds the full tensor.
 
+A model sharded by its authors (FSDP, tensor parallelism: ``nnx.with_partitioning`` on
+a mesh with a ``data`` axis) keeps its own shardings: a :class:`Tensor` is then what one
+data-parallel ring sees, its ``shape`` divided by the model's other mesh axes, and its
+``data_axis`` the axis the model itself splits over ``data`` (sharded along it under
+every placement), if any; the rule above applies to the others.
+
 All byte counts are exact integers computed from per-tensor ``(shape, itemsize)``;
 :func:`zero_paper_bytes` is the paper's closed form, for comparison.
 """
@@ -42,12 +48,16 @@ class Tensor:
     """One array of the training state.
 
     Attributes:
-        shape: dimensions (elements); ``()`` for a scalar.
+        shape: dimensions (elements); ``()`` for a scalar. Of a model sharded by its
+            authors: one device's piece over the mesh axes other than ``data``.
         itemsize: bytes per element.
+        data_axis: the axis the model's own sharding splits over the data axis (e.g.
+            FSDP), sharded along it under every placement; None: placed by the rule.
     """
 
     shape: tuple[int, ...]
     itemsize: int
+    data_axis: int | None = None
 
     def __post_init__(self) -> None:
         shape = self.shape
@@ -60,6 +70,14 @@ class Tensor:
         if not isinstance(size, numbers.Integral) or isinstance(size, bool) or size <= 0:
             raise InvalidProblem(f"itemsize = {size!r}: expected a positive int (bytes)")
         object.__setattr__(self, "itemsize", int(size))
+        axis = self.data_axis
+        if axis is not None and (
+            not isinstance(axis, numbers.Integral) or isinstance(axis, bool)
+            or not 0 <= axis < len(self.shape)
+        ):  # fmt: skip
+            raise InvalidProblem(
+                f"data_axis = {axis!r}: expected None or an axis of shape {self.shape}"
+            )
 
     @property
     def nbytes(self) -> int:
@@ -105,15 +123,30 @@ def shard_axis(shape: tuple[int, ...], devices: int) -> int | None:
     return next((a for a, d in enumerate(shape) if d > 0 and d % devices == 0), None)
 
 
-def local_bytes(tensor: Tensor, placement: str, devices: int) -> int:
-    """Bytes of ``tensor`` that one device holds under ``placement`` (0 for ``host``)."""
+def split(tensor: Tensor, placement: str, devices: int) -> bool:
+    """Whether each device holds 1/``devices`` of ``tensor`` under ``placement`` (never
+    with N = 1): the model splits it over the data axis itself (``data_axis``), or the
+    placement is ``sharded`` or ``host`` and the rule finds an axis. InvalidProblem for
+    a ``data_axis`` that ``devices`` does not divide."""
     if placement not in PLACEMENTS:
         raise InvalidProblem(f"placement = {placement!r}: expected one of {PLACEMENTS}")
-    if placement == "host":
-        return 0
-    if placement == "sharded" and shard_axis(tensor.shape, devices) is not None:
-        return tensor.nbytes // devices
-    return tensor.nbytes
+    n = _devices(devices)
+    if n == 1:
+        return False
+    if tensor.data_axis is not None:
+        if tensor.shape[tensor.data_axis] % n:
+            raise InvalidProblem(
+                f"data_axis = {tensor.data_axis} of shape {tensor.shape}: not a multiple of "
+                f"the {n} devices"
+            )
+        return True
+    return placement != "replicated" and shard_axis(tensor.shape, n) is not None
+
+
+def local_bytes(tensor: Tensor, placement: str, devices: int) -> int:
+    """Bytes of ``tensor`` that one device holds under ``placement`` (0 for ``host``)."""
+    pieces = devices if split(tensor, placement, devices) else 1
+    return 0 if placement == "host" else tensor.nbytes // pieces
 
 
 @dataclass(frozen=True)
@@ -198,18 +231,20 @@ def _blocks(blocks: object, count: int) -> tuple[tuple[int, ...], ...]:
     return tuple(out)
 
 
-def split_bytes(tensors: tuple[Tensor, ...], indices: object, devices: int) -> int:
-    """Full bytes of the tensors among ``indices`` that the sharding rule splits over
-    ``devices`` (those a gather or a reduce-scatter moves; the others are whole on every
-    device already), each index once."""
-    return sum(
-        tensors[i].nbytes for i in set(indices) if shard_axis(tensors[i].shape, devices) is not None
-    )
+def split_bytes(
+    tensors: tuple[Tensor, ...], indices: object, devices: int, placement: str = "sharded"
+) -> int:
+    """Full bytes of the tensors among ``indices`` split over ``devices`` under
+    ``placement`` (:func:`split`: those a gather or a reduce-scatter moves; the others
+    are whole on every device already), each index once."""
+    return sum(tensors[i].nbytes for i in set(indices) if split(tensors[i], placement, devices))
 
 
-def block_bytes(tensors: tuple[Tensor, ...], groups: object, devices: int) -> int:
+def block_bytes(
+    tensors: tuple[Tensor, ...], groups: object, devices: int, placement: str = "sharded"
+) -> int:
     """The largest group's :func:`split_bytes` (0 for no group or N = 1)."""
-    return max((split_bytes(tensors, g, devices) for g in groups), default=0)
+    return max((split_bytes(tensors, g, devices, placement) for g in groups), default=0)
 
 
 def device_bytes(
@@ -245,8 +280,10 @@ def device_bytes(
     if len(gs) != len(ps):
         raise InvalidProblem(f"grads: {len(gs)} tensors for {len(ps)} params")
     groups = _blocks(blocks, len(ps))
-    gather = block_bytes(ps, groups, n) if placement.params == "sharded" else 0
-    scatter = block_bytes(gs, groups, n) if placement.grads == "sharded" else 0
+    # what is split is gathered whole before use and reduce-scattered after the
+    # backward: under a sharded placement, and tensors the model splits itself
+    gather = block_bytes(ps, groups, n, placement.params)
+    scatter = block_bytes(gs, groups, n, placement.grads)
     host = sum(local_bytes(t, "sharded", n) for t in os_) if placement.opt_state == "host" else 0
     return DeviceBytes(
         params=sum(local_bytes(t, placement.params, n) for t in ps),

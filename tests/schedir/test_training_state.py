@@ -92,6 +92,25 @@ def test_bad_input_names_the_field() -> None:
         Tensor((2,), 0)
 
 
+def test_tensors_the_model_shards_over_data_itself() -> None:
+    # FSDP's kernel (the model splits axis 0 over data) and a bias the model leaves whole
+    kernel, bias = Tensor((32, 16), 4, data_axis=0), Tensor((16,), 4)
+    for stage in range(4):  # the kernel is 1/N under every stage; the bias as the stage says
+        got = device_bytes([kernel, bias], [kernel, bias], Placement.zero(stage), 4,
+                           blocks=[[0, 1]])  # fmt: skip
+        assert got.params == 512 + (16 if stage == 3 else 64)
+        assert got.grads == 512 + (16 if stage >= 2 else 64)
+        assert got.opt_state == 512 + (16 if stage >= 1 else 64)
+        # the kernel is gathered and reduce-scattered whole under every stage
+        assert got.gather == 2048 + (64 if stage == 3 else 0)
+        assert got.reduce_scatter == 2048 + (64 if stage >= 2 else 0)
+    assert device_bytes([kernel], [], Placement(), 1).params == 2048  # N = 1: whole
+    with pytest.raises(InvalidProblem, match="data_axis = 1 of shape"):
+        device_bytes([Tensor((4, 6), 4, data_axis=1)], [], Placement(), 4)
+    with pytest.raises(InvalidProblem, match="data_axis = 2"):
+        Tensor((4, 6), 4, data_axis=2)
+
+
 def test_ring_communication_model() -> None:
     devices = [Device(f"d{i}") for i in range(4)]
     platform = Platform.fully_connected(devices, bandwidth=1e9, latency=1e-6)
