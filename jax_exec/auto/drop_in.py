@@ -11,14 +11,21 @@ from flax import nnx
 
 from jax_exec.auto.methods import solver_of
 from jax_exec.auto.plan import plan
+from jax_exec.program.placement import spread
 from jax_exec.program.trace import same, split_model
 
 
 def _shape_key(tree: Any) -> tuple:
+    """Shapes and dtypes of ``tree``'s leaves, and the shardings of those sharded over
+    several devices (a plan of sharded arrays is per device; under jit, where arrays
+    have no concrete sharding, a plan is made for one device)."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
+    spread_ids = {id(x) for x in spread(leaves)}
     shapes = tuple(
-        (tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x)))) for x in leaves
-    )
+        (tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x))),
+         x.sharding if id(x) in spread_ids else None)
+        for x in leaves
+    )  # fmt: skip
     return (treedef, shapes)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +17,7 @@ import jax
 import solvers
 from jax_exec.auto.exact import Solved, solve
 from jax_exec.auto.methods import solver_of, whole_limit
-from jax_exec.auto.offload import as_platform
+from jax_exec.auto.offload import as_platform, has_host_link
 from jax_exec.auto.whole import WHOLE_GRAPH_VARIABLES
 from jax_exec.execute.graph import run_graph_schedule
 from jax_exec.execute.interpreter import run_schedule
@@ -26,6 +25,7 @@ from jax_exec.execute.lowering import lower
 from jax_exec.execute.result import RunResult, tree_bytes
 from jax_exec.program.analysis import CostModel
 from jax_exec.program.model import BlockModel, block_model
+from jax_exec.program.placement import device_bytes, spread, spread_devices
 from jax_exec.program.trace import graph_difference, split_model
 from schedir import Graph, GraphSchedule, Platform, Schedule
 from schedir.blocks.graph import block_graph
@@ -78,8 +78,8 @@ class Plan:
     graph_options: tuple[int, ...] = ()  # a graph method's: the options of its block graph
     model_name: str = ""  # the model's class (reports)
     platform: Platform | None = None  # with a host link: remat and offload planned together
-    # the most devices a parameter or argument was sharded over when planned (>1: the
-    # figures are the whole step's bytes, every device's share together)
+    # the most devices a parameter or argument was sharded over when planned (>1: every
+    # figure is the bytes on one device, the fullest: jax_exec.program.placement)
     sharded_devices: int = 1
 
     @property
@@ -140,7 +140,10 @@ class Plan:
         """Run the schedule op by op (measured memory) on ``model`` and ``args`` (same
         shapes as planned). The model is not modified: the state after the step is
         ``result.new_state`` (``nnx.update(model, result.new_state)`` applies it). An
-        inexact plan is made exact first (its schedule may change)."""
+        inexact plan is made exact first (its schedule may change). A plan of sharded
+        arrays runs its kernels on the devices they are sharded over, each value where
+        it was planned (arrays placed otherwise are copied there first); its figures
+        are per device (the fullest device's; ``result.device_peaks`` each one's)."""
         if not self.exact:
             exact = self.replan(self.budget, exact=True)
             self.schedule, self.exact, self.problem = exact.schedule, True, exact.problem
@@ -152,7 +155,14 @@ class Plan:
                 f"model: {difference}; the plan follows the planned model's computation, "
                 f"plan this model (e.g. after eval() or train()) on its own"
             )
-        params, rest, args = _on_one_device((params, rest, tuple(args)))
+        if not self.model.sharded and spread((params, rest, tuple(args))):
+            n = spread_devices((params, rest, tuple(args)))
+            raise ValueError(
+                f"Plan.run: the arrays are sharded over {n} devices and the plan was made "
+                f"for one (planned under jax.jit, where arrays have no concrete sharding, "
+                f"or on unsharded arrays): plan these arrays with jax_exec.plan outside "
+                f"jit to run them op by op"
+            )
         if isinstance(self.schedule, GraphSchedule):
             return run_graph_schedule(self.model, self.schedule, self.graph_options, params,
                                       rest, args)  # fmt: skip
@@ -172,8 +182,8 @@ class Plan:
             f"estimate), {p.length} blocks + loss, planned in {self.plan_time:.1f} s",
         ]
         if self.sharded_devices > 1:
-            lines.append(f"sharded over {self.sharded_devices} devices: bytes are the whole "
-                         f"step's, every device's share together")  # fmt: skip
+            lines.append(f"sharded over {self.sharded_devices} devices: every byte figure "
+                         f"is per device (the fullest device's)")  # fmt: skip
         recorded = _record_counts(self.model, self.schedule, self.options)
         lines.append(f"{'block':>5}  {'equations':>11}  {'input MiB':>10}  {'option':<22}"
                      f"{'saved MiB':>10}  {'forwards':>8}  {'bwd tmp MiB':>11}")  # fmt: skip
@@ -206,24 +216,6 @@ class Plan:
             "temporaries less what it frees of its own buffers before its peak.",
         ]
         return "\n".join(lines)
-
-
-def _on_one_device(tree: Any) -> Any:
-    """``tree`` with arrays sharded over several devices gathered on the first of them,
-    with a warning: the op-by-op runtime measures one device's program (the compiled
-    path, ``Plan.lowered`` under ``jax.jit``, keeps the shardings)."""
-    spread = _spread(tree)
-    if not spread:
-        return tree
-    device = sorted(spread[0].sharding.device_set, key=lambda d: d.id)[0]
-    warnings.warn(
-        f"Plan.run: {len(spread)} arrays are sharded over several devices; the op-by-op "
-        f"runtime runs on one device ({device}) and measures its memory",
-        stacklevel=3,
-    )
-    return jax.tree.map(
-        lambda x: jax.device_put(x, device) if isinstance(x, jax.Array) else x, tree
-    )
 
 
 def _record_counts(model: BlockModel, schedule: Schedule, options: tuple) -> list[int]:
@@ -327,9 +319,12 @@ def plan(
 
         bm = with_lowbit(bm, args, activation_tolerance, activation_storages)
     whole = whole_limit(method, whole_graph)  # low-bit storage plans by the DP alone
+    devices = spread_devices((bm.traced.params, bm.traced.rest, tuple(args)))
     if isinstance(budget, str) and budget.strip() == "device":
         budget = device_room(model, args)
     platform = as_platform(platform)
+    if bm.sharded:
+        _sharded_unsupported(method, solver, activation_tolerance, platform)
     bm.progress = report
     try:
         done = solve(bm, budget, solver, options, exact, whole, platform)
@@ -338,7 +333,22 @@ def plan(
         if hasattr(report, "done"):
             report.done()
     return make_plan(done, method, start, exact, whole_graph, bm, type(model).__name__, platform,
-                     sharded_devices(model, args))  # fmt: skip
+                     devices)  # fmt: skip
+
+
+def _sharded_unsupported(method: str, solver: tuple, tolerance: float, platform: Any) -> None:
+    """Refuse what a sharded model cannot be planned with yet (a typed error naming the
+    argument): graph methods, low-bit storage, host offload."""
+    if solver[0] == "graph":
+        raise ValueError(f"method = {method!r}: a model sharded over several devices is "
+                         f"planned by block-chain methods ('auto', a JAX policy, a chain "
+                         f"method); graph schedules run on one device")  # fmt: skip
+    if tolerance:
+        raise ValueError("activation_tolerance: low-bit storage is not planned for a model "
+                         "sharded over several devices")  # fmt: skip
+    if has_host_link(platform):
+        raise ValueError("platform: host offload is not planned for a model sharded over "
+                         "several devices (give platform=None)")  # fmt: skip
 
 
 def device_memory(field: str = "budget") -> int:
@@ -356,9 +366,14 @@ def device_memory(field: str = "budget") -> int:
 
 def device_room(model: Any, args: tuple) -> int:
     """Bytes the device leaves for activations: its memory less the parameters, their
-    gradients (as many bytes), the model's other state and the arguments."""
+    gradients (as many bytes), the model's other state and the arguments (arrays
+    sharded over several devices: their shards on the fullest device)."""
     _, params, rest = split_model(model)
     held = 2 * tree_bytes(params) + tree_bytes(rest) + tree_bytes(tuple(args))
+    if spread((params, rest, tuple(args))):
+        arrays = [x for x in jax.tree.leaves((params, params, rest, tuple(args)))
+                  if isinstance(x, jax.Array)]  # fmt: skip
+        held = max(device_bytes(arrays).values())
     room = device_memory() - held
     if room <= 0:
         raise BudgetError(
@@ -366,31 +381,6 @@ def device_room(model: Any, args: tuple) -> int:
             f"({held:,} B) fill the device's {device_memory():,} B"
         )
     return room
-
-
-def _spread(tree: Any) -> list:
-    """The concrete arrays of ``tree`` sharded over several devices (a traced array,
-    under jit, has no concrete sharding to read)."""
-    return [x for x in jax.tree.leaves(tree)
-            if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
-            and len(x.sharding.device_set) > 1]  # fmt: skip
-
-
-def sharded_devices(model: Any, args: tuple) -> int:
-    """The most devices one of the model's arrays or of ``args`` is sharded over; above
-    1, a warning: the planner counts the whole step's bytes (a conservative figure for a
-    budget per device), while under GSPMD each device holds the share XLA gives it."""
-    _, params, rest = split_model(model)
-    n = max((len(x.sharding.device_set) for x in _spread((params, rest, tuple(args)))),
-            default=1)  # fmt: skip
-    if n > 1:
-        warnings.warn(
-            f"jax_exec.plan: arrays of the model or its arguments are sharded over {n} "
-            f"devices; budgets and predicted bytes are the whole step's (every device's "
-            f"share together: conservative for a budget per device), not per device",
-            stacklevel=3,
-        )
-    return n
 
 
 def make_plan(done: Solved, method: str, start: float, exact: bool, whole_graph: int,
@@ -429,8 +419,10 @@ def _log(p: Plan) -> None:
     meta = p.schedule.meta
     LOG.info(
         "planned %s (%s, %d blocks): predicted peak %s of store-all %s (%.0f%%), "
-        "overhead %+.1f%%, budget %s, %.1f s",
+        "overhead %+.1f%%, budget %s%s, %.1f s",
         p.model_name or "model", p.method, p.model.length, format_bytes(meta["peak_memory"]),
         format_bytes(p.store_all_peak), 100 * meta["peak_memory"] / max(p.store_all_peak, 1),
-        100 * p.overhead, format_bytes(p.budget), p.plan_time,
+        100 * p.overhead, format_bytes(p.budget),
+        f" (per device, sharded over {p.sharded_devices})" if p.sharded_devices > 1 else "",
+        p.plan_time,
     )  # fmt: skip

@@ -7,13 +7,16 @@ value read by several buffers keeps the same array in each; live bytes count eve
 distinct array once, as the problems' simulators count values. An array is deleted
 (``Array.delete()``) once no buffer holds it, unless the runtime does not own it (the
 caller's parameters and arguments, ``keep``). Arrays in host memory (``pinned_host``,
-offloaded buffers) are counted apart from the device's.
+offloaded buffers) are counted apart from the device's. Arrays sharded over several
+devices (a sharded model's) count per device: the live bytes are the fullest device's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
 from typing import Any
+
+from jax_exec.program.placement import device_bytes
 
 HOST = "pinned_host"
 
@@ -36,8 +39,16 @@ class Buffers:
         return {id(a): a for buf in self.table.values() for a in buf.values()}
 
     def nbytes(self) -> int:
-        """Live device bytes (host copies excluded)."""
-        return sum(int(a.nbytes) for a in self.live().values() if not in_host(a))
+        """Live device bytes (host copies excluded); with arrays sharded over several
+        devices, those of the device that holds the most (:meth:`device_nbytes`)."""
+        arrays = [a for a in self.live().values() if not in_host(a)]
+        if all(len(a.sharding.device_set) == 1 for a in arrays):
+            return sum(int(a.nbytes) for a in arrays)
+        return max(device_bytes(arrays).values())
+
+    def device_nbytes(self) -> dict[Any, int]:
+        """Live device bytes on each device (host copies excluded): the shards there."""
+        return device_bytes(a for a in self.live().values() if not in_host(a))
 
     def host_bytes(self) -> int:
         """Live bytes in host memory."""

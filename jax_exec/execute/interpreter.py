@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from jax_exec.execute.buffers import HOST, Buffers
 from jax_exec.execute.result import OpMeter, RunResult, tree_bytes
 from jax_exec.program.model import BlockModel, global_values, through_flags
+from jax_exec.program.placement import place
 from jax_exec.program.trace import Lit
 from schedir import B, F_all, Loss, Schedule
 from schedir.blocks.problem import schedule_options, simulate_blocks
@@ -193,7 +194,9 @@ def run_schedule(
             states.free(name)
             buf.drop(name)
         host = buf.host_bytes() if copies else None  # host figures only with copy ops
-        meter.record(time.perf_counter() - start, temp, need, buf.nbytes(), host=host)
+        devices = buf.device_nbytes() if model.sharded else None
+        meter.record(time.perf_counter() - start, temp, need, buf.nbytes(), host=host,
+                     devices=devices)  # fmt: skip
     meter.stop()
     buf.clear()  # what the schedule left: the results are held outside
     call = (params, rest, args)
@@ -267,6 +270,9 @@ def step_result(
         grads[v] if v in grads else jnp.zeros(program.avals[v].shape, program.avals[v].dtype)
         for v in program.param_ids
     ]
+    if program.grad_shardings:  # a sharded model's: where the plain step puts them
+        pairs = zip(grad_leaves, program.param_ids, strict=True)
+        grad_leaves = [place(g, program.grad_shardings[v]) for g, v in pairs]
     p_def, r_def, _, aux_def = program.treedefs
 
     def value(ref: Any) -> Any:

@@ -54,7 +54,9 @@ class RunResult:
         ops: the ops that ran (single-device runs).
         device_peaks: multi-device runs: device name -> the largest activation bytes
             the runtime held on it after an op (arrays in flight and ``jax.vjp``
-            residuals; parameters excluded).
+            residuals; parameters excluded); a sharded model's op-by-op run: its
+            shards on each device (``str(device)``; ``peak_bytes`` and the other
+            figures are the fullest device's).
         op_log: multi-device runs: ``(device, op or task, start, end)`` in seconds since
             the start of the step.
         op_device_bytes: MPMD pipeline runs: per ``op_log`` entry, the activation bytes
@@ -142,6 +144,7 @@ class OpMeter:
         self.temp: list[int] = []
         self.times: list[float] = []
         self.kernels: list[str | None] = []
+        self.device_peaks: dict[str, int] = {}
         self.started = time.perf_counter()
         self.total = 0.0
 
@@ -154,10 +157,15 @@ class OpMeter:
         *,
         host: int | None = None,
         kernel: str | None = None,
+        devices: dict | None = None,
     ) -> None:
         """One op: its wall time, kernel temporary bytes, need (live bytes right after
         its output plus ``temp``), live device bytes after it; with copies the live
-        host bytes; for graph runs the kernel it launched."""
+        host bytes; for graph runs the kernel it launched; for a sharded model the live
+        bytes on each device after it (``devices``: device -> bytes)."""
+        for device, nbytes in (devices or {}).items():
+            name = str(device)
+            self.device_peaks[name] = max(self.device_peaks.get(name, 0), nbytes)
         self.times.append(seconds)
         self.temp.append(temp)
         self.peak.append(need)
@@ -171,8 +179,10 @@ class OpMeter:
         self.total = time.perf_counter() - self.started
 
     def figures(self) -> dict[str, Any]:
-        """The recorded device figures, as the result fields every runtime shares."""
-        return {
+        """The recorded device figures, as the result fields every runtime shares (and
+        ``device_peaks`` where devices were recorded)."""
+        per_device = {"device_peaks": dict(self.device_peaks)} if self.device_peaks else {}
+        return per_device | {
             "peak_bytes": max([self.initial_bytes, *self.peak]),
             "initial_bytes": self.initial_bytes,
             "resident_bytes": tuple(self.resident),

@@ -24,11 +24,14 @@ class Kernel:
         call: the compiled executable.
         temp_bytes: temporary bytes of the executable (``memory_analysis()``).
         flops: floating-point operations (``cost_analysis()``), 0.0 if unknown.
+        out_shardings: where its flat outputs live (``output_shardings``, read for a
+            sharded model's kernels, :mod:`jax_exec.program.placement`), else ().
     """
 
     call: Callable[..., Any]
     temp_bytes: int
     flops: float
+    out_shardings: tuple = ()
 
 
 def compile_kernel(fn: Callable, *args: Any) -> Kernel:
@@ -37,9 +40,9 @@ def compile_kernel(fn: Callable, *args: Any) -> Kernel:
     return lowered_kernel(jax.jit(fn).lower(*args))
 
 
-def lowered_kernel(lowered: Any, options: dict | None = None) -> Kernel:
+def lowered_kernel(lowered: Any, options: dict | None = None, placed: bool = False) -> Kernel:
     """Compile a lowered function (``jax.jit(fn).lower(...)``) with XLA ``options``
-    and read its temporary bytes and FLOPs."""
+    and read its temporary bytes and FLOPs (``placed``: and its outputs' shardings)."""
     compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
     stats = compiled.memory_analysis()
     temp = int(stats.temp_size_in_bytes) if stats is not None else 0
@@ -47,7 +50,8 @@ def lowered_kernel(lowered: Any, options: dict | None = None) -> Kernel:
     if isinstance(cost, list | tuple):
         cost = cost[0] if cost else {}
     flops = float((cost or {}).get("flops", 0.0))
-    return Kernel(compiled, temp, max(flops, 0.0))
+    placements = tuple(jax.tree.leaves(compiled.output_shardings)) if placed else ()
+    return Kernel(compiled, temp, max(flops, 0.0), placements)
 
 
 def median_time(call: Callable[..., Any], *args: Any, warmup: int = 2, repeats: int = 7) -> float:

@@ -20,7 +20,7 @@ import re
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jax
@@ -37,7 +37,8 @@ from jax_exec.program.kernels import (
     loss_function,
 )
 from jax_exec.program.phases import PhasedBackward, phased_backward
-from jax_exec.program.trace import Program, Traced, trace
+from jax_exec.program.placement import place, spread, value_shardings
+from jax_exec.program.trace import Program, Traced, aval_bytes, trace
 from schedir.blocks.problem import BlockChain, BlockOption, BlockStage
 
 
@@ -93,19 +94,33 @@ class BlockModel:
     def length(self) -> int:
         return self.blocks.length
 
+    @property
+    def sharded(self) -> bool:
+        """Whether the model's values are sharded over several devices (every figure is
+        then per device, every kernel placed: :mod:`jax_exec.program.placement`)."""
+        return bool(self.program.shardings)
+
     def specs(self, k: int) -> tuple:
-        """Shapes of block k's ``(p, g, x)`` arguments."""
-        lay, avals = self.layouts[k], self.program.avals
+        """Shapes of block k's ``(p, g, x)`` arguments (with their shardings when the
+        model is sharded)."""
+        lay, spec = self.layouts[k], self.program.spec
         return (
-            tuple(avals[v] for v in lay.params),
-            tuple(avals[v] for v in lay.others),
-            tuple(avals[v] for v in lay.ins),
+            tuple(spec(v) for v in lay.params),
+            tuple(spec(v) for v in lay.others),
+            tuple(spec(v) for v in lay.ins),
         )
 
     def identity(self, k: int) -> tuple:
         """What block k computes, as a key: its equations, shapes and wiring
-        (``Block.key``) and the values it names (materialized values and outputs)."""
-        return (self.blocks.blocks[k].key, self.layouts[k].named)
+        (``Block.key``), the values it names (materialized values and outputs) and, for
+        a sharded model, where its arguments and values live."""
+        lay = self.layouts[k]
+        if not self.sharded:
+            return (self.blocks.blocks[k].key, lay.named)
+        where = self.program.shardings.get
+        local = sorted(lay.local, key=lay.local.get)
+        placed = tuple(where(v) for v in (*lay.params, *lay.others, *lay.ins, *local))
+        return (self.blocks.blocks[k].key, lay.named, placed)
 
     def functions(self, k: int, o: int) -> BlockFunctions:
         """Traceable functions of block k under its option o (shared by identical
@@ -139,7 +154,8 @@ class BlockModel:
             raise ValueError("the backward of a block runs as phases: use backward_kernels")
         key = self.kernel_key(kind, k, o)
         if key not in self._kernels:
-            self._kernels[key] = kernel_of(*self.kernel_source(kind, k, o))
+            placed = self.out_shardings(kind, k, o)
+            self._kernels[key] = kernel_of(*self.kernel_source(kind, k, o), out_shardings=placed)
         return self._kernels[key]
 
     def phased(self, k: int, o: int) -> PhasedBackward:
@@ -154,11 +170,130 @@ class BlockModel:
     def backward_kernels(self, k: int, o: int) -> tuple[PhasedBackward, tuple[Kernel, ...]]:
         """The phases of block k's backward under option o and their compiled kernels."""
         key = self.kernel_key("backward", k, o)
+        self._build(self._jobs("backward", k, o))
         pb = self.phased(k, o)
-        for j in range(len(pb.phases)):
-            if (*key, j) not in self._kernels:
-                self._kernels[(*key, j)] = kernel_of(pb.function(j), *pb.specs(j))
         return pb, tuple(self._kernels[(*key, j)] for j in range(len(pb.phases)))
+
+    def out_shardings(self, kind: str, k: int, o: int = 0) -> Any:
+        """Where a ``"forward"``, ``"record"`` or ``"loss"`` kernel of a sharded model
+        puts its outputs: program values where they live, parameters' gradients and
+        cotangents where their primal lives, saved residuals where XLA places them
+        (None); None for a model on one device (XLA's default)."""
+        if not self.sharded:
+            return None
+        where, lay = self.program.shardings, self.layouts[k]
+        outs, results = tuple(where[v] for v in lay.outs), tuple(where[v] for v in lay.results)
+        if kind == "forward":
+            return outs, results
+        if kind == "record":
+            return outs, results, (None,) * len(self.functions(k, o).recipe.new)
+        active = [v for v, a in zip(lay.ins, lay.act_in, strict=True) if a]
+        return (*outs, results, self.grad_shardings(k), tuple(where[v] for v in active))
+
+    def grad_shardings(self, k: int) -> tuple:
+        """Where block k's parameters' gradients go (a sharded model's): where the plain
+        step puts each parameter's (a slice of a scanned stack: where the slice lives)."""
+        program = self.program
+        where = {**program.shardings, **program.grad_shardings}
+        return tuple(where[v] for v in self.layouts[k].params)
+
+    def residual_shardings(self, k: int, o: int) -> tuple:
+        """Where block k's record kernel under option o (compiled) put the saved
+        residuals (its last outputs) of a sharded model."""
+        placed = self._kernels[self.kernel_key("record", k, o)].out_shardings
+        return placed[len(placed) - len(self.functions(k, o).recipe.new) :]
+
+    def _phase_shardings(self, k: int, o: int, upto: int) -> dict | None:
+        """value id -> sharding of block k's phased backward under option o (a sharded
+        model's): its arguments (saved residuals as its record kernel placed them,
+        cotangents as their primal), its results (parameters' gradients and cotangents,
+        as their primal) and what phases ``0..upto-1`` return, as their kernels placed
+        it; None while one of those kernels is not compiled."""
+        record = self._kernels.get(self.kernel_key("record", k, o))
+        key = self.kernel_key("backward", k, o)
+        done = [self._kernels.get((*key, j)) for j in range(upto)]
+        if record is None or None in done:
+            return None
+        pb, lay, where = self.phased(k, o), self.layouts[k], self.program.shardings
+        active = [v for v, a in zip(lay.ins, lay.act_in, strict=True) if a]
+        flags = through_flags(self, k)
+        groups = {
+            "p": lay.params, "g": lay.others, "x": lay.ins, "outs": lay.outs,
+            "results": lay.results,
+            "d_outs": [v for v, a in zip(lay.outs, lay.act_out, strict=True) if a],
+            "through": [v for v, f in zip(active, flags, strict=True) if f],
+        }  # fmt: skip
+        new = self.residual_shardings(k, o)
+        found = {
+            vid: new[i] if group == "new" else where[groups[group][i]]
+            for vid, (group, i) in zip(pb.flat.in_ids, pb.groups, strict=True)
+        }
+        placed = (*self.grad_shardings(k), *(where[v] for v in active))
+        found.update(zip(pb.results, placed, strict=True))
+        for phase, kernel in zip(pb.phases, done, strict=False):
+            made = (*phase.outs, *(vid for vid, _ in phase.extras))
+            found.update(zip(made, kernel.out_shardings, strict=True))
+        return found
+
+    def _jobs(self, kind: str, k: int, o: int = 0) -> list[tuple]:
+        """The kernels to compile for ``(kind, k, o)``: ``(key, kind, k, o, phase)``, a
+        backward's one per phase (a sharded model's after its record kernel, whose
+        residuals its first phase reads where they live)."""
+        if kind != "backward":
+            return [(self.kernel_key(kind, k, o), kind, k, o, None)]
+        key = self.kernel_key("backward", k, o)
+        record = [(self.kernel_key("record", k, o), "record", k, o, None)] if self.sharded else []
+        return record + [((*key, j), kind, k, o, j) for j in range(len(self.phased(k, o).phases))]
+
+    def _source(self, job: tuple) -> tuple | None:
+        """``(function, shapes, out_shardings)`` of a job (:meth:`_jobs`) to compile;
+        None while a kernel it depends on is not compiled (a sharded model's phases)."""
+        _, kind, k, o, j = job
+        if j is None:
+            return self.kernel_source(kind, k, o), self.out_shardings(kind, k, o)
+        pb = self.phased(k, o)
+        if not self.sharded:
+            return (pb.function(j), *pb.specs(j)), None
+        where = self._phase_shardings(k, o, j)
+        if where is None:
+            return None
+        phase = pb.phases[j]
+        specs = tuple(
+            jax.ShapeDtypeStruct(pb.avals[v].shape, pb.avals[v].dtype, sharding=where[v])
+            for v in phase.ins
+        )
+        made = (*phase.outs, *(vid for vid, _ in phase.extras))
+        return (pb.function(j), *specs), tuple(where.get(v) for v in made)
+
+    def _build(self, jobs: list[tuple]) -> int:
+        """Compile the jobs' kernels not compiled in this process yet
+        (:func:`kernels_of`), a sharded model's in waves (a phase after the kernels it
+        reads from); a sharded backward's figures become per device once all its phases
+        are compiled. Returns how many were compiled."""
+        todo = {job[0]: job for job in jobs if job[0] not in self._kernels}
+        total = len(todo)
+        while todo:
+            ready = {key: src for key, job in todo.items() if (src := self._source(job))}
+            if not ready:  # pragma: no cover - every wave has a phase whose inputs are known
+                raise RuntimeError(f"kernels waiting on each other: {list(todo)}")
+            compiled = kernels_of(list(ready.values()), self.progress)
+            self._kernels.update(zip(ready, compiled, strict=True))
+            for key in ready:
+                del todo[key]
+        if self.sharded:
+            for _, _, k, o, j in jobs:
+                if j == 0:
+                    self._place_phases(k, o)
+        return total
+
+    def _place_phases(self, k: int, o: int) -> None:
+        """Block k's phased backward under option o with its figures per device, once
+        its phases are compiled (a sharded model's)."""
+        pb = self.phased(k, o)
+        where = self._phase_shardings(k, o, len(pb.phases))
+        if pb.sizes is None and where is not None:
+            sizes = {v: aval_bytes(pb.avals[v], s) for v, s in where.items()}
+            self._phases[self.kernel_key("backward", k, o)] = pb.per_device(sizes)
 
     def kernel_source(self, kind: str, k: int, o: int = 0) -> tuple:
         """``(function, *shapes)`` of a kernel, to compile with
@@ -174,13 +309,13 @@ class BlockModel:
         if kind != "backward":  # pragma: no cover
             raise ValueError(f"unknown kernel kind {kind!r}")
         fns = self.functions(k, o)
-        avals = self.program.avals
-        outs = tuple(avals[v] for v in lay.outs)
-        results = tuple(avals[v] for v in lay.results)
-        d_outs = tuple(avals[v] for v, a in zip(lay.outs, lay.act_out, strict=True) if a)
+        spec = self.program.spec
+        outs = tuple(spec(v) for v in lay.outs)
+        results = tuple(spec(v) for v in lay.results)
+        d_outs = tuple(spec(v) for v, a in zip(lay.outs, lay.act_out, strict=True) if a)
         act_ins = [v for v, a in zip(lay.ins, lay.act_in, strict=True) if a]
         flags = through_flags(self, k)
-        through = tuple(avals[v] if f else None for v, f in zip(act_ins, flags, strict=True))
+        through = tuple(spec(v) if f else None for v, f in zip(act_ins, flags, strict=True))
         return (fns.backward, *specs, outs, results, fns.recipe.new, d_outs, through)
 
     def backward_bytes(
@@ -234,7 +369,11 @@ class BlockModel:
     def trace_options(self) -> None:
         """Trace every option's recording and phased backward (no compilation): their
         saved bytes become exact and the phases' frees known, so that
-        ``build_problem(model, lower=True)`` bounds every figure from below."""
+        ``build_problem(model, lower=True)`` bounds every figure from below. A sharded
+        model's bytes per device are known from compiled kernels only: every option's
+        are compiled."""
+        if self.sharded:
+            self.compile(self.every_kernel())
         for k in range(self.length):
             for o in range(len(self.options[k])):
                 self.phased(k, o)  # traces the recording too (its recipe)
@@ -247,8 +386,13 @@ class BlockModel:
         from jax_exec.program.options import saved_estimate
 
         key = (self.identity(k), self.option(k, o))
-        if key in self.known:
+        if key in self.known and not self.sharded:
             return self._functions[key].recipe.new_bytes, True
+        record = self.kernel_key("record", k, o)
+        if key in self.known and record in self.known:  # where its kernel put them
+            new = self._functions[key].recipe.new
+            placed = self.residual_shardings(k, o)
+            return sum(aval_bytes(s, p) for s, p in zip(new, placed, strict=True)), True
         return saved_estimate(self, k, self.option(k, o)), False
 
     def option_exact(self, k: int, o: int) -> bool:
@@ -300,29 +444,19 @@ class BlockModel:
         and for the op-by-op runtime. Returns how many became known to this solve
         (:attr:`known`), compiled now or before."""
         start = time.perf_counter()
-        todo: dict = {}
+        jobs: list[tuple] = []
         new: list = []
         for kind, k, o in kernels:
-            key = self.kernel_key(kind, k, o)
             if kind in ("record", "backward"):
                 new.append((self.identity(k), self.option(k, o)))  # its recording, traced
-            if kind == "backward":  # one kernel per phase
-                pb = self.phased(k, o)
-                keys = [(*key, j) for j in range(len(pb.phases))]
-                sources = [(pb.function(j), *pb.specs(j)) for j in range(len(pb.phases))]
-            else:
-                keys, sources = [key], [None]
-            for key, source in zip(keys, sources, strict=True):
-                new.append(key)
-                if key not in self._kernels and key not in todo:
-                    todo[key] = source or self.kernel_source(kind, k, o)
-        if todo:
-            self._kernels.update(zip(todo, kernels_of(list(todo.values()), self.progress),
-                                     strict=True))  # fmt: skip
+            found = self._jobs(kind, k, o)
+            jobs += found
+            new += [job[0] for job in found]
+        compiled = self._build(list(dict.fromkeys(jobs)))
         fresh = set(new) - self.known
         self.known.update(fresh)
         self.timings["kernels"] = self.timings.get("kernels", 0.0) + time.perf_counter() - start
-        self.timings["compiled"] = self.timings.get("compiled", 0) + len(todo)
+        self.timings["compiled"] = self.timings.get("compiled", 0) + compiled
         return sum(1 for key in fresh if key[0] in ("forward", "record", "backward", "loss"))
 
 
@@ -353,30 +487,35 @@ KERNEL_OPTIONS = {
 _KERNELS: dict[str, Kernel] = {}
 
 
-def kernel_of(fn: Callable, *args: Any) -> Kernel:
+def kernel_of(fn: Callable, *args: Any, out_shardings: Any = None) -> Kernel:
     """``jax.jit(fn)`` compiled for ``args`` with :data:`KERNEL_OPTIONS` (cached by the
-    lowered program), its temporary bytes and FLOPs."""
-    key, lowered = _lowered(fn, *args)
+    lowered program), its temporary bytes and FLOPs; with ``out_shardings`` (a sharded
+    model's kernel: ``args`` carry their shardings), its outputs placed so (None
+    leaves: where XLA places them) and where they are read back."""
+    key, lowered = _lowered(fn, args, out_shardings)
     if key not in _KERNELS:
-        _KERNELS[key] = lowered_kernel(lowered, KERNEL_OPTIONS)
+        _KERNELS[key] = lowered_kernel(lowered, KERNEL_OPTIONS, out_shardings is not None)
     return _KERNELS[key]
 
 
 def kernels_of(sources: list[tuple], progress: Callable | None = None) -> list[Kernel]:
-    """:func:`kernel_of` of every ``(fn, *args)``: lowered one after the other in one
-    worker thread (tracing holds the GIL) while XLA compiles those already lowered in
-    others (compilation releases it), so the two overlap. Worker threads, not the
-    caller's: a mesh the caller set (``jax.set_mesh``) is thread-local and must not
-    reach the kernels, whose placement their argument shapes say."""
+    """:func:`kernel_of` of every ``((fn, *args), out_shardings)``: lowered one after the
+    other in one worker thread (tracing holds the GIL) while XLA compiles those already
+    lowered in others (compilation releases it), so the two overlap. Worker threads,
+    not the caller's: a mesh the caller set (``jax.set_mesh``) is thread-local and must
+    not reach the kernels, whose placement their argument shapes (and a sharded
+    model's ``out_shardings``) say."""
     futures: dict[str, Future] = {}
     order = []
     workers = max(1, min(len(sources), os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=1) as lower, ThreadPoolExecutor(workers) as pool:
-        lowered = lower.map(lambda src: _lowered(*src), sources)
-        for i, (key, low) in enumerate(lowered):
+        lowered = lower.map(lambda src: (*_lowered(src[0][0], src[0][1:], src[1]), src[1]),
+                            sources)  # fmt: skip
+        for i, (key, low, placed) in enumerate(lowered):
             order.append(key)
             if key not in _KERNELS and key not in futures:
-                futures[key] = pool.submit(lowered_kernel, low, KERNEL_OPTIONS)
+                futures[key] = pool.submit(lowered_kernel, low, KERNEL_OPTIONS,
+                                           placed is not None)  # fmt: skip
             if progress is not None:
                 progress(math.nan, f"lowered {i + 1}/{len(sources)} kernels")
         for i, (key, future) in enumerate(futures.items()):
@@ -386,10 +525,12 @@ def kernels_of(sources: list[tuple], progress: Callable | None = None) -> list[K
     return [_KERNELS[key] for key in order]
 
 
-def _lowered(fn: Callable, *args: Any) -> tuple[str, Any]:
-    """``jax.jit(fn).lower(*args)`` and its cache key: the lowered program's text (its
-    module name aside) and calling convention."""
-    lowered = jax.jit(fn).lower(*args)
+def _lowered(fn: Callable, args: tuple, out_shardings: Any = None) -> tuple[str, Any]:
+    """``jax.jit(fn).lower(*args)`` (with ``out_shardings`` if any) and its cache key:
+    the lowered program's text (its module name aside, the shardings in it) and calling
+    convention."""
+    jitted = jax.jit(fn) if out_shardings is None else jax.jit(fn, out_shardings=out_shardings)
+    lowered = jitted.lower(*args)
     text = re.sub(r"^module @\S+", "module @kernel", lowered.as_text(), count=1)  # its name
     trees = f"{lowered.in_tree} -> {lowered.out_tree}"  # the executable's calling convention
     return hashlib.sha256((trees + text).encode()).hexdigest(), lowered
@@ -470,6 +611,10 @@ def block_model(
     and build the problem (module docstring)."""
     start = time.perf_counter()
     traced = trace(loss_fn, model, args, has_aux=has_aux)
+    if spread((traced.params, traced.rest, tuple(args))):  # where each value lives
+        where, grads = value_shardings(traced.program, traced.params, traced.rest, args)
+        program = replace(traced.program, shardings=where, grad_shardings=grads)
+        traced = replace(traced, program=program)
     seconds = time.perf_counter() - start
     return program_model(traced, cost_model=cost_model, max_anchors=max_anchors,
                          options=options, trace_seconds=seconds)  # fmt: skip
@@ -577,4 +722,8 @@ def global_values(model: BlockModel, params: Any, rest: Any, args: tuple) -> dic
     values.update(program.consts)
     for vid, (src, i) in sorted(program.derived.items()):  # slices of stacked globals
         values[vid] = jax.lax.index_in_dim(values[src], i, keepdims=False)
+    for vid, sharding in program.shardings.items():  # a sharded model's: where planned
+        value = values.get(vid)
+        if value is not None and not isinstance(value, jax.core.Tracer):
+            values[vid] = place(value, sharding)
     return values

@@ -30,6 +30,7 @@ when nothing is freed (in a graph, where the inputs are nodes freed by ``Free`` 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +78,9 @@ class PhasedBackward:
         n_dp: how many of them are parameters' gradients.
         released: ``released[j]``: bytes of arguments deleted before phase j.
         live: ``live[j]``: bytes of the intermediates held while phase j runs.
+        spans: ``(value id, first phase, last phase)`` of each intermediate held.
+        sizes: value id -> bytes on one device (a sharded model's, :meth:`per_device`);
+            None: whole bytes.
     """
 
     flat: FlatJaxpr
@@ -89,10 +93,23 @@ class PhasedBackward:
     n_dp: int
     released: tuple[int, ...]
     live: tuple[int, ...]
+    spans: tuple[tuple[int, int, int], ...] = ()
+    sizes: dict | None = None
+
+    def nbytes(self, vid: int) -> int:
+        return aval_bytes(self.avals[vid]) if self.sizes is None else self.sizes[vid]
+
+    def per_device(self, sizes: dict) -> PhasedBackward:
+        """The same phases with their figures in bytes on one device (``sizes``: value
+        id -> bytes of its largest shard, for the arguments and every value a phase
+        returns: a sharded model's, :mod:`jax_exec.program.placement`)."""
+        live, released = _held(self.spans, self.results[: self.n_dp], self.free_args,
+                               self.flat.in_ids, sizes.__getitem__)  # fmt: skip
+        return dataclasses.replace(self, live=live, released=released, sizes=sizes)
 
     @property
     def d_x_bytes(self) -> int:
-        return sum(aval_bytes(self.avals[v]) for v in self.results[self.n_dp :])
+        return sum(self.nbytes(v) for v in self.results[self.n_dp :])
 
     def specs(self, j: int) -> tuple:
         return tuple(self.avals[v] for v in self.phases[j].ins)
@@ -148,7 +165,22 @@ class PhasedBackward:
                 late[vid] = first_read[vid]
         if not late:
             return 0, len(self.phases)
-        return sum(aval_bytes(self.avals[v]) for v in late), min(late.values())
+        return sum(self.nbytes(v) for v in late), min(late.values())
+
+
+def _held(
+    spans: tuple, dp: tuple, free_args: tuple, in_ids: tuple, nbytes: Callable[[int], int]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(live, released)`` of a phased backward (:class:`PhasedBackward`) with these
+    value sizes: per phase, the intermediates held (parameters' gradients ``dp``
+    apart) and the bytes of its own arguments deleted before it (cumulative)."""
+    dp = frozenset(dp)
+    live = tuple(
+        sum(nbytes(v) for v, a, b in spans if a <= j <= b and v not in dp)
+        for j in range(len(free_args))
+    )
+    released = np.cumsum([sum(nbytes(in_ids[p]) for p in group) for group in free_args])
+    return live, tuple(int(r) for r in released.tolist())
 
 
 def phased_backward(
@@ -238,15 +270,11 @@ def phased_backward(
                             tuple(extras) if j == P - 1 else ()))  # fmt: skip
     # intermediates: alive from the phase that makes them to the one that last reads them
     # (outputs of the backward: to the end); parameters' gradients are not counted
-    dp = set(results[:n_dp])
     span = {}
     for j, ph in enumerate(phases):
         for v in (*ph.outs, *(vid for vid, _ in ph.extras)):
             span[v] = (j, P - 1 if v in final else int(phase_of[last[v]]))
-    live = [
-        sum(aval_bytes(avals[v]) for v, (a, b) in span.items() if a <= j <= b and v not in dp)
-        for j in range(P)
-    ]
+    spans = tuple((v, a, b) for v, (a, b) in span.items())
     free_values = [tuple(sorted(v for v, (_, b) in span.items() if b == j and v not in final))
                    for j in range(P)]  # fmt: skip
     # the block's own inputs: deleted before the phase after their last reader's
@@ -257,18 +285,19 @@ def phased_backward(
             free_args[0].append(pos)
         elif phase_of[read_by] + 1 < P:
             free_args[int(phase_of[read_by]) + 1].append(pos)
-    released = np.cumsum(
-        [sum(aval_bytes(avals[flat.in_ids[p]]) for p in group) for group in free_args]
-    ).tolist()
+    free_args = tuple(tuple(g) for g in free_args)
+    live, released = _held(spans, results[:n_dp], free_args, flat.in_ids,
+                           lambda v: aval_bytes(avals[v]))  # fmt: skip
     return PhasedBackward(
         flat=flat,
         avals=tuple(avals),
         groups=groups,
         phases=tuple(phases),
-        free_args=tuple(tuple(g) for g in free_args),
+        free_args=free_args,
         free_values=tuple(free_values),
         results=tuple(results),
         n_dp=n_dp,
-        released=tuple(int(r) for r in released),
-        live=tuple(live),
+        released=released,
+        live=live,
+        spans=spans,
     )

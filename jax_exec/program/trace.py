@@ -132,6 +132,11 @@ class Program:
     producer: dict = field(default_factory=dict)  # value id -> index of its equation
     derived: dict = field(default_factory=dict)  # value id -> (global id, index)
     scans: tuple = ()  # per unrolled scan: its ScanInfo
+    # value id -> where it lives when the model is sharded over several devices, and
+    # parameter id -> where its gradient goes (jax_exec.program.placement); empty: one
+    # device, bytes are whole
+    shardings: dict = field(default_factory=dict)
+    grad_shardings: dict = field(default_factory=dict)
 
     @property
     def input_ids(self) -> tuple[int, ...]:
@@ -151,12 +156,25 @@ class Program:
         return frozenset(found)
 
     def nbytes(self, vid: int) -> int:
-        return aval_bytes(self.avals[vid])
+        """Bytes of value ``vid`` on one device (its largest shard when sharded)."""
+        return aval_bytes(self.avals[vid], self.shardings.get(vid))
+
+    def spec(self, vid: int) -> Any:
+        """Shape and dtype of value ``vid``, with its sharding when the model is sharded
+        (a kernel compiled for it takes the value where it lives)."""
+        aval, sharding = self.avals[vid], self.shardings.get(vid)
+        if sharding is None:
+            return aval
+        weak = getattr(aval, "weak_type", False)
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding, weak_type=weak)
 
 
-def aval_bytes(aval: Any) -> int:
-    """Bytes of an array of this shape and dtype."""
-    return int(np.prod(aval.shape, dtype=np.int64)) * int(aval.dtype.itemsize)
+def aval_bytes(aval: Any, sharding: Any = None) -> int:
+    """Bytes of an array of this shape and dtype on one device: with a ``sharding``, of
+    its largest shard (``sharding.shard_shape``); the planner and the op-by-op runtime
+    both count a value so."""
+    shape = tuple(aval.shape) if sharding is None else sharding.shard_shape(tuple(aval.shape))
+    return int(np.prod(shape, dtype=np.int64)) * int(aval.dtype.itemsize)
 
 
 def source_of(eqn: Any, fallback: str = "") -> str:
