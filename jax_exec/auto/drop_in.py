@@ -65,13 +65,15 @@ def value_and_grad(
     """``f(model, *args) -> (loss, grads)`` (``((loss, aux), grads)`` with ``has_aux``),
     like ``nnx.value_and_grad(loss_fn, has_aux=has_aux)``, following a plan made on the
     first call for each model (its graph definition: classes, structure, static
-    attributes) and shapes and dtypes of its state and the arguments (like
-    ``jax.jit``'s cache). ``f.plans`` holds them, ``f.plan`` is the last one used. The
-    model's state (BatchNorm statistics, RNG counters) is updated in place as the plain
-    call would. Called eagerly, the step runs compiled (one ``jax.jit`` per plan); it
-    composes with ``nnx.jit`` / ``jax.jit`` and optax. Plans are made as :func:`plan`
-    makes them (``exact=True`` unless ``plan_options`` say otherwise), so a budget means
-    the same bytes here and there.
+    attributes) and shapes, dtypes and shardings of its state and the arguments (like
+    ``jax.jit``'s cache; under jit, where arrays have no concrete sharding, a plan for
+    one device; eagerly, sharded arrays are planned per device, docs/auto.md).
+    ``f.plans`` holds them, ``f.plan`` is the last one used. The model's state
+    (BatchNorm statistics, RNG counters) is updated in place as the plain call would.
+    Called eagerly, the step runs compiled (one ``jax.jit`` per plan); it composes with
+    ``nnx.jit`` / ``jax.jit`` and optax. Plans are made as :func:`plan` makes them
+    (``exact=True`` unless ``plan_options`` say otherwise), so a budget means the same
+    bytes here and there.
     """
     if solver_of(method)[0] == "graph":
         raise ValueError(

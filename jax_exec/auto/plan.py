@@ -106,6 +106,8 @@ class Plan:
         whole_graph = self.whole_graph if whole_graph is None else whole_graph
         start = time.perf_counter()
         solver = solver_of(method)
+        if self.model.sharded:
+            _sharded_unsupported(method, solver, 0.0, platform)
         whole = whole_limit(method, whole_graph)
         base = self.base or self.model
         done = solve(base, budget, solver, options, exact, whole, platform)
@@ -307,6 +309,9 @@ def plan(
     bm = block_model(
         loss_fn, model, args, has_aux=has_aux, cost_model=cost_model, max_anchors=max_anchors
     )
+    platform = as_platform(platform)
+    if bm.sharded:
+        _sharded_unsupported(method, solver, activation_tolerance, platform)
     if activation_storages is not None and not activation_tolerance:
         raise ValueError("activation_storages: low-bit storage needs activation_tolerance > 0")
     if activation_tolerance and solver[0] == "graph":
@@ -322,9 +327,6 @@ def plan(
     devices = spread_devices((bm.traced.params, bm.traced.rest, tuple(args)))
     if isinstance(budget, str) and budget.strip() == "device":
         budget = device_room(model, args)
-    platform = as_platform(platform)
-    if bm.sharded:
-        _sharded_unsupported(method, solver, activation_tolerance, platform)
     bm.progress = report
     try:
         done = solve(bm, budget, solver, options, exact, whole, platform)
