@@ -25,6 +25,7 @@ from typing import Any
 
 import jax
 
+from jax_exec.program import placement
 from jax_exec.program.analysis import Analysis, CostModel, analyze_program
 from jax_exec.program.blocks import Block, Blocks, build_blocks, find_cuts
 from jax_exec.program.compiled import Kernel, lowered_kernel
@@ -154,9 +155,14 @@ class BlockModel:
             raise ValueError("the backward of a block runs as phases: use backward_kernels")
         key = self.kernel_key(kind, k, o)
         if key not in self._kernels:
-            placed = self.out_shardings(kind, k, o)
+            placed = placement.out_shardings(self, kind, k, o)
             self._kernels[key] = kernel_of(*self.kernel_source(kind, k, o), out_shardings=placed)
         return self._kernels[key]
+
+    def compiled(self, key: tuple) -> Kernel | None:
+        """The kernel of this key (:meth:`kernel_key`, a backward phase's with its
+        index) if this process compiled it, else None."""
+        return self._kernels.get(key)
 
     def phased(self, k: int, o: int) -> PhasedBackward:
         """Block k's backward under option o as phases (:mod:`jax_exec.program.phases`;
@@ -174,67 +180,6 @@ class BlockModel:
         pb = self.phased(k, o)
         return pb, tuple(self._kernels[(*key, j)] for j in range(len(pb.phases)))
 
-    def out_shardings(self, kind: str, k: int, o: int = 0) -> Any:
-        """Where a ``"forward"``, ``"record"`` or ``"loss"`` kernel of a sharded model
-        puts its outputs: program values where they live, parameters' gradients and
-        cotangents where their primal lives, saved residuals where XLA places them
-        (None); None for a model on one device (XLA's default)."""
-        if not self.sharded:
-            return None
-        where, lay = self.program.shardings, self.layouts[k]
-        outs, results = tuple(where[v] for v in lay.outs), tuple(where[v] for v in lay.results)
-        if kind == "forward":
-            return outs, results
-        if kind == "record":
-            return outs, results, (None,) * len(self.functions(k, o).recipe.new)
-        active = [v for v, a in zip(lay.ins, lay.act_in, strict=True) if a]
-        return (*outs, results, self.grad_shardings(k), tuple(where[v] for v in active))
-
-    def grad_shardings(self, k: int) -> tuple:
-        """Where block k's parameters' gradients go (a sharded model's): where the plain
-        step puts each parameter's (a slice of a scanned stack: where the slice lives)."""
-        program = self.program
-        where = {**program.shardings, **program.grad_shardings}
-        return tuple(where[v] for v in self.layouts[k].params)
-
-    def residual_shardings(self, k: int, o: int) -> tuple:
-        """Where block k's record kernel under option o (compiled) put the saved
-        residuals (its last outputs) of a sharded model."""
-        placed = self._kernels[self.kernel_key("record", k, o)].out_shardings
-        return placed[len(placed) - len(self.functions(k, o).recipe.new) :]
-
-    def _phase_shardings(self, k: int, o: int, upto: int) -> dict | None:
-        """value id -> sharding of block k's phased backward under option o (a sharded
-        model's): its arguments (saved residuals as its record kernel placed them,
-        cotangents as their primal), its results (parameters' gradients and cotangents,
-        as their primal) and what phases ``0..upto-1`` return, as their kernels placed
-        it; None while one of those kernels is not compiled."""
-        record = self._kernels.get(self.kernel_key("record", k, o))
-        key = self.kernel_key("backward", k, o)
-        done = [self._kernels.get((*key, j)) for j in range(upto)]
-        if record is None or None in done:
-            return None
-        pb, lay, where = self.phased(k, o), self.layouts[k], self.program.shardings
-        active = [v for v, a in zip(lay.ins, lay.act_in, strict=True) if a]
-        flags = through_flags(self, k)
-        groups = {
-            "p": lay.params, "g": lay.others, "x": lay.ins, "outs": lay.outs,
-            "results": lay.results,
-            "d_outs": [v for v, a in zip(lay.outs, lay.act_out, strict=True) if a],
-            "through": [v for v, f in zip(active, flags, strict=True) if f],
-        }  # fmt: skip
-        new = self.residual_shardings(k, o)
-        found = {
-            vid: new[i] if group == "new" else where[groups[group][i]]
-            for vid, (group, i) in zip(pb.flat.in_ids, pb.groups, strict=True)
-        }
-        placed = (*self.grad_shardings(k), *(where[v] for v in active))
-        found.update(zip(pb.results, placed, strict=True))
-        for phase, kernel in zip(pb.phases, done, strict=False):
-            made = (*phase.outs, *(vid for vid, _ in phase.extras))
-            found.update(zip(made, kernel.out_shardings, strict=True))
-        return found
-
     def _jobs(self, kind: str, k: int, o: int = 0) -> list[tuple]:
         """The kernels to compile for ``(kind, k, o)``: ``(key, kind, k, o, phase)``, a
         backward's one per phase (a sharded model's after its record kernel, whose
@@ -250,20 +195,11 @@ class BlockModel:
         None while a kernel it depends on is not compiled (a sharded model's phases)."""
         _, kind, k, o, j = job
         if j is None:
-            return self.kernel_source(kind, k, o), self.out_shardings(kind, k, o)
+            return self.kernel_source(kind, k, o), placement.out_shardings(self, kind, k, o)
+        if self.sharded:
+            return placement.phase_source(self, k, o, j, through_flags(self, k))
         pb = self.phased(k, o)
-        if not self.sharded:
-            return (pb.function(j), *pb.specs(j)), None
-        where = self._phase_shardings(k, o, j)
-        if where is None:
-            return None
-        phase = pb.phases[j]
-        specs = tuple(
-            jax.ShapeDtypeStruct(pb.avals[v].shape, pb.avals[v].dtype, sharding=where[v])
-            for v in phase.ins
-        )
-        made = (*phase.outs, *(vid for vid, _ in phase.extras))
-        return (pb.function(j), *specs), tuple(where.get(v) for v in made)
+        return (pb.function(j), *pb.specs(j)), None
 
     def _build(self, jobs: list[tuple]) -> int:
         """Compile the jobs' kernels not compiled in this process yet
@@ -280,20 +216,11 @@ class BlockModel:
             self._kernels.update(zip(ready, compiled, strict=True))
             for key in ready:
                 del todo[key]
-        if self.sharded:
-            for _, _, k, o, j in jobs:
-                if j == 0:
-                    self._place_phases(k, o)
+        for _, _, k, o, j in jobs if self.sharded else ():
+            placed = placement.per_device(self, k, o, through_flags(self, k)) if j == 0 else None
+            if placed is not None:
+                self._phases[self.kernel_key("backward", k, o)] = placed
         return total
-
-    def _place_phases(self, k: int, o: int) -> None:
-        """Block k's phased backward under option o with its figures per device, once
-        its phases are compiled (a sharded model's)."""
-        pb = self.phased(k, o)
-        where = self._phase_shardings(k, o, len(pb.phases))
-        if pb.sizes is None and where is not None:
-            sizes = {v: aval_bytes(pb.avals[v], s) for v, s in where.items()}
-            self._phases[self.kernel_key("backward", k, o)] = pb.per_device(sizes)
 
     def kernel_source(self, kind: str, k: int, o: int = 0) -> tuple:
         """``(function, *shapes)`` of a kernel, to compile with
@@ -391,7 +318,7 @@ class BlockModel:
         record = self.kernel_key("record", k, o)
         if key in self.known and record in self.known:  # where its kernel put them
             new = self._functions[key].recipe.new
-            placed = self.residual_shardings(k, o)
+            placed = placement.residual_shardings(self, k, o)
             return sum(aval_bytes(s, p) for s, p in zip(new, placed, strict=True)), True
         return saved_estimate(self, k, self.option(k, o)), False
 
