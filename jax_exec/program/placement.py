@@ -3,13 +3,15 @@
 A model whose parameters, state or arguments are sharded over several devices (``nnx.
 with_partitioning`` under a mesh, ``NamedSharding``, GSPMD) runs every kernel of the
 op-by-op runtime under GSPMD on those devices. Each value of the traced program gets
-one sharding, read, not guessed: :func:`value_shardings` compiles the forward program
-once on the sharded arguments, every value an output, and takes the shardings XLA's
-partitioner gave them. Kernels are then compiled for their inputs where they live and
-their program outputs placed there (:class:`~jax_exec.program.model.BlockModel`);
-what only a kernel makes (saved residuals, a backward's intermediates) takes the
-sharding its compiled kernel gives it, cotangents their primal's. A value's bytes on
-one device are its largest shard's (:func:`jax_exec.program.trace.aval_bytes`).
+one sharding, read, not guessed: :func:`value_shardings` compiles the training step once
+on the sharded arguments, every forward value an output besides the gradients, and
+takes the shardings XLA's partitioner gave them. Kernels are then compiled for their
+inputs where they live and their program outputs placed there (:func:`out_shardings`,
+:func:`phase_source`); what only a kernel makes (saved residuals, a backward's
+intermediates) takes the sharding its compiled kernel gives it, cotangents their
+primal's, parameters' gradients the plain step's. A value's bytes on one device are
+its largest shard's (:func:`jax_exec.program.trace.aval_bytes`); the op-by-op runtime
+measures the shards on each device (:func:`device_bytes`).
 """
 
 from __future__ import annotations
