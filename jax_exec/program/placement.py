@@ -56,7 +56,7 @@ def value_shardings(
             env = dict(zip(inputs, [*differentiated, *flat[n:]], strict=True))
             env.update(zip(consts, const_values, strict=True))
             for vid, (src, i) in sorted(program.derived.items()):
-                env[vid] = env[src][i]
+                env[vid] = jax.lax.index_in_dim(env[src], i, keepdims=False)
             evaluate(program, program.eqns, env)
             return read(env, program.loss), [env[v] for v in made]
 
