@@ -102,7 +102,9 @@ with jax.set_mesh(mesh):
         assert "planned under jax.jit" in str(err), err
     else:
         raise AssertionError("a plan for one device ran sharded arrays")
-    for q in (p, vg.plan):
+    least = p.least_budget()  # exact per device: every option's kernels compiled
+    assert least <= p.budget
+    for q in (p, vg.plan, p.replan(least)):
         result = run_checked(q, model, x, y)
         assert abs(float(result.loss) - float(loss)) <= 1e-6 * abs(float(loss))
         close(result.grads, grads)
