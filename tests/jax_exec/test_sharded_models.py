@@ -34,11 +34,12 @@ import jax_exec
 from schedir.blocks.problem import simulate_blocks
 
 
-def close(a, b):
+def close(a, b, same_shardings=True):
     scale = max(float(jnp.linalg.norm(w)) for w in jax.tree.leaves(b)) or 1.0
     for g, w in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         assert float(jnp.linalg.norm(g - w)) <= 1e-5 * scale
-        assert g.sharding.is_equivalent_to(w.sharding, g.ndim), (g.sharding, w.sharding)
+        if same_shardings:
+            assert g.sharding.is_equivalent_to(w.sharding, g.ndim), (g.sharding, w.sharding)
 
 
 def run_checked(p, model, *args):
@@ -116,7 +117,7 @@ with jax.set_mesh(mesh):
     assert dp.traced_mesh == {"data": 4, "model": 2} and dp.spmd == "gspmd"
     run = dp.run(model, x, y, mesh=mesh)
     assert abs(float(run.loss) - float(loss)) <= 1e-6 * abs(float(loss))
-    close(run.grads, grads)
+    close(run.grads, grads, same_shardings=False)  # ZeRO places them its own way
     assert run.state_bytes == dp.step.state.resident
 print("ok")
 """
