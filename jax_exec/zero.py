@@ -46,6 +46,7 @@ from jax.experimental.compute_on import compute_on
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jax_exec.program.placement import device_bytes
 from jax_exec.zero_layout import (
     AXIS,
     data_sharded,
@@ -295,13 +296,12 @@ def zero_step(
 
 
 def measured_bytes(tree: object, memory_kind: str | None = None) -> dict[int, int]:
-    """Bytes of ``tree``'s arrays on each device: ``shard.data.nbytes`` summed over every
-    array's ``addressable_shards``, keyed by device id (every device of every array).
-    ``memory_kind``: count only the arrays in that memory (``"device"``,
-    ``"pinned_host"``); devices holding none of them have 0."""
-    out: dict[int, int] = {}
-    for x in jax.tree_util.tree_leaves(tree):
-        keep = memory_kind is None or x.sharding.memory_kind == memory_kind
-        for shard in x.addressable_shards:
-            out[shard.device.id] = out.get(shard.device.id, 0) + (shard.data.nbytes if keep else 0)
+    """Bytes of ``tree``'s arrays on each device, measured from their addressable shards
+    (:func:`jax_exec.program.placement.device_bytes`), keyed by device id (every device
+    of every array). ``memory_kind``: count only the arrays in that memory
+    (``"device"``, ``"pinned_host"``); devices holding none of them have 0."""
+    arrays = jax.tree_util.tree_leaves(tree)
+    kept = [x for x in arrays if memory_kind is None or x.sharding.memory_kind == memory_kind]
+    out = {shard.device.id: 0 for x in arrays for shard in x.addressable_shards}
+    out.update((device.id, nbytes) for device, nbytes in device_bytes(kept).items())
     return out
