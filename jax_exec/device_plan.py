@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import numbers
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -201,8 +200,10 @@ class DevicePlan:
         mesh = self.traced_mesh or {AXIS: n}
         return [
             f"GSPMD on the mesh {mesh}: state bytes are per device, exact from the "
-            f"shardings; activation bytes are the global batch's whole step (every "
-            f"device's share together: as a figure per device, a conservative estimate)",
+            f"shardings; activation bytes are per device as the planner placed the "
+            f"traced step's values on the arrays it was given (a batch given unsharded "
+            f"counts whole on every device: conservative for the step, which splits it "
+            f"over {AXIS!r})",
             f"the model shards {own} of {len(self.params)} parameter tensors over {AXIS!r} "
             f"itself (kept sharded under every stage); ZeRO-3 splits {added} more",
         ]  # fmt: skip
@@ -280,10 +281,8 @@ class DevicePlan:
         for name, tree in trees.items():
             measured[name] = measured_bytes(tree, memory_kind="device")
         measured["host"] = measured_bytes(state.opt_state, memory_kind=HOST)
-        if self.spmd == "gspmd":
-            with warnings.catch_warnings():  # the op-by-op run gathers on one device
-                warnings.filterwarnings("ignore", message="Plan.run: ")
-                activations = self.activation_plan.run(model, *args)
+        if self.spmd == "gspmd":  # op by op on the sharded arrays, bytes per device
+            activations = self.activation_plan.run(model, *args)
         else:
             activations = self.activation_plan.run(
                 model, *per_device(tuple(args), self.data_parallel)
