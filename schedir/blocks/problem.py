@@ -29,6 +29,15 @@ the resident buffers right after it adds its output, plus its temporary bytes (p
 forwards ``fwd_tmp``, recording forwards the option's ``rec_tmp``, backwards its
 ``bwd_tmp`` minus its ``bwd_release``, the loss ``loss_tmp``).
 
+**Late residuals in host memory.** An option may keep ``host`` bytes of its saved
+residuals in host memory from its recording until the backward phase that first reads
+them (a *late-residual* variant: its backward's first phase does not read them). Its
+``saved`` counts the device part only; its ``rec_tmp`` includes the residuals' bytes
+(the recording makes them on the device, then copies them out) and its ``bwd_tmp`` /
+``bwd_release`` the bytes brought back from their phase on. While such a recording is
+held (``abar[k+1]``, on the device or offloaded) its host bytes count in
+``Trace.host_resident``, once; a whole-buffer copy moves its device part only.
+
 :meth:`BlockChain.to_chain` turns a choice of options into a plain
 :class:`~schedir.chain.Chain` whose sizes are the per-buffer sums (and fwd_tmp the
 larger of the plain and recording forward): its simulated peak is never below this
@@ -85,6 +94,8 @@ class BlockOption:
         bwd_release: bytes of the stage's own buffers (its saved residuals, the values
             it makes and their cotangents) the backward has freed at its peak; at most
             those bytes (checked by :class:`BlockChain`).
+        host: bytes of its saved residuals kept in host memory from the recording
+            until the backward brings them back (not in ``saved``; module docstring).
     """
 
     name: str
@@ -94,9 +105,10 @@ class BlockOption:
     bwd_time: float
     bwd_tmp: int
     bwd_release: int = 0
+    host: int = 0
 
     def __post_init__(self) -> None:
-        for f in ("saved", "rec_tmp", "bwd_tmp", "bwd_release"):
+        for f in ("saved", "rec_tmp", "bwd_tmp", "bwd_release", "host"):
             object.__setattr__(self, f, _int(f"option {self.name!r}.{f}", getattr(self, f)))
         for f in ("rec_time", "bwd_time"):
             object.__setattr__(self, f, _time(f"option {self.name!r}.{f}", getattr(self, f)))
@@ -196,12 +208,12 @@ class BlockChain:
         for k, stage in enumerate(stages):
             own = self.own_bytes(k, produced[k])
             for o in stage.options:
-                if o.bwd_release > o.saved + own:
+                if o.bwd_release > o.saved + o.host + own:
                     raise InvalidProblem(
                         f"stages[{k}] ({stage.name}) option {o.name!r}.bwd_release = "
                         f"{o.bwd_release}: a backward frees at most the stage's own "
-                        f"{o.saved + own} bytes (saved residuals, values it makes, their "
-                        f"cotangents)"
+                        f"{o.saved + o.host + own} bytes (saved residuals, values it makes, "
+                        f"their cotangents)"
                     )
         for c in range(1, L):
             for v in cuts[c]:
@@ -365,7 +377,8 @@ def simulate_blocks(problem: BlockChain, schedule_or_ops, *, record_buffers: boo
     ``Wait`` on ``a``, ``abar`` and ``d`` buffers), with the rules of
     :mod:`schedir.offload.effects` in program order: a buffer counts on the device
     from its ``Prefetch`` until its ``Wait`` after an ``Offload``, and its host copy in
-    ``host_resident`` (copies take no time on the compute stream here).
+    ``host_resident`` (copies take no time on the compute stream here). An option's
+    ``host`` bytes count in ``host_resident`` while its recording is held.
 
     Raises :class:`InvalidSchedule` naming the op, as the chain simulator does, and
     when the schedule is not a :class:`BlockSchedule` of valid options.
@@ -380,24 +393,31 @@ def simulate_blocks(problem: BlockChain, schedule_or_ops, *, record_buffers: boo
         if kind == "d":
             return frozenset(("d", v, r) for v, r in problem.grad_ids(c))
         base = frozenset(("v", v) for v in problem.cuts[c])
-        return base | {("s", c - 1)} if kind == "abar" else base
+        if kind != "abar":
+            return base
+        late = problem.stages[c - 1].options[opts[c - 1]].host > 0
+        return base | {("s", c - 1)} | ({("h", c - 1)} if late else set())
 
     def nbytes(item: tuple) -> int:
         if item[0] == "v":
             return vsize[item[1]]
         if item[0] == "d":
             return gsize[item[1]]
-        stage = item[1]
-        return problem.stages[stage].options[opts[stage]].saved
+        option = problem.stages[item[1]].options[opts[item[1]]]
+        return option.saved if item[0] == "s" else option.host
 
     resident: dict[tuple[str, int], frozenset] = {("a", 0): members(("a", 0))}
     host: dict[tuple[str, int], frozenset] = {}
     states = CopyStates({("a", 0): "dev"})
     done = [False] * (L + 1)
 
-    def total(held: dict) -> int:
+    def total(held: dict) -> int:  # device bytes: late residuals ("h") are on the host
         live = set().union(*held.values()) if held else set()
-        return sum(nbytes(i) for i in live)
+        return sum(nbytes(i) for i in live if i[0] != "h")
+
+    def host_total() -> int:  # copies of offloaded buffers and held late residuals, once
+        late = {i for held in resident.values() for i in held if i[0] == "h"}
+        return sum(nbytes(i) for i in late.union(*host.values()))
 
     def fail(i: int, op, why: str) -> InvalidSchedule:
         return InvalidSchedule(f"op {i}: {op}: {why}")
@@ -423,7 +443,7 @@ def simulate_blocks(problem: BlockChain, schedule_or_ops, *, record_buffers: boo
                 del host[buf]
             now = total(resident)
             recorder.record(now, now, 0.0, lambda: (f"{b[0]}[{b[1]}]" for b in resident))
-            host_after.append(total(host))
+            host_after.append(host_total())
             continue
         try:  # the chain's op table; the costs are the block options'
             reads, adds, frees = buffer_moves(op, L, resident)
@@ -461,7 +481,7 @@ def simulate_blocks(problem: BlockChain, schedule_or_ops, *, record_buffers: boo
             del resident[buf]
         done[k] = done[k] or isinstance(op, Loss | B)
         recorder.record(need, total(resident), dt, lambda: (f"{b[0]}[{b[1]}]" for b in resident))
-        host_after.append(total(host))
+        host_after.append(host_total())
     check_complete_step(done, len(ops))
     trace = recorder.trace(ops)
     return dataclasses.replace(trace, host_resident=tuple(host_after))

@@ -251,3 +251,112 @@ def test_ties_are_broken_towards_one_option_per_kind_of_stage():
     assert uniform_options(tie, ops, [1, 1, 0, 1], budget) == [1, 1, 0, 1]
     trade = chain(opt("fast", saved=6, rec_time=1.0), opt("slow", saved=2, rec_time=3.0))
     assert uniform_options(trade, ops, [0, 1, 1, 1], 10**6) == [0, 1, 1, 1]  # not a tie
+
+
+# ------------------------------------------------- late residuals in host memory
+
+
+def late_chain(host: int, saved: int = 4, release: int = 0) -> BlockChain:
+    """Two stages on a path of 10-byte values; stage 0's option keeps ``saved`` bytes
+    on the device and ``host`` in host memory (its recording makes both: rec_tmp 3 +
+    host), and its backward needs 7 bytes beyond what it frees (``release``)."""
+    late = BlockOption("late", saved, 1.0, 3 + host, 2.0, 7 + release, release, host)
+    stages = (
+        BlockStage("s0", 1.0, 0, (), (late,)),
+        BlockStage("s1", 1.0, 0, (1,), (opt(saved=5),)),
+    )
+    return BlockChain((10, 10, 10), (10, 10, 10), ((), (1,), (2,)), stages, 1.0, 0)
+
+
+def test_late_residuals_counted_in_host_memory_by_hand():
+    ops = [F_all(0), F_all(1), Loss(), B(1), B(0)]
+    t = simulate_blocks(late_chain(host=6), BlockSchedule(ops, {}, [0, 0]))
+    # F_all(0): abar1 = a1 (10) + its device part 4; the recording held the host part too
+    assert (t.resident[0], t.op_peak[0]) == (14, 14 + 3 + 6)
+    assert t.resident[1:3] == (14 + 15, 14 + 15 + 10)  # abar2 = 10 + 5; d2 = 10
+    # B(1) frees abar2 and d2, adds d1; B(0) needs 7 over d1 and abar1, then frees all
+    assert t.op_peak[4] == 10 + 14 + 7 and t.resident[4] == 0
+    assert t.host_resident == (6, 6, 6, 6, 0)  # held from the recording until B(0)
+    # host = 0: the same device bytes and nothing in host memory
+    t0 = simulate_blocks(late_chain(host=0), BlockSchedule(ops, {}, [0, 0]))
+    assert t0.resident == t.resident and t0.host_resident == (0,) * 5
+    assert t0.op_peak[0] == t.op_peak[0] - 6
+    # every residual late: the recording's device part is its outputs only
+    t_all = simulate_blocks(late_chain(host=10, saved=0), BlockSchedule(ops, {}, [0, 0]))
+    assert t_all.resident[0] == 10 and t_all.host_resident[:4] == (10,) * 4
+    # recomputed (F_ck), never recorded: nothing in host memory
+    ck = [F_ck(0), F_all(1), Loss(), B(1), F_all(0), B(0)]
+    t_ck = simulate_blocks(late_chain(host=6), BlockSchedule(ck, {}, [0, 0]))
+    assert t_ck.host_resident == (0, 0, 0, 0, 6, 0)
+
+
+def test_a_backward_may_free_its_late_residuals():
+    own = 10 + 10  # stage 0 makes value 1 and frees d[1]'s cotangent of it
+    late_chain(host=6, saved=4, release=4 + 6 + own)  # a phase that frees them all
+    with pytest.raises(InvalidProblem, match="option 'late'.bwd_release = 31: .* at most .* 30"):
+        late_chain(host=6, saved=4, release=4 + 6 + own + 1)
+    with pytest.raises(InvalidProblem, match="option 'x'.host = -1"):
+        BlockOption("x", 0, 1.0, 0, 1.0, 0, 0, -1)
+    p = late_chain(host=6)
+    assert BlockChain.from_dict(p.to_dict()) == p
+    old = p.to_dict()
+    for stage in old["stages"]:  # JSON written before the field existed
+        for o in stage["options"]:
+            del o["host"]
+    assert BlockChain.from_dict(old).stages[0].options[0].host == 0
+
+
+def test_an_offloaded_recording_moves_its_device_part_only():
+    from schedir.offload.ops import Offload, Prefetch, Wait
+
+    ops = [F_all(0), F_all(1), Offload("abar[1]"), Wait("abar[1]"), Loss(),
+           Prefetch("abar[1]"), Wait("abar[1]"), B(1), B(0)]  # fmt: skip
+    t = simulate_blocks(late_chain(host=6), BlockSchedule(ops, {}, [0, 0]))
+    # offloaded: the device part (10 + 4) joins the host part (6), counted once
+    assert t.host_resident == (6, 6, 20, 20, 20, 20, 6, 6, 0)
+    assert t.resident[3] == 15 and t.resident[5] == 25 + 14  # prefetched: its device part
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_dp_with_late_variants_equals_brute_force(seed):
+    """Options whose recordings keep part of their residuals in host memory: the device
+    figures are those of the same option without that part (rec_tmp and the backward
+    carry it), host memory holds it while the recording is held, and the DP still
+    finds the brute-force optimum."""
+    rng = random.Random(1000 + seed)
+    p = random_chain(rng, rng.randint(1, 3))
+
+    def variant(k: int, o: BlockOption) -> BlockOption:
+        host = rng.randint(1, 6)
+        top = o.saved + host + p.own_bytes(k)
+        release = rng.choice([0, rng.randint(0, top)])
+        return dataclasses.replace(o, name=o.name + "+late", rec_tmp=o.rec_tmp + host,
+                                   bwd_tmp=o.bwd_tmp + host + release, bwd_release=release,
+                                   host=host)  # fmt: skip
+
+    stages = tuple(
+        dataclasses.replace(s, options=(*s.options, *(variant(k, o) for o in s.options)))
+        for k, s in enumerate(p.stages)
+    )
+    q = dataclasses.replace(p, stages=stages)
+    for options in itertools.product(*(range(len(s.options)) for s in q.stages)):
+        for ops in trees(0, q.length, q.length):
+            t = simulate_blocks(q, BlockSchedule(ops, {}, list(options)))
+            held = [False] * q.length  # recordings held after each op, by hand
+            host = []
+            for op in ops:
+                if isinstance(op, F_all):
+                    held[op.index] = True
+                elif isinstance(op, B):
+                    held[op.index] = False
+                host.append(sum(q.stages[k].options[options[k]].host
+                                for k in range(q.length) if held[k]))  # fmt: skip
+            assert list(t.host_resident) == host
+    points = brute_force(q)
+    least = min(peak for peak, _ in points)
+    assert least_memory(q)[0] == least
+    for budget in sorted({peak for peak, _ in points}):
+        best = min(ms for peak, ms in points if peak <= budget)
+        s = solvers.solve(q, budget, method="block_rotor")
+        assert s.meta["makespan"] == pytest.approx(best, abs=1e-9)
+        assert s.meta["peak_memory"] <= budget
