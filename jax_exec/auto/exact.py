@@ -13,7 +13,7 @@ from jax_exec.auto.methods import fixed_options, solve_fixed
 from jax_exec.auto.offload import has_host_link, joint_plans
 from jax_exec.auto.reference import StoreAll, reference_schedule
 from jax_exec.auto.whole import fallback, small_enough, whole_plan
-from jax_exec.program.model import BlockModel, build_problem
+from jax_exec.program.model import BlockModel, build_problem, with_late_residuals
 from schedir import Platform, Schedule, simulate
 from schedir.blocks.schedule import BlockSchedule
 from schedir.budget import in_units_of, parse_budget
@@ -41,14 +41,22 @@ def solve(
     platform: Platform | None = None,
 ) -> Solved:  # fmt: skip
     """:func:`_solve_lazily`; with low-bit storage, until the schedule's measured
-    gradient error is within the tolerance (:func:`jax_exec.auto.lowbit.within_tolerance`)."""
+    gradient error is within the tolerance (:func:`jax_exec.auto.lowbit.within_tolerance`).
+    With a host link, the block DP solves a copy of ``bm`` whose options have their
+    late-residual variants too (:func:`jax_exec.program.model.with_late_residuals`)."""
+
+    def offered() -> BlockModel:
+        if solver == ("blocks", "block_rotor") and has_host_link(platform):
+            return with_late_residuals(bm, platform)
+        return bm
+
     if getattr(bm, "tolerance", 0.0) > 0:
         from jax_exec.auto.lowbit import within_tolerance
 
         return within_tolerance(
-            bm, lambda: _solve_lazily(bm, budget, solver, options, exact, 0, platform)
+            bm, lambda: _solve_lazily(offered(), budget, solver, options, exact, 0, platform)
         )
-    return _solve_lazily(bm, budget, solver, options, exact, whole, platform)
+    return _solve_lazily(offered(), budget, solver, options, exact, whole, platform)
 
 
 # Exact planning compiles the kernels each answer runs and solves again; after this many

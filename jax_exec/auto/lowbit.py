@@ -186,10 +186,10 @@ class LowBitModel(BlockModel):
         return self._functions[key]
 
     def functions(self, k: int, o: int) -> BlockFunctions:
-        return self.option_functions(k, self.option(k, o))
+        return self.option_functions(k, self.option(k, o).on_device())
 
     def saved_bytes(self, k: int, o: int) -> tuple[int, bool]:
-        option = self.option(k, o)
+        option = self.option(k, o).on_device()
         if isinstance(option, LowBitOption):  # traced: compressed bytes are exact
             return self.option_functions(k, option).recipe.new_bytes, True
         return super().saved_bytes(k, o)
@@ -343,16 +343,17 @@ def with_lowbit(
 def within_tolerance(model: LowBitModel, solve: Callable[[], Any]) -> Any:
     """``solve()`` until the schedule's measured gradient error is within the model's
     tolerance, withdrawing the least precise storage the schedule uses each time it is
-    not (module docstring); the report in ``schedule.meta["lowbit"]``."""
+    not (module docstring); the report in ``schedule.meta["lowbit"]``. The schedule is
+    of the solve's model (``solved.model``: ``model``, or a copy with more options)."""
     order = {s: i for i, s in enumerate(STORAGES)}
     while True:
         solved = solve()
-        schedule = solved.schedule
+        schedule, solved_model = solved.schedule, solved.model
         options = schedule.options
-        used = {storage_of(model, k, o) for k, o in enumerate(options)} - {None}
-        error = measured_error(model, schedule) if used else 0.0
+        used = {storage_of(solved_model, k, o) for k, o in enumerate(options)} - {None}
+        error = measured_error(solved_model, schedule) if used else 0.0
         if error <= model.tolerance or not used:
-            schedule.meta["lowbit"] = lowbit_report(model, options, error)
+            schedule.meta["lowbit"] = lowbit_report(solved_model, options, error)
             return solved
         kept = {storage_of(model, k, o) for k in range(model.length)
                 for o in range(len(model.options[k]))} - {None}  # fmt: skip
@@ -367,7 +368,7 @@ def lowbit_report(model: LowBitModel, options: list, error: float) -> dict:
     full precision)."""
     storage, saved = [], 0
     for k, o in enumerate(options):
-        option = model.option(k, o)
+        option = model.option(k, o).on_device()
         storage.append(option.storage if isinstance(option, LowBitOption) else None)
         if isinstance(option, LowBitOption):
             full = model.option_functions(k, option.base).recipe.new_bytes

@@ -64,6 +64,13 @@ class Buffers:
         """Remove buffer ``name``; delete its arrays that no other buffer holds."""
         self._delete_unheld(self.table.pop(name).values())
 
+    def replace(self, name: Hashable, key: Any, array: Any) -> None:
+        """Put ``array`` under ``key`` in buffer ``name`` (a copy in another memory);
+        delete the array it replaces if no buffer holds it."""
+        old = self.table[name][key]
+        self.table[name][key] = array
+        self._delete_unheld([old])
+
     def release(self, name: Hashable, key: Any) -> None:
         """Take ``key`` out of buffer ``name``; delete its array if no buffer holds it."""
         self._delete_unheld([self.table[name].pop(key)])

@@ -22,6 +22,7 @@ first forward of each block; recomputations make the same values, which are drop
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -40,22 +41,32 @@ from schedir.offload.ops import Evict, Offload, Prefetch, Wait
 
 
 def run_backward(
-    buf: Buffers, pb: Any, kernels: tuple, args: tuple, holders: dict | None, k: int
-) -> tuple:
+    buf: Buffers, pb: Any, kernels: tuple, args: tuple, holders: dict | None, k: int,
+    fetch: Callable[[Any], Any] | None = None,
+) -> tuple:  # fmt: skip
     """Run block k's backward phases (:mod:`jax_exec.program.phases`) on ``args`` (its eight
     argument groups): before each phase, free the block's own inputs no later phase
     reads (``holders``: group -> per argument, its buffer and key; None: free none, as
     graph nodes are freed by their own ops); after it, the intermediates no later
     phase reads. Intermediates are held in buffer
-    ``("phase", k)`` (parameters' gradients outside). Returns ``(d_p, d_x, need,
-    temp)``: need is the largest over phases of the live bytes after its outputs plus
-    its kernel's temporary bytes, temp that kernel's."""
+    ``("phase", k)`` (parameters' gradients outside). ``fetch``: of a late-residual
+    variant (its late residuals in host memory, ``holders`` given), copies an array to
+    the device: they come back before the first phase that reads one of them. Returns
+    ``(d_p, d_x, need, temp)``: need is the largest over phases of the live bytes after
+    its outputs plus its kernel's temporary bytes, temp that kernel's."""
     env = dict(zip(pb.flat.in_ids, jax.tree_util.tree_leaves(args), strict=True))
     dp = set(pb.results[: pb.n_dp])
     scratch = ("phase", k)
     buf.table[scratch] = {}
     need, temp = -1, 0
+    late, first = (pb.late_residuals(), pb.late()[1]) if fetch is not None else ({}, -1)
     for j, (phase, kernel) in enumerate(zip(pb.phases, kernels, strict=True)):
+        if j == first:
+            for pos, (group, i) in enumerate(pb.groups):
+                if group == "new" and i in late:
+                    name, key = holders["new"][i]
+                    env[pb.flat.in_ids[pos]] = fetch(buf.table[name][key])
+                    buf.replace(name, key, env[pb.flat.in_ids[pos]])
         for pos in pb.free_args[j] if holders is not None else ():
             group, i = pb.groups[pos]
             buf.release(*holders[group][i])
@@ -97,7 +108,9 @@ def run_schedule(
     loss = None
     states = CopyStates({("a", 0): "dev"})
     memory = _Memories(gv)
-    copies = any(isinstance(op, Offload | Prefetch | Wait | Evict) for op in schedule.ops)
+    copies = any(isinstance(op, Offload | Prefetch | Wait | Evict) for op in schedule.ops) or any(
+        model.option(k, o).late for k, o in enumerate(options)
+    )
     meter = OpMeter(buf.nbytes())
 
     def inputs(k: int, src: dict) -> tuple:
@@ -155,9 +168,11 @@ def run_schedule(
                 "through": [(("d", k + 1), v) for v, f in zip(active, flags, strict=True) if f],
             }
             pb, kernels = model.backward_kernels(k, options[k])
+            fetch = memory.to_device_only if model.option(k, options[k]).late else None
             d_p, d_x, need, temp = run_backward(
-                buf, pb, kernels, (p, g, x, outs, res, new, d_outs, through), holders, k
+                buf, pb, kernels, (p, g, x, outs, res, new, d_outs, through), holders, k, fetch
             )
+            memory.late.pop(("abar", k + 1), None)
             add_grads(k, d_p)
             d_here = dict(zip(active, d_x, strict=True))
             for v in cuts[k]:  # cotangents block k does not touch keep their array
@@ -189,6 +204,8 @@ def run_schedule(
             buf.table[out] = values
             temp = kernel.temp_bytes
             need = buf.nbytes() + temp
+            if isinstance(op, F_all):  # a late-residual variant's: to host memory now
+                memory.keep_on_host(buf, out, model.late_residuals(k, options[k]))
         states.add(out)
         for name in frees:
             states.free(name)
@@ -207,7 +224,9 @@ class _Memories:
     """The device's default memory and its ``pinned_host`` memory (the arrays' device:
     the first global value's, or JAX's default device), and the copies between them. A
     value held by several buffers is copied once each way, as the simulator counts it
-    once: an array already in host memory (or still on the device) is shared."""
+    once: an array already in host memory (or still on the device) is shared. A
+    late-residual variant's late residuals stay in host memory from its recording to
+    its backward (:meth:`keep_on_host`): whole-buffer copies leave them where they are."""
 
     def __init__(self, gv: dict) -> None:
         arrays = [a for a in gv.values() if isinstance(a, jax.Array)]
@@ -216,6 +235,22 @@ class _Memories:
         self.host = jax.sharding.SingleDeviceSharding(device, memory_kind=HOST)
         self.host_copy: dict[int, tuple] = {}  # device array id -> (device array, host array)
         self.device_copy: dict[int, tuple] = {}  # host array id -> (host array, device array)
+        self.late: dict[Any, frozenset] = {}  # buffer -> keys of its late residuals
+
+    def keep_on_host(self, buf: Buffers, name: Any, late: dict) -> None:
+        """Move the residuals ``("new", i)`` for ``i`` in ``late`` of buffer ``name`` (a
+        recording) to host memory, until its backward fetches them."""
+        if not late:
+            return
+        keys = frozenset(("new", i) for i in late)
+        for key in sorted(keys):
+            buf.replace(name, key, jax.device_put(buf.table[name][key], self.host))
+        jax.block_until_ready([buf.table[name][key] for key in keys])
+        self.late[name] = keys
+
+    def to_device_only(self, arr: Any) -> Any:
+        """A late residual back on the device (its host array is then deleted)."""
+        return jax.block_until_ready(jax.device_put(arr, self.device))
 
     def to_host(self, buf: Buffers, arr: Any) -> Any:
         held = self.host_copy.get(id(arr))
@@ -238,10 +273,13 @@ class _Memories:
     def copy(self, buf: Buffers, change: CopyEffect) -> None:
         """Carry out one copy effect on ``buf`` (host copies in buffer ``("host", b)``)."""
         name, on_host = change.buffer, ("host", change.buffer)
+        late = self.late.get(name, frozenset())  # in host memory already: they stay
         if change.starts == "offload":  # the device arrays stay until the Wait
-            buf.table[on_host] = {k: self.to_host(buf, a) for k, a in buf.table[name].items()}
+            buf.table[on_host] = {k: a if k in late else self.to_host(buf, a)
+                                  for k, a in buf.table[name].items()}  # fmt: skip
         elif change.starts == "prefetch":  # the device arrays count from now on
-            buf.table[name] = {k: self.to_device(buf, a) for k, a in buf.table[on_host].items()}
+            buf.table[name] = {k: a if k in late else self.to_device(buf, a)
+                               for k, a in buf.table[on_host].items()}  # fmt: skip
         elif change.device_drop:  # an offload waited for (or an eviction)
             jax.block_until_ready(list(buf.table.get(on_host, {}).values()))
             buf.drop(name)

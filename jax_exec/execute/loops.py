@@ -231,8 +231,10 @@ def _run_at(model: BlockModel, options: tuple, chain: list[int], top: bool) -> S
 
 def scan_runs(model: BlockModel, schedule: Schedule) -> dict[int, ScanRun]:
     """The scan runs of ``schedule``'s tree, by first block (:class:`ScanRun`), in the
-    Record chains at every level (the top, inside Segments)."""
+    Record chains at every level (the top, inside Segments). A late-residual variant's
+    block is in none (a loop's residuals stay on the device)."""
     options = schedule_options(model.problem, schedule)
+    late = {k for k, o in enumerate(options) if model.option(k, o).late}
     found: dict[int, ScanRun] = {}
 
     def walk(node: Any, top: bool) -> None:
@@ -242,10 +244,14 @@ def scan_runs(model: BlockModel, schedule: Schedule) -> dict[int, ScanRun]:
                 node = node.after
                 continue
             chain, cur = [node.index], node
-            while isinstance(cur.rest, Record) and cur.rest.index == chain[-1] + 1:
+            while (
+                isinstance(cur.rest, Record)
+                and cur.rest.index == chain[-1] + 1
+                and cur.rest.index not in late
+            ):
                 cur = cur.rest
                 chain.append(cur.index)
-            run = _run_at(model, options, chain, top)
+            run = None if node.index in late else _run_at(model, options, chain, top)
             skip = 1 if run is None else run.period * run.length
             if run is not None:
                 found[node.index] = run

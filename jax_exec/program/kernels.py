@@ -32,7 +32,7 @@ The loss stage's kernel is ``loss_step(p, g, x) -> (loss, results, d_p, d_x)``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import jax
@@ -56,15 +56,25 @@ class SaveOption:
         names: for ``"names"``: the local keys ``(equation offset, output index)`` of
             the materialized values saved.
         label: display name (``"save all"``, ``"checkpoint_dots"``, ``"save 3/7"``...).
+        late: a late-residual variant (offered with a host link only): the same
+            recording and backward, the saved residuals its backward's first phase
+            does not read kept in host memory until the phase that first reads them
+            (:meth:`jax_exec.program.phases.PhasedBackward.late_residuals`).
     """
 
     kind: str
     names: frozenset = frozenset()
     label: str = ""
+    late: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in OPTION_KINDS:
             raise ValueError(f"SaveOption.kind = {self.kind!r}: expected one of {OPTION_KINDS}")
+
+    def on_device(self) -> SaveOption:
+        """The option whose functions and recording this one runs: itself, or the
+        variant's option with every saved residual on the device."""
+        return replace(self, late=False) if self.late else self
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ schedule uses, :func:`jax_exec.auto.plan.plan`). Times come from the roofline mo
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import os
@@ -37,9 +38,10 @@ from jax_exec.program.kernels import (
     layout,
     loss_function,
 )
-from jax_exec.program.phases import PhasedBackward, phased_backward
+from jax_exec.program.phases import LATE_PHASES, MAX_PHASES, PhasedBackward, phased_backward
 from jax_exec.program.placement import place, spread, value_shardings
 from jax_exec.program.trace import Program, Traced, aval_bytes, trace
+from schedir import Platform
 from schedir.blocks.problem import BlockChain, BlockOption, BlockStage
 
 
@@ -56,6 +58,8 @@ class BlockModel:
         value_index: cut value id -> index in the problem's ``value_sizes``.
         problem: the block chain (exact bytes; roofline seconds).
         cost_model: the roofline model of the times.
+        host_link: the platform whose host link the late-residual variants' copies
+            take (:func:`with_late_residuals`; None: no variant).
     """
 
     traced: Traced
@@ -66,6 +70,7 @@ class BlockModel:
     value_index: dict
     problem: BlockChain | None = None
     cost_model: CostModel = field(default_factory=CostModel)
+    host_link: Platform | None = None
     # Functions, phases and kernels by what they compute (BlockModel.identity): shared by
     # identical blocks and, through these process-wide tables, by every plan of the
     # process (another budget, value_and_grad's plans, the same layers in another model).
@@ -127,7 +132,7 @@ class BlockModel:
         """Traceable functions of block k under its option o (shared by identical
         blocks; the loss stage has one option: plain autodiff)."""
         block = self.blocks.blocks[k]
-        option = self.option(k, o)
+        option = self.option(k, o).on_device()
         key = (self.identity(k), option)
         if key not in self._functions:
             self._functions[key] = block_functions(
@@ -141,8 +146,11 @@ class BlockModel:
         return self.options[k][o]
 
     def kernel_key(self, kind: str, k: int, o: int = 0) -> tuple:
-        """Cache key of a kernel: identical blocks share it."""
+        """Cache key of a kernel: identical blocks share it (a late-residual variant
+        shares its option's recording; its backward has phases of its own)."""
         option = self.option(k, o) if kind in ("record", "backward") else None
+        if kind == "record":
+            option = option.on_device()
         flags = through_flags(self, k) if kind == "backward" else ()
         return (kind, self.identity(k), option, flags)
 
@@ -166,12 +174,19 @@ class BlockModel:
 
     def phased(self, k: int, o: int) -> PhasedBackward:
         """Block k's backward under option o as phases (:mod:`jax_exec.program.phases`;
-        inputs that later blocks read too get their cotangent from ``d[k+1]`` added)."""
+        inputs that later blocks read too get their cotangent from ``d[k+1]`` added;
+        a late-residual variant's: up to ``LATE_PHASES``)."""
         key = self.kernel_key("backward", k, o)
         if key not in self._phases:
             fn, *args = self.kernel_source("backward", k, o)
-            self._phases[key] = phased_backward(fn, tuple(args))
+            most = LATE_PHASES if self.option(k, o).late else MAX_PHASES
+            self._phases[key] = phased_backward(fn, tuple(args), most)
         return self._phases[key]
+
+    def late_residuals(self, k: int, o: int) -> dict[int, int]:
+        """Index in the recording's new residuals -> bytes, of those block k's option o
+        keeps in host memory (empty unless a late-residual variant)."""
+        return self.phased(k, o).late_bytes() if self.option(k, o).late else {}
 
     def backward_kernels(self, k: int, o: int) -> tuple[PhasedBackward, tuple[Kernel, ...]]:
         """The phases of block k's backward under option o and their compiled kernels."""
@@ -245,19 +260,18 @@ class BlockModel:
         through = tuple(spec(v) if f else None for v, f in zip(act_ins, flags, strict=True))
         return (fns.backward, *specs, outs, results, fns.recipe.new, d_outs, through)
 
-    def backward_bytes(
-        self, k: int, o: int, lower: bool = False, late: bool = False
-    ) -> tuple[int, int, bool]:
+    def backward_bytes(self, k: int, o: int, lower: bool = False) -> tuple[int, int, bool]:
         """``(bwd_tmp, bwd_release, exact)`` of block k's backward under option o: from
         its phases' compiled temporaries once compiled
         (:meth:`~jax_exec.program.phases.PhasedBackward.effective`), else an estimate of
         one kernel's that frees nothing (:func:`jax_exec.program.options.temp_estimate`).
         ``lower``: a lower bound instead of an estimate where the phases are traced
-        (uncompiled phases' temporaries taken as 0; both figures grow with them).
-        ``late``: of its late-residual variant (:meth:`PhasedBackward.late`), exact or
-        with ``lower`` only."""
+        (uncompiled phases' temporaries taken as 0; both figures grow with them). A
+        late-residual variant's bytes back from host memory count from their phase on
+        (its phases are traced when it is made, :func:`with_late_residuals`)."""
         from jax_exec.program.options import temp_estimate
 
+        late = self.option(k, o).late
         key = self.kernel_key("backward", k, o)
         if key in self._phases:
             pb = self._phases[key]
@@ -267,14 +281,10 @@ class BlockModel:
                 return (*pb.effective(temps, late), True)
             if lower:
                 return (*pb.effective(temps, late), False)
-        if late:
-            raise ValueError(
-                f"block {k} option {o}: the late-residual variant needs its phases compiled, "
-                f"or lower=True after trace_options()"
-            )
         if lower:
             raise ValueError(f"block {k} option {o}: no lower bound before trace_options()")
-        return temp_estimate(self, "backward", k, self.option(k, o)), 0, False
+        host = sum(self.late_residuals(k, o).values())  # back on the device at its peak
+        return temp_estimate(self, "backward", k, self.option(k, o).on_device()) + host, 0, False
 
     def temp_bytes(self, kind: str, k: int, o: int = 0, lower: bool = False) -> tuple[int, bool]:
         """``(bytes, exact)``: the kernel's compiled temporary bytes if it was compiled,
@@ -304,19 +314,22 @@ class BlockModel:
         for k in range(self.length):
             for o in range(len(self.options[k])):
                 self.phased(k, o)  # traces the recording too (its recipe)
-                self.known.add((self.identity(k), self.option(k, o)))
+                self.known.add((self.identity(k), self.option(k, o).on_device()))
 
     def saved_bytes(self, k: int, o: int) -> tuple[int, bool]:
         """``(bytes, exact)``: what block k's recording keeps under option o beyond its
-        outputs: the traced recipe's new residuals once traced, else the model's
-        estimate (:func:`jax_exec.program.options.saved_estimate`)."""
+        outputs (on the device and, for a late-residual variant, in host memory): the
+        traced recipe's new residuals once traced (a variant's always are: it is made
+        from its traced phases), else the model's estimate
+        (:func:`jax_exec.program.options.saved_estimate`)."""
         from jax_exec.program.options import saved_estimate
 
-        key = (self.identity(k), self.option(k, o))
-        if key in self.known and not self.sharded:
+        key = (self.identity(k), self.option(k, o).on_device())
+        traced = key in self.known or self.option(k, o).late  # a variant's always is
+        if traced and not self.sharded:
             return self._functions[key].recipe.new_bytes, True
         record = self.kernel_key("record", k, o)
-        if key in self.known and record in self.known:  # where its kernel put them
+        if traced and record in self.known:  # where its kernel put them
             new = self._functions[key].recipe.new
             placed = placement.residual_shardings(self, k, o)
             return sum(aval_bytes(s, p) for s, p in zip(new, placed, strict=True)), True
@@ -374,8 +387,8 @@ class BlockModel:
         jobs: list[tuple] = []
         new: list = []
         for kind, k, o in kernels:
-            if kind in ("record", "backward"):
-                new.append((self.identity(k), self.option(k, o)))  # its recording, traced
+            if kind in ("record", "backward"):  # its recording, traced
+                new.append((self.identity(k), self.option(k, o).on_device()))
             found = self._jobs(kind, k, o)
             jobs += found
             new += [job[0] for job in found]
@@ -482,7 +495,11 @@ def build_problem(model: BlockModel, lower: bool = False) -> BlockChain:
     (traced shapes); temporaries of the compiled kernels, or estimates for kernels not
     compiled yet (:meth:`BlockModel.temp_bytes`), or with ``lower`` lower bounds of
     them (every figure of the problem then bounds the exact one from below, once
-    :meth:`BlockModel.trace_options` made the saved bytes exact)."""
+    :meth:`BlockModel.trace_options` made the saved bytes exact). A late-residual
+    variant (:func:`with_late_residuals`) keeps ``host`` bytes out of ``saved``; its
+    recording holds them on the device before their copy out (``rec_tmp``), and the
+    copies each way are charged whole to its recording and its backward at the host
+    link's bandwidths (an upper bound: the copies may overlap compute)."""
     from jax_exec.program.options import recompute_cost
 
     program, L = model.program, model.length
@@ -495,17 +512,26 @@ def build_problem(model: BlockModel, lower: bool = False) -> BlockChain:
         fwd, bwd = stage_times(model, block)
         options = []
         for o, option in enumerate(model.options[k]):
-            extra = recompute_cost(model, k, option)
+            extra = recompute_cost(model, k, option.on_device())
             bwd_tmp, bwd_release, _ = model.backward_bytes(k, o, lower)
+            late = model.late_residuals(k, o)
+            host, out, back = sum(late.values()), 0.0, 0.0
+            if late:
+                if model.host_link is None:
+                    raise ValueError(f"block {k} option {o}: a late-residual variant "
+                                     f"needs a host link (with_late_residuals)")  # fmt: skip
+                out = sum(model.host_link.offload.time(n) for n in late.values())
+                back = sum(model.host_link.prefetch.time(n) for n in late.values())
             options.append(
                 BlockOption(
-                    name=option.label,
-                    saved=model.saved_bytes(k, o)[0],
-                    rec_time=fwd,
-                    rec_tmp=model.temp_bytes("record", k, o, lower)[0],
-                    bwd_time=bwd + extra,
+                    name=option.label + ("+late" if option.late else ""),
+                    saved=model.saved_bytes(k, o)[0] - host,
+                    rec_time=fwd + out,
+                    rec_tmp=model.temp_bytes("record", k, o, lower)[0] + host,
+                    bwd_time=bwd + extra + back,
                     bwd_tmp=bwd_tmp,
                     bwd_release=bwd_release,
+                    host=host,
                 )
             )
         stages.append(
@@ -601,6 +627,28 @@ def program_model(
     lap("problem")
     bm.timings = timings
     return bm
+
+
+def with_late_residuals(model: BlockModel, platform: Platform) -> BlockModel:
+    """A copy of ``model`` whose blocks also offer the late-residual variant of each
+    option whose backward, cut into up to ``LATE_PHASES`` phases, has saved residuals
+    its first phase does not read (:attr:`SaveOption.late`), their copies over
+    ``platform``'s host link (:func:`build_problem`). Traces every option's backward
+    (its variant's phases); compiles nothing."""
+    every = tuple(
+        (*opts, *(dataclasses.replace(option, late=True) for option in opts))
+        for opts in model.options
+    )
+    late = dataclasses.replace(model, options=every, host_link=platform, problem=None,
+                               known=set(), timings=dict(model.timings))  # fmt: skip
+    late.options = tuple(
+        tuple(
+            option for o, option in enumerate(opts) if not option.late or late.late_residuals(k, o)
+        )  # fmt: skip
+        for k, opts in enumerate(every)
+    )
+    late.problem = build_problem(late)
+    return late
 
 
 def _distinct(model: BlockModel, k: int) -> tuple[SaveOption, ...]:

@@ -42,6 +42,10 @@ from jax_exec.program.blocks import eqn_has_anchor
 from jax_exec.program.trace import CHECKPOINTS, Eqn, FlatJaxpr, Lit, aval_bytes, evaluate, flatten
 
 MAX_PHASES = 2  # more phases compile more kernels for no measured gain on the examples
+# A late-residual variant's backward (planned with a host link only) is cut into up to
+# this many phases: more of its residuals are first read after phase 0 (docs/auto.md,
+# "Host offload": 4 of the 16 zoo families' least budgets drop with 4, 2 with 2)
+LATE_PHASES = 4
 GROUPS = ("p", "g", "x", "outs", "results", "new", "d_outs", "through")
 RELEASABLE = frozenset({"outs", "new", "d_outs", "through"})  # owned by the block's buffers
 
@@ -149,23 +153,38 @@ class PhasedBackward:
         freed = max(need - rel for need, rel in rows)
         return held - self.d_x_bytes, held - freed
 
-    def late(self) -> tuple[int, int]:
-        """``(bytes, phase)``: the block's saved residuals (group ``new``) that phase 0
-        does not read but a later phase does, and the first phase that reads one of
-        them (``len(phases)`` when there are none): what may stay in host memory
-        during the backward's first phases."""
-        first_read = {}
+    def late_residuals(self) -> dict[int, int]:
+        """Index in group ``new`` -> first phase reading it, of the block's saved
+        residuals that phase 0 does not read but a later phase does: what a
+        late-residual variant keeps in host memory during the first phases."""
+        first_read: dict[int, int] = {}
         for j, phase in enumerate(self.phases):
             for v in phase.ins:
                 first_read.setdefault(v, j)
         late = {}
-        for pos, (group, _) in enumerate(self.groups):
+        for pos, (group, i) in enumerate(self.groups):
             vid = self.flat.in_ids[pos]
             if group == "new" and first_read.get(vid, 0) > 0:
-                late[vid] = first_read[vid]
+                late[i] = first_read[vid]
+        return late
+
+    def late(self) -> tuple[int, int]:
+        """``(bytes, phase)`` of the late residuals (:meth:`late_residuals`) and the
+        first phase that reads one of them (``len(phases)`` when there are none): a
+        variant brings them all back before that phase."""
+        late = self.late_residuals()
         if not late:
             return 0, len(self.phases)
-        return sum(self.nbytes(v) for v in late), min(late.values())
+        return sum(self.late_bytes().values()), min(late.values())
+
+    def late_bytes(self) -> dict[int, int]:
+        """Index in group ``new`` -> bytes, of the late residuals."""
+        late = self.late_residuals()
+        return {
+            i: self.nbytes(self.flat.in_ids[pos])
+            for pos, (group, i) in enumerate(self.groups)
+            if group == "new" and i in late
+        }
 
 
 def _held(
