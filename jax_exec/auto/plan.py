@@ -198,6 +198,11 @@ class Plan:
                 f"{o.saved / mib:>10.4f}  {recorded[k]:>8}  "
                 f"{(o.bwd_tmp - o.bwd_release) / mib:>11.4f}"
             )
+        late = {k: p.stages[k].options[o].host for k, o in enumerate(self.options)}
+        if any(late.values()):
+            held = ", ".join(f"block {k} {n / mib:.4f} MiB" for k, n in late.items() if n)
+            lines.append(f"late residuals in host memory from the recording to their "
+                         f"backward phase: {held}")  # fmt: skip
         if meta.get("offloaded"):
             lines.append(
                 f"offloaded to host memory: {', '.join(meta['offloaded'])} (abar[k]: block "
@@ -211,7 +216,8 @@ class Plan:
             "whole-graph MILP chose; 'nothing_saveable', 'checkpoint_dots', "
             "'everything_saveable' are JAX's policies, 'xla_fused' what XLA keeps for a "
             "plain step; a suffix '+bfloat16' (+float8, +int8) stores the saved values in "
-            "low bits.",
+            "low bits, '+late' keeps those its backward's first phase does not read in host "
+            "memory until the phase that reads them ('saved MiB': the device part).",
             "forwards: how many times the block's forward runs (1: never recomputed); "
             "'saved MiB' is what its recording keeps beyond its outputs, the rest of its "
             "residuals is recomputed in its backward; 'bwd tmp MiB': its backward's "

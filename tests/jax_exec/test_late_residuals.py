@@ -1,18 +1,37 @@
 """Late residuals of a phased backward (jax_exec/program/phases.py): the saved residuals
 that only a later phase reads, and the block chain's figures of the variant that keeps
 them in host memory until then, against a computation by hand on the zoo's BERT; and
-benchmarks/late_residuals.py's least budgets (docs/auto.md, "Host offload")."""
+the variants planned with a host link (docs/auto.md, "Host offload"): on four zoo
+families, at a budget below the least remat-only budget and above the least joint one,
+the plan keeps residuals in host memory, runs op by op with measured device and host
+bytes equal to the prediction after every op, and its compiled step keeps them in
+pinned_host memory and gives plain ``nnx.value_and_grad``'s gradients; it is never
+predicted slower than the plan without them; and benchmarks/late_residuals.py's least
+budgets."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 
+import jax
 import pytest
 import zoo
 from figure_checks import load_script
+from flax import nnx
+from plain_reference import assert_matches, plain
 
-from jax_exec.program.model import block_model
+import jax_exec
+import solvers
+from jax_exec.execute.lowering import recorded
+from jax_exec.execute.residuals import saved_residuals
+from jax_exec.program.model import block_model, build_problem, with_late_residuals
+from jax_exec.program.phases import LATE_PHASES
 from jax_exec.program.trace import aval_bytes
+from schedir import Loss, Platform
+from schedir.blocks.problem import simulate_blocks
+
+FAST = Platform.host_offload(1e15)  # the zoo is tiny: a link fast enough for copies to pay
 
 
 def _by_hand(pb) -> tuple[int, int]:
@@ -52,11 +71,37 @@ def test_late_residuals_and_their_figures_by_hand():
     assert seen  # BERT's backwards have residuals only their second phase reads
 
 
-def test_a_late_variant_before_its_phases_are_traced_is_refused():
-    case = zoo.case("mixer")
-    bm = dataclasses.replace(block_model(case.loss_fn, case.factory(), case.args), _phases={})
-    with pytest.raises(ValueError, match="late-residual variant"):
-        bm.backward_bytes(0, 0, late=True)
+def test_variants_and_their_figures():
+    case = zoo.case("vae")
+    bm = block_model(case.loss_fn, case.factory(), case.args)
+    late = with_late_residuals(bm, FAST)
+    assert bm.problem == build_problem(bm) and late.problem != bm.problem  # a copy
+    late.trace_options()  # every option's saved bytes exact (the variants' always are)
+    problem = build_problem(late)
+    seen = 0
+    for k in range(late.length):
+        base = [o for o in late.options[k] if not o.late]
+        assert base == list(bm.options[k])  # the options, then their variants
+        for o, option in enumerate(late.options[k]):
+            if not option.late:
+                assert not late.late_residuals(k, o)
+                continue
+            seen += 1
+            b = base.index(option.on_device())
+            pb = late.phased(k, o)
+            assert len(pb.phases) <= LATE_PHASES and pb.late()[0] > 0
+            variant, full = problem.stages[k].options[o], problem.stages[k].options[b]
+            host = sum(late.late_residuals(k, o).values())
+            assert (variant.host, variant.name) == (host, full.name + "+late")
+            assert variant.saved == full.saved - host and variant.rec_tmp == full.rec_tmp + host
+            sizes = late.late_residuals(k, o).values()  # each copy charged whole, each way
+            out = sum(FAST.offload.time(n) for n in sizes)
+            back = sum(FAST.prefetch.time(n) for n in sizes)
+            assert variant.rec_time == pytest.approx(full.rec_time + out, rel=1e-12)
+            assert variant.bwd_time == pytest.approx(full.bwd_time + back, rel=1e-12)
+    assert seen
+    with pytest.raises(ValueError, match="late-residual variant needs a host link"):
+        build_problem(dataclasses.replace(late, host_link=None))
 
 
 @pytest.mark.slow
@@ -69,3 +114,76 @@ def test_late_residuals_lower_the_least_budget_of_bert_only_a_little():
     remat = exact_least(bm, "block_rotor")
     late, used, _ = bench.least_with_variants(bm)
     assert (remat, late) == (47_264, 45_920) and used > 0
+
+
+def _host_residuals(fn, *args) -> Counter:
+    """``(shape, dtype)`` of what JAX saves at the top level of ``jax.vjp(fn, *args)`` in
+    host memory."""
+    return Counter(
+        (tuple(int(d) for d in aval.shape), str(aval.dtype))
+        for aval, _ in saved_residuals(fn, *args)
+        if "host" in str(getattr(aval, "memory_space", "")).lower()
+    )
+
+
+def _expected_host(plan) -> Counter:
+    """The late residuals of the recordings held at the plan's ``Loss`` op (what the
+    compiled step saves at its top level)."""
+    model, schedule = plan.model, plan.schedule
+    trace = simulate_blocks(model.problem, schedule, record_buffers=True)
+    at = next(i for i, op in enumerate(schedule.ops) if isinstance(op, Loss))
+    found = Counter()
+    for name in trace.buffers[at - 1]:
+        kind, c = name.rstrip("]").split("[")
+        if kind == "abar":
+            k = int(c) - 1
+            new = model.functions(k, plan.options[k]).recipe.new
+            for i in model.late_residuals(k, plan.options[k]):
+                found[(tuple(int(d) for d in new[i].shape), str(new[i].dtype))] += 1
+    return found
+
+
+@pytest.mark.parametrize("family", ["vae",  # the default run; the others: -m slow
+                                    *(pytest.param(f, marks=pytest.mark.slow)
+                                      for f in ("bert", "audio", "ssm"))])  # fmt: skip
+def test_late_residuals_lower_the_least_budget_and_run_exactly(family):
+    case = zoo.case(family)
+    remat = jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget="100%")
+    remat_least = remat.least_budget()
+    joint = remat.replan(remat_least, platform=FAST)
+    joint_least = joint.least_budget()
+    assert joint_least < remat_least
+    budget = (joint_least + remat_least) // 2
+    with pytest.raises(solvers.Infeasible):
+        remat.replan(budget)
+    p = joint.replan(budget)
+    late = [k for k, o in enumerate(p.options) if p.model.option(k, o).late]
+    assert late, f"{family}: no late-residual variant at {budget:,} B"
+    assert "late residuals in host memory" in p.summary()
+    reference = plain(case.factory, case.loss_fn, case.args)
+    result = p.run(case.factory(), *case.args)
+    trace = simulate_blocks(p.problem, p.schedule)
+    assert result.resident_bytes == trace.resident and result.op_peak_bytes == trace.op_peak
+    assert result.host_bytes == trace.host_resident and max(trace.host_resident) > 0
+    assert result.peak_bytes == p.schedule.meta["peak_memory"] <= budget
+    assert_matches(result.loss, result.grads, result.new_state, reference, f"{family} op by op")
+    _, params, rest = nnx.split(case.factory(), nnx.Param, ...)
+    step = jax.jit(jax.value_and_grad(p.lowered(), has_aux=True))
+    (loss, (_, new_rest)), grads = step(params, rest, case.args)
+    assert_matches(loss, grads, new_rest, reference, f"{family} compiled")
+    lowered = p.lowered()
+    assert _host_residuals(lambda q, r, a: lowered(q, r, a)[0], params, rest, case.args) == (
+        _expected_host(p)
+    )
+    bm = p.model  # a variant's recording alone: its late residuals in host memory
+    for k in late:
+        fns, held = bm.functions(k, p.options[k]), bm.late_residuals(k, p.options[k])
+        block = recorded(fns, late=frozenset(held))
+        args = [tuple(jax.numpy.zeros(s.shape, s.dtype) for s in group) for group in bm.specs(k)]
+        new = fns.recipe.new
+        want = Counter((tuple(int(d) for d in new[i].shape), str(new[i].dtype)) for i in held)
+        first_output = lambda *a, f=block: jax.tree.leaves(f(*a)[0])[0].sum()  # noqa: E731
+        assert _host_residuals(first_output, *args) == want
+    # never predicted slower than without the variants, where both plan
+    for b in (remat_least, (remat_least + remat.store_all_peak) // 2):
+        assert joint.replan(b).overhead <= remat.replan(b).overhead + 1e-12
