@@ -32,7 +32,7 @@ The loss stage's kernel is ``loss_step(p, g, x) -> (loss, results, d_p, d_x)``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jax
@@ -65,7 +65,7 @@ class SaveOption:
     kind: str
     names: frozenset = frozenset()
     label: str = ""
-    late: bool = False
+    late: bool = field(default=False, kw_only=True)  # subclasses' fields stay positional
 
     def __post_init__(self) -> None:
         if self.kind not in OPTION_KINDS:
