@@ -11,6 +11,8 @@ tiny models (the largest difference seen on the zoo and the random models is 2e-
 
 from __future__ import annotations
 
+from collections import Counter
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -78,7 +80,8 @@ def assert_matches(got_loss, got_grads, got_state, reference, what: str, got_aux
 
 def check_plan(case, p, reference, what: str) -> None:
     """Plan ``p`` of ``case`` op by op (measured peak = predicted <= budget) and compiled:
-    loss, gradients and state equal ``reference`` (:func:`plain`)."""
+    loss, gradients and state equal ``reference`` (:func:`plain`). Returns the op-by-op
+    run's result."""
     result = p.run(case.factory(), *case.args)
     assert result.peak_bytes == p.schedule.meta["peak_memory"] <= p.budget, what
     assert_matches(result.loss, result.grads, result.new_state, reference, f"{what}, op by op")
@@ -86,3 +89,24 @@ def check_plan(case, p, reference, what: str) -> None:
     step = jax.jit(jax.value_and_grad(p.lowered(), has_aux=True))
     (loss, (_, new_rest)), grads = step(params, rest, case.args)
     assert_matches(loss, grads, new_rest, reference, f"{what}, compiled")
+    return result
+
+
+def saved_in_host(fn, *args) -> Counter:
+    """``(shape, dtype)`` of what JAX saves at the top level of ``jax.vjp(fn, *args)`` in
+    host memory (``pinned_host``; on CPU the same RAM, so the placement is what can be
+    checked)."""
+    from jax_exec.execute.residuals import saved_residuals
+
+    return Counter(
+        (tuple(int(d) for d in aval.shape), str(aval.dtype))
+        for aval, _ in saved_residuals(fn, *args)
+        if "host" in str(getattr(aval, "memory_space", "")).lower()
+    )
+
+
+def host_residuals(case, p) -> Counter:
+    """:func:`saved_in_host` of plan ``p``'s compiled step."""
+    _, params, rest = nnx.split(case.factory(), nnx.Param, ...)
+    lowered = p.lowered()
+    return saved_in_host(lambda q, r, a: lowered(q, r, a)[0], params, rest, case.args)

@@ -11,14 +11,11 @@ these tests use a link fast enough for offload to pay (the copies still take tim
 
 from __future__ import annotations
 
-import jax
 import pytest
 import zoo
-from flax import nnx
-from plain_reference import assert_matches, plain
+from plain_reference import check_plan, host_residuals, plain
 
 import jax_exec
-from jax_exec.execute.residuals import saved_residuals
 from schedir import Platform
 from schedir.blocks.problem import simulate_blocks
 
@@ -38,21 +35,11 @@ def test_joint_plans_offload_and_run_exactly_on_both_paths(family, budget):
     assert joint.overhead < remat.overhead  # faster, predicted
     assert joint.schedule.meta["peak_memory"] <= joint.budget == remat.budget
     reference = plain(case.factory, case.loss_fn, case.args)
-    result = joint.run(case.factory(), *case.args)
+    result = check_plan(case, joint, reference, family)
     trace = simulate_blocks(joint.problem, joint.schedule)
     assert result.resident_bytes == trace.resident and result.host_bytes == trace.host_resident
     assert max(result.host_bytes) == joint.schedule.meta["host_peak"] > 0
-    assert result.peak_bytes == joint.schedule.meta["peak_memory"]
-    assert_matches(result.loss, result.grads, result.new_state, reference, f"{family} op by op")
-    _, params, rest = nnx.split(case.factory(), nnx.Param, ...)
-    step = jax.jit(jax.value_and_grad(joint.lowered(), has_aux=True))
-    (loss, (_, new_rest)), grads = step(params, rest, case.args)
-    assert_matches(loss, grads, new_rest, reference, f"{family} compiled")
-    lowered = joint.lowered()
-    host = [aval for aval, _ in saved_residuals(lambda p, r, a: lowered(p, r, a)[0],
-                                                 params, rest, case.args)
-            if "host" in str(getattr(aval, "memory_space", "")).lower()]  # fmt: skip
-    assert host  # the offloaded residuals live in pinned_host memory
+    assert host_residuals(case, joint)  # the offloaded residuals live in pinned_host memory
 
 
 def test_never_slower_than_remat_only_and_unchanged_without_a_host_link():

@@ -18,13 +18,11 @@ import jax
 import pytest
 import zoo
 from figure_checks import load_script
-from flax import nnx
-from plain_reference import assert_matches, plain
+from plain_reference import check_plan, host_residuals, plain, saved_in_host
 
 import jax_exec
 import solvers
 from jax_exec.execute.lowering import recorded
-from jax_exec.execute.residuals import saved_residuals
 from jax_exec.program.model import block_model, build_problem, with_late_residuals
 from jax_exec.program.phases import LATE_PHASES
 from jax_exec.program.trace import aval_bytes
@@ -116,16 +114,6 @@ def test_late_residuals_lower_the_least_budget_of_bert_only_a_little():
     assert (remat, late) == (47_264, 45_920) and used > 0
 
 
-def _host_residuals(fn, *args) -> Counter:
-    """``(shape, dtype)`` of what JAX saves at the top level of ``jax.vjp(fn, *args)`` in
-    host memory."""
-    return Counter(
-        (tuple(int(d) for d in aval.shape), str(aval.dtype))
-        for aval, _ in saved_residuals(fn, *args)
-        if "host" in str(getattr(aval, "memory_space", "")).lower()
-    )
-
-
 def _expected_host(plan) -> Counter:
     """The late residuals of the recordings held at the plan's ``Loss`` op (what the
     compiled step saves at its top level)."""
@@ -160,21 +148,11 @@ def test_late_residuals_lower_the_least_budget_and_run_exactly(family):
     late = [k for k, o in enumerate(p.options) if p.model.option(k, o).late]
     assert late, f"{family}: no late-residual variant at {budget:,} B"
     assert "late residuals in host memory" in p.summary()
-    reference = plain(case.factory, case.loss_fn, case.args)
-    result = p.run(case.factory(), *case.args)
+    result = check_plan(case, p, plain(case.factory, case.loss_fn, case.args), family)
     trace = simulate_blocks(p.problem, p.schedule)
     assert result.resident_bytes == trace.resident and result.op_peak_bytes == trace.op_peak
     assert result.host_bytes == trace.host_resident and max(trace.host_resident) > 0
-    assert result.peak_bytes == p.schedule.meta["peak_memory"] <= budget
-    assert_matches(result.loss, result.grads, result.new_state, reference, f"{family} op by op")
-    _, params, rest = nnx.split(case.factory(), nnx.Param, ...)
-    step = jax.jit(jax.value_and_grad(p.lowered(), has_aux=True))
-    (loss, (_, new_rest)), grads = step(params, rest, case.args)
-    assert_matches(loss, grads, new_rest, reference, f"{family} compiled")
-    lowered = p.lowered()
-    assert _host_residuals(lambda q, r, a: lowered(q, r, a)[0], params, rest, case.args) == (
-        _expected_host(p)
-    )
+    assert host_residuals(case, p) == _expected_host(p)
     bm = p.model  # a variant's recording alone: its late residuals in host memory
     for k in late:
         fns, held = bm.functions(k, p.options[k]), bm.late_residuals(k, p.options[k])
@@ -183,7 +161,7 @@ def test_late_residuals_lower_the_least_budget_and_run_exactly(family):
         new = fns.recipe.new
         want = Counter((tuple(int(d) for d in new[i].shape), str(new[i].dtype)) for i in held)
         first_output = lambda *a, f=block: jax.tree.leaves(f(*a)[0])[0].sum()  # noqa: E731
-        assert _host_residuals(first_output, *args) == want
+        assert saved_in_host(first_output, *args) == want
     # never predicted slower than without the variants, where both plan
     for b in (remat_least, (remat_least + remat.store_all_peak) // 2):
         assert joint.replan(b).overhead <= remat.replan(b).overhead + 1e-12
