@@ -18,16 +18,20 @@ import jax
 import pytest
 import zoo
 from figure_checks import load_script
-from plain_reference import check_plan, host_residuals, plain, saved_in_host
+from flax import nnx
+from plain_reference import assert_matches, check_plan, host_residuals, plain, saved_in_host
 
 import jax_exec
 import solvers
-from jax_exec.execute.lowering import recorded
+from jax_exec.execute.interpreter import run_schedule
+from jax_exec.execute.lowering import lower, recorded
 from jax_exec.program.model import block_model, build_problem, with_late_residuals
 from jax_exec.program.phases import LATE_PHASES
 from jax_exec.program.trace import aval_bytes
-from schedir import Loss, Platform
+from schedir import B, F_all, Loss, Platform
 from schedir.blocks.problem import simulate_blocks
+from schedir.blocks.schedule import BlockSchedule
+from schedir.offload.ops import Offload, Prefetch, Wait
 
 FAST = Platform.host_offload(1e15)  # the zoo is tiny: a link fast enough for copies to pay
 
@@ -165,3 +169,29 @@ def test_late_residuals_lower_the_least_budget_and_run_exactly(family):
     # never predicted slower than without the variants, where both plan
     for b in (remat_least, (remat_least + remat.store_all_peak) // 2):
         assert joint.replan(b).overhead <= remat.replan(b).overhead + 1e-12
+
+
+def test_a_late_recording_offloaded_whole_keeps_its_late_part_in_host_memory():
+    """A whole-buffer offload of a variant's recording (as rotor_offload may plan) moves
+    its device part; its late residuals stay in host memory until their phase."""
+    case = zoo.case("vae")
+    bm = with_late_residuals(block_model(case.loss_fn, case.factory(), case.args), FAST)
+    late = next(o for o, option in enumerate(bm.options[0]) if option.late)
+    ops = (F_all(0), F_all(1), Offload("abar[1]"), Wait("abar[1]"), F_all(2), Loss(), B(2),
+           Prefetch("abar[1]"), Wait("abar[1]"), B(1), B(0))  # fmt: skip
+    schedule = BlockSchedule(ops, {}, (late, 0, 0))
+    bm.compile(bm.every_kernel(schedule.options))
+    bm.problem = build_problem(bm)
+    _, params, rest = nnx.split(case.factory(), nnx.Param, ...)
+    result = run_schedule(bm, schedule, params, rest, case.args)
+    trace = simulate_blocks(bm.problem, schedule)
+    assert result.resident_bytes == trace.resident and result.op_peak_bytes == trace.op_peak
+    assert result.host_bytes == trace.host_resident
+    host = bm.problem.stages[0].options[late].host
+    assert trace.host_resident[0] == host < trace.host_resident[3]  # then the whole buffer
+    assert trace.host_resident[8] == host  # prefetched: the device part only
+    reference = plain(case.factory, case.loss_fn, case.args)
+    assert_matches(result.loss, result.grads, None, reference, "op by op")
+    step = jax.jit(jax.value_and_grad(lower(bm, schedule), has_aux=True))
+    (loss, _), grads = step(params, rest, case.args)
+    assert_matches(loss, grads, None, reference, "compiled")
