@@ -633,8 +633,8 @@ def with_late_residuals(model: BlockModel, platform: Platform) -> BlockModel:
     """A copy of ``model`` whose blocks also offer the late-residual variant of each
     option whose backward, cut into up to ``LATE_PHASES`` phases, has saved residuals
     its first phase does not read (:attr:`SaveOption.late`), their copies over
-    ``platform``'s host link (:func:`build_problem`). Traces every option's backward
-    (its variant's phases); compiles nothing."""
+    ``platform``'s host link (:func:`build_problem`). Traces each variant's phased
+    backward (and so its option's recording); compiles nothing."""
     every = tuple(
         (*opts, *(dataclasses.replace(option, late=True) for option in opts))
         for opts in model.options
