@@ -431,11 +431,8 @@ def kernel_of(fn: Callable, *args: Any, out_shardings: Any = None) -> Kernel:
     """``jax.jit(fn)`` compiled for ``args`` with :data:`KERNEL_OPTIONS` (cached by the
     lowered program), its temporary bytes and FLOPs; with ``out_shardings`` (a sharded
     model's kernel: ``args`` carry their shardings), its outputs placed so (None
-    leaves: where XLA places them) and where they are read back."""
-    key, lowered = _lowered(fn, args, out_shardings)
-    if key not in _KERNELS:
-        _KERNELS[key] = lowered_kernel(lowered, KERNEL_OPTIONS, out_shardings is not None)
-    return _KERNELS[key]
+    leaves: where XLA places them) and where they are read back (:func:`kernels_of`)."""
+    return kernels_of([((fn, *args), out_shardings)])[0]
 
 
 def kernels_of(sources: list[tuple], progress: Callable | None = None) -> list[Kernel]:
