@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import math
 import os
+import queue
 import re
 import time
 from collections.abc import Callable
@@ -191,7 +192,7 @@ class BlockModel:
     def backward_kernels(self, k: int, o: int) -> tuple[PhasedBackward, tuple[Kernel, ...]]:
         """The phases of block k's backward under option o and their compiled kernels."""
         key = self.kernel_key("backward", k, o)
-        self._build(self._jobs("backward", k, o))
+        self._build_units([("backward", k, o)])
         pb = self.phased(k, o)
         return pb, tuple(self._kernels[(*key, j)] for j in range(len(pb.phases)))
 
@@ -215,6 +216,40 @@ class BlockModel:
             return placement.phase_source(self, k, o, j, through_flags(self, k))
         pb = self.phased(k, o)
         return (pb.function(j), *pb.specs(j)), None
+
+    def _build_units(self, units: list[tuple[str, int, int]]) -> int:
+        """Compile the kernels of these ``(kind, block, option)`` not compiled in this
+        process yet; the recordings and phased backwards they need are traced in the
+        lowering thread, overlapping the compilation of the kernels before them
+        (:func:`traced_kernels`; a sharded model's in waves, :meth:`_build`). Returns
+        how many were compiled."""
+        if self.sharded:
+            return self._build([job for unit in units for job in self._jobs(*unit)])
+        asked: set = set()  # identical blocks share kernels: each is lowered once
+
+        def batch(unit: tuple) -> Callable[[], list[tuple]]:
+            def sources() -> list[tuple]:
+                found = []
+                for job in self._jobs(*unit):
+                    if job[0] not in self._kernels and job[0] not in asked:
+                        asked.add(job[0])
+                        found.append((job[0], self._source(job)))
+                return found
+
+            return sources
+
+        todo = [unit for unit in dict.fromkeys(units) if not self._built(*unit)]
+        named = traced_kernels([batch(unit) for unit in todo], self.progress)
+        self._kernels.update(named)
+        return len(named)
+
+    def _built(self, kind: str, k: int, o: int) -> bool:
+        """Whether every kernel of ``(kind, k, o)`` is compiled (without tracing it)."""
+        if kind != "backward":
+            return self.kernel_key(kind, k, o) in self._kernels
+        key = self.kernel_key("backward", k, o)
+        pb = self._phases.get(key)
+        return pb is not None and all((*key, j) in self._kernels for j in range(len(pb.phases)))
 
     def _build(self, jobs: list[tuple]) -> int:
         """Compile the jobs' kernels not compiled in this process yet
@@ -384,15 +419,12 @@ class BlockModel:
         and for the op-by-op runtime. Returns how many became known to this solve
         (:attr:`known`), compiled now or before."""
         start = time.perf_counter()
-        jobs: list[tuple] = []
+        compiled = self._build_units(kernels)
         new: list = []
         for kind, k, o in kernels:
             if kind in ("record", "backward"):  # its recording, traced
                 new.append((self.identity(k), self.option(k, o).on_device()))
-            found = self._jobs(kind, k, o)
-            jobs += found
-            new += [job[0] for job in found]
-        compiled = self._build(list(dict.fromkeys(jobs)))
+            new += [job[0] for job in self._jobs(kind, k, o)]
         fresh = set(new) - self.known
         self.known.update(fresh)
         self.timings["kernels"] = self.timings.get("kernels", 0.0) + time.perf_counter() - start
@@ -436,30 +468,54 @@ def kernel_of(fn: Callable, *args: Any, out_shardings: Any = None) -> Kernel:
 
 
 def kernels_of(sources: list[tuple], progress: Callable | None = None) -> list[Kernel]:
-    """:func:`kernel_of` of every ``((fn, *args), out_shardings)``: lowered one after the
-    other in one worker thread (tracing holds the GIL) while XLA compiles those already
-    lowered in others (compilation releases it), so the two overlap. Worker threads,
-    not the caller's: a mesh the caller set (``jax.set_mesh``) is thread-local and must
-    not reach the kernels, whose placement their argument shapes (and a sharded
-    model's ``out_shardings``) say."""
+    """:func:`kernel_of` of every ``((fn, *args), out_shardings)``
+    (:func:`traced_kernels` of them)."""
+    named = traced_kernels([lambda: list(enumerate(sources))], progress)
+    return [kernel for _, kernel in named]
+
+
+def traced_kernels(
+    batches: list[Callable[[], list[tuple]]], progress: Callable | None = None
+) -> list[tuple[Any, Kernel]]:
+    """The kernels of every ``(name, ((fn, *args), out_shardings))`` that the
+    ``batches`` return, as ``(name, kernel)`` in their order. The batches are called,
+    and their functions traced and lowered, one after the other in one worker thread
+    (tracing holds the GIL) while XLA compiles those already lowered in others
+    (compilation releases it): a batch's tracing (a block's recording, its backward's
+    phases) overlaps the compilation of the kernels before it. Worker threads, not the
+    caller's: a mesh the caller set (``jax.set_mesh``) is thread-local and must not
+    reach the kernels, whose placement their argument shapes (and a sharded model's
+    ``out_shardings``) say."""
     futures: dict[str, Future] = {}
-    order = []
-    workers = max(1, min(len(sources), os.cpu_count() or 1))
+    events: queue.SimpleQueue = queue.SimpleQueue()  # lowered kernels, for progress
+
+    def lower_all(pool: ThreadPoolExecutor) -> list[tuple[Any, str]]:
+        order = []
+        try:
+            for batch in batches:
+                for name, ((fn, *args), placed) in batch():
+                    key, low = _lowered(fn, tuple(args), placed)
+                    order.append((name, key))
+                    if key not in _KERNELS and key not in futures:
+                        futures[key] = pool.submit(lowered_kernel, low, KERNEL_OPTIONS,
+                                                   placed is not None)  # fmt: skip
+                    events.put(len(order))
+        finally:
+            events.put(None)
+        return order
+
+    workers = max(1, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=1) as lower, ThreadPoolExecutor(workers) as pool:
-        lowered = lower.map(lambda src: (*_lowered(src[0][0], src[0][1:], src[1]), src[1]),
-                            sources)  # fmt: skip
-        for i, (key, low, placed) in enumerate(lowered):
-            order.append(key)
-            if key not in _KERNELS and key not in futures:
-                futures[key] = pool.submit(lowered_kernel, low, KERNEL_OPTIONS,
-                                           placed is not None)  # fmt: skip
+        done = lower.submit(lower_all, pool)
+        while (lowered := events.get()) is not None:
             if progress is not None:
-                progress(math.nan, f"lowered {i + 1}/{len(sources)} kernels")
+                progress(math.nan, f"lowered {lowered} kernels")
+        order = done.result()
         for i, (key, future) in enumerate(futures.items()):
             _KERNELS[key] = future.result()
             if progress is not None:
                 progress((i + 1) / len(futures), f"compiled {i + 1}/{len(futures)} kernels")
-    return [_KERNELS[key] for key in order]
+    return [(name, _KERNELS[key]) for name, key in order]
 
 
 def _lowered(fn: Callable, args: tuple, out_shardings: Any = None) -> tuple[str, Any]:
