@@ -126,18 +126,17 @@ def _solve_lazily(
         bm.known.clear()
         bm.problem = build_problem(bm)
     ref = reference_schedule(bm)
-    guess = None  # a first answer, at the budget the estimates give the reference
-    if exact:  # its kernels are compiled with the reference's
+    if exact:  # the reference's kernels, and a first answer's at the estimated budget
+        guess = []
         if family == "blocks" and solver == "block_rotor":
             try:  # (none where store-all fits: it is the fastest answer)
                 estimated_peak = simulate(bm.problem, ref).peak_memory
                 estimated = parse_budget(budget, estimated_peak)
                 if estimated < estimated_peak:
-                    guess = solvers.solve(bm.problem, estimated, method=solver)
+                    guess = bm.used_kernels(solvers.solve(bm.problem, estimated, method=solver))
             except solvers.Infeasible:
                 pass
-        used = bm.used_kernels(guess) if guess is not None else []
-        if bm.compile(bm.used_kernels(ref) + used):
+        if bm.compile(bm.used_kernels(ref) + guess):
             bm.problem = build_problem(bm)
     reference = simulate(bm.problem, ref)
     plain = simulate(bm.problem, policy_schedule(bm.problem, "everything_saveable"))
@@ -153,12 +152,8 @@ def _solve_lazily(
         found = whole_plan(bm, nbytes, list(ref.options), exact=exact, **options)
         return Solved(found.schedule, nbytes, reference, found.rounds, found.model)
     joint = solver == "block_rotor" and has_host_link(platform)
-    first = None  # the first answer, exact now: a candidate of the rounds if it fits
-    if guess is not None:
-        first = _priced(bm, replace(guess, meta=dict(guess.meta)))
-        first = first if first.peak <= nbytes else None
     try:
-        best, rounds = _solve_rounds(bm, nbytes, solver, options, exact, ref, first)
+        best, rounds = _solve_rounds(bm, nbytes, solver, options, exact, ref)
     except solvers.Infeasible as err:  # the least budget in the user's units too
         if joint:
             found = joint_plans(bm, nbytes, platform, [ref.options, _least_options(bm)], exact)
@@ -171,13 +166,10 @@ def _solve_lazily(
         raise in_user_units(err, budget, reference.peak_memory, "store-all") from None
     schedule, model, makespan = best.schedule, bm, best.makespan
     if whole and best.makespan > reference.makespan and small_enough(bm, whole):
-        found = fallback(bm, best.schedule, best.makespan, nbytes, list(ref.options), exact,
-                         margin=CLOSE_ENOUGH if exact else 0.0)  # fmt: skip
+        found = fallback(bm, best.schedule, best.makespan, nbytes, list(ref.options), exact)
         schedule, model, makespan = found.schedule, found.model, found.makespan
         if model is not bm:  # the DP may do better still with the new save sets
-            start = _priced(model, found.schedule)  # exact: its kernels are compiled
-            start = start if exact and start.peak <= nbytes else None
-            mixed = _solve_rounds(model, nbytes, solver, {}, exact, ref, start)[0]
+            mixed = _solve_rounds(model, nbytes, solver, {}, exact, ref)[0]
             if mixed.makespan < found.makespan:
                 mixed.schedule.meta.update(
                     whole_milp=dict(found.report, chosen=False, mixed=True),
@@ -199,21 +191,12 @@ def _least_options(bm: BlockModel) -> tuple[int, ...]:
     return tuple(least_memory_ops(bm.problem, least_memory(bm.problem)[0])[1])
 
 
-# A round's answer priced partly by estimates is not compiled when an exactly priced
-# answer found before is at most this much slower (relative step time; step times do
-# not depend on compilation, only bytes do): compiling it would gain at most that, and
-# its kernels cost planning time (docs/auto.md, "Planning exactly").
-CLOSE_ENOUGH = 0.01
-
-
 def _solve_rounds(
-    bm: BlockModel, nbytes: int, solver: str, options: dict, exact: bool, ref: Schedule,
-    best: Priced | None = None,
-) -> tuple[Priced, int]:  # fmt: skip
+    bm: BlockModel, nbytes: int, solver: str, options: dict, exact: bool, ref: Schedule
+) -> tuple[Priced, int]:
     """The block method's answer for ``nbytes`` and the number of solves
-    (:func:`_solve_lazily`): the store-all reference ``ref`` competes when it fits;
-    ``best``: an answer priced exactly already (that fits), which a later one must beat
-    by more than :data:`CLOSE_ENOUGH` to have its kernels compiled."""
+    (:func:`_solve_lazily`): the store-all reference ``ref`` competes when it fits."""
+    best = None
     if solver == "block_rotor":  # the DP discretizes sizes: store-all may beat it
         fits = _priced(bm, replace(ref, meta=dict(ref.meta, method=solver, exact=True)))
         if fits.peak <= nbytes:  # the fastest schedule fits
@@ -234,11 +217,6 @@ def _solve_rounds(
                 raise solvers.Infeasible(solver, nbytes, least, err.detail) from None
             bm.problem = build_problem(bm)  # feasible once its figures are exact
             continue
-        if exact and best is not None and not _priced_exactly(bm, schedule):
-            estimated = simulate(bm.problem, schedule).makespan
-            if best.makespan <= (1.0 + CLOSE_ENOUGH) * estimated:
-                best.schedule.meta["close_enough"] = estimated
-                return best, rounds
         compiled = bm.compile_used(schedule) if exact else 0
         if compiled:
             bm.problem = build_problem(bm)
@@ -252,24 +230,6 @@ def _solve_rounds(
             found = _compiled_only(bm, nbytes, solver, options)
             if found is not None:
                 return _faster(found, best), rounds + 1
-            if not bounded:  # nothing found yet: is any answer possible at all?
-                least, bounded = exact_least(bm, solver), True
-                if nbytes < least:
-                    raise solvers.Infeasible(solver, nbytes, least, "exact least budget")
-                bm.problem = build_problem(bm)
-
-
-def _priced_exactly(bm: BlockModel, schedule: Schedule) -> bool:
-    """Whether every figure of ``schedule`` is exact (its kernels known to this solve)."""
-    for kind, k, o in bm.used_kernels(schedule):
-        if kind == "backward":
-            exact = bm.backward_bytes(k, o)[2]
-        else:
-            exact = bm.temp_bytes(kind, k, o)[1]
-            exact = exact and (kind != "record" or bm.saved_bytes(k, o)[1])
-        if not exact:
-            return False
-    return True
 
 
 def in_user_units(err: solvers.Infeasible, given: Any, reference: int, what: str):

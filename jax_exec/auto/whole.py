@@ -182,7 +182,7 @@ def whole_plan(
         model, chosen = with_save_sets(model, answer.save_sets)
         schedule = recorded(chosen)
         if to_beat is not None and simulate(model.problem, schedule).makespan >= to_beat:
-            break  # times need no kernel: an answer not faster enough is not compiled
+            break  # times need no kernel: an answer no faster is not compiled
         if exact and model.compile_used(schedule):
             model.problem = build_problem(model)
         trace = simulate(model.problem, schedule)
@@ -231,15 +231,13 @@ def small_enough(bm: BlockModel, limit: int = WHOLE_GRAPH_VARIABLES) -> bool:
 
 def fallback(
     bm: BlockModel, schedule: Schedule, makespan: float, budget: int, reference: list[int],
-    exact: bool, margin: float = 0.0, **kw: Any,
+    exact: bool, **kw: Any,
 ) -> Fallback:  # fmt: skip
     """``auto`` on a small graph: the whole-graph plan (calibrated on ``reference``, the
     store-all options, as ``method="whole_milp"`` is) against the block DP's
-    ``schedule`` of ``makespan`` seconds; the faster is kept (:class:`Fallback`). An
-    answer is compiled only if more than ``margin`` (relative) faster than the DP's."""
+    ``schedule`` of ``makespan`` seconds; the faster is kept (:class:`Fallback`)."""
     try:
-        to_beat = makespan / (1.0 + margin)
-        found = whole_plan(bm, budget, reference, exact=exact, to_beat=to_beat, **kw)
+        found = whole_plan(bm, budget, reference, exact=exact, to_beat=makespan, **kw)
     except Infeasible as err:
         report = {"found": False, "why": err.detail}
         schedule.meta["whole_milp"] = report
