@@ -318,7 +318,7 @@ def plan_device(
     *args: Any,
     budget: int | str,
     optimizer: Any,
-    data_parallel: int = 1,
+    data_parallel: int | None = None,
     platform: Platform | None = None,
     step_costs: StepCosts | None = None,
     cost_model: CostModel | None = None,
@@ -334,7 +334,9 @@ def plan_device(
             step's bytes per device (``"50%"``, :attr:`DevicePlan.reference_bytes`),
             :func:`schedir.budget.parse_budget`.
         optimizer: an optax ``GradientTransformation`` (its state is counted exactly).
-        data_parallel: N, the devices of the ``data`` axis.
+        data_parallel: N, the devices of the ``data`` axis; None (the default): the
+            size of the ``data`` axis of the mesh the model is traced under or its
+            parameters are sharded on, else 1.
         platform: the ring and the host link (default
             :func:`schedir.device_step.data_parallel_platform`).
         step_costs: the optimizer update's throughputs (default: the cost model's
@@ -371,11 +373,12 @@ def plan_device(
             f"optimizer = {optimizer!r}: expected an optax GradientTransformation "
             "(plan_device counts its state)"
         )
-    n = data_parallel
+    traced = dict(context.shape) if not context.empty else {}
+    n = data_parallel if data_parallel is not None else _mesh_axes(model, traced).get(AXIS, 1)
     if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
         raise ValueError(f"data_parallel = {n!r}: expected a positive int")
     n = int(n)
-    spmd, mesh_shape = _spmd(spmd, model, dict(context.shape) if not context.empty else {}, n)
+    spmd, mesh_shape = _spmd(spmd, model, traced, n)
     gspmd = spmd == "gspmd"
     params_t, opt_t = state_bytes(model, optimizer, keep_shardings=gspmd)
     local = per_device(args, n)  # (GSPMD: checks the batch splits over the devices)
@@ -477,14 +480,20 @@ def plan_device(
 SPMD = ("shard_map", "gspmd")
 
 
+def _mesh_axes(model: Any, traced: dict) -> dict:
+    """The axes of the model's mesh: the one its parameters are sharded on, else the
+    one it is traced under (``traced``), {} for none."""
+    mesh = model_mesh(split_params(model)[1])
+    return dict(mesh.shape) if mesh is not None else traced
+
+
 def _spmd(spmd: str | None, model: Any, traced: dict, n: int) -> tuple[str, dict]:
     """(the way to run: :func:`plan_device`'s ``spmd``, the axes of the model's mesh:
     the one it is traced under or its parameters are sharded on, {} for none);
     ValueError naming what cannot hold."""
     if spmd is not None and spmd not in SPMD:
         raise ValueError(f"spmd = {spmd!r}: expected one of {SPMD} or None")
-    mesh = model_mesh(split_params(model)[1])
-    axes = dict(mesh.shape) if mesh is not None else traced
+    axes = _mesh_axes(model, traced)
     if spmd is None:
         spmd = "gspmd" if axes else "shard_map"
     if spmd == "shard_map" and axes:

@@ -97,9 +97,11 @@ with jax.set_mesh(mesh):
     ref = dp.reference_bytes
     for form in (ref * 3 // 2, f"{ref * 3 / 2 / 1024} KiB", "150%"):  # every budget form
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            got = jax_exec.plan_device(mse, fsdp, xs, y, budget=form, optimizer=adam,
-                                       data_parallel=4, exact=False).budget
+            warnings.simplefilter("ignore")  # data_parallel: the mesh's data axis
+            again = jax_exec.plan_device(mse, fsdp, xs, y, budget=form, optimizer=adam,
+                                         exact=False)  # fmt: skip
+        got = again.budget
+        assert again.data_parallel == 4, again.data_parallel
         assert got == parse_budget(form, ref) and got in (ref * 3 // 2, dp.budget), form
     assert "GSPMD on the mesh" in dp.summary() and "ZeRO-3 splits 2 more" in dp.summary()
     kernels = [P("data", "model"), P("model", "data")]
