@@ -312,9 +312,8 @@ def plan(
     report = stderr_progress("jax_exec.plan") if progress is True else progress or None
     if isinstance(max_anchors, bool) or not isinstance(max_anchors, int) or max_anchors < 1:
         raise ValueError(f"max_anchors = {max_anchors!r}: expected an int >= 1")
-    bm = block_model(
-        loss_fn, model, args, has_aux=has_aux, cost_model=cost_model, max_anchors=max_anchors
-    )
+    bm = block_model(loss_fn, model, args, has_aux=has_aux, cost_model=cost_model,
+                     max_anchors=max_anchors, ahead=exact)  # fmt: skip
     platform = as_platform(platform)
     if bm.sharded:
         _sharded_unsupported(method, solver, activation_tolerance, platform)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jax_exec.program.model import BlockModel
+from jax_exec.program.model import BlockModel, store_all_options
 from schedir import Schedule
 from schedir.blocks.schedule import BlockSchedule
 from solvers.blocks.policies import policy_schedule
@@ -24,14 +24,9 @@ class StoreAll:
 
 def reference_schedule(bm: BlockModel) -> Schedule:
     """Store-all with, per block, what XLA keeps for a plain step (:class:`StoreAll`)."""
-    in_scan = set()
-    for scan in bm.program.scans:
-        lo, hi = scan.starts[0], scan.starts[-1]
-        in_scan |= {b.index for b in bm.blocks.blocks[:-1] if lo <= b.start < hi}
     schedule = policy_schedule(bm.problem, "everything_saveable")
     options = [
-        next(o for o, opt in enumerate(stage.options)
-             if opt.name == ("everything_saveable" if k in in_scan else "xla_fused"))
-        for k, stage in enumerate(bm.problem.stages)
-    ]  # fmt: skip
+        next(o for o, opt in enumerate(stage.options) if opt.name == want.label)
+        for want, stage in zip(store_all_options(bm), bm.problem.stages, strict=True)
+    ]
     return BlockSchedule(schedule.ops, {}, tuple(options))

@@ -86,6 +86,9 @@ class BlockModel:
     timings: dict = field(default_factory=dict)  # seconds per planning phase
     # ``progress(fraction, message)`` while planning (``jax_exec.plan(progress=...)``)
     progress: Callable[[float, str], None] | None = None
+    # the store-all reference's kernels, compiled ahead while the options are made
+    # (program_model(ahead=True)); waited for before this model compiles anything
+    ahead: Future | None = field(default=None, repr=False)
 
     def cached(self, key: Any, compute: Callable[[], Any]) -> Any:
         """``compute()``, once per ``key`` (per-block analyses shared by identical blocks)."""
@@ -163,6 +166,7 @@ class BlockModel:
         if kind == "backward":
             raise ValueError("the backward of a block runs as phases: use backward_kernels")
         key = self.kernel_key(kind, k, o)
+        self.settle()
         if key not in self._kernels:
             placed = placement.out_shardings(self, kind, k, o)
             self._kernels[key] = kernel_of(*self.kernel_source(kind, k, o), out_shardings=placed)
@@ -223,6 +227,7 @@ class BlockModel:
         lowering thread, overlapping the compilation of the kernels before them
         (:func:`traced_kernels`; a sharded model's in waves, :meth:`_build`). Returns
         how many were compiled."""
+        self.settle()
         if self.sharded:
             return self._build([job for unit in units for job in self._jobs(*unit)])
         asked: set = set()  # identical blocks share kernels: each is lowered once
@@ -242,6 +247,17 @@ class BlockModel:
         named = traced_kernels([batch(unit) for unit in todo], self.progress)
         self._kernels.update(named)
         return len(named)
+
+    def settle(self) -> None:
+        """Wait for the kernels compiled ahead (:func:`program_model`), if any: their
+        failures are not this model's to raise (compiled again when asked, they raise
+        there)."""
+        if self.ahead is not None:
+            ahead, self.ahead = self.ahead, None
+            try:
+                ahead.result()
+            except Exception:  # noqa: BLE001 - see the docstring
+                pass
 
     def _built(self, kind: str, k: int, o: int) -> bool:
         """Whether every kernel of ``(kind, k, o)`` is compiled (without tracing it)."""
@@ -612,9 +628,10 @@ def block_model(
     cost_model: CostModel | None = None,
     max_anchors: int = 4,
     options: Callable | None = None,
+    ahead: bool = False,
 ) -> BlockModel:
     """Trace, analyze and cut ``loss_fn(model, *args)``; give each block its options
-    and build the problem (module docstring)."""
+    and build the problem (module docstring; ``ahead``: :func:`program_model`'s)."""
     start = time.perf_counter()
     traced = trace(loss_fn, model, args, has_aux=has_aux)
     if spread((traced.params, traced.rest, tuple(args))):  # where each value lives
@@ -623,7 +640,7 @@ def block_model(
         traced = replace(traced, program=program)
     seconds = time.perf_counter() - start
     return program_model(traced, cost_model=cost_model, max_anchors=max_anchors,
-                         options=options, trace_seconds=seconds)  # fmt: skip
+                         options=options, trace_seconds=seconds, ahead=ahead)  # fmt: skip
 
 
 def program_model(
@@ -634,11 +651,16 @@ def program_model(
     cuts: Callable | None = None,
     options: Callable | None = None,
     trace_seconds: float = 0.0,
+    ahead: bool = False,
 ) -> BlockModel:
     """The :class:`BlockModel` of a traced step: analyzed, cut into blocks (``cuts(program,
     analysis)``: the cut positions, default :func:`~jax_exec.program.blocks.find_cuts`
     with ``max_anchors``), each block given its options (``options(model, k)``, default
-    :func:`~jax_exec.program.options.block_options`), and its problem built."""
+    :func:`~jax_exec.program.options.block_options`), and its problem built. ``ahead``
+    (exact planning, which compiles the store-all reference's kernels first): those
+    kernels are compiled in the background while the options are made
+    (:func:`compile_ahead`; the planner's own solves take as exact only what they ask
+    for, so a plan does not depend on it)."""
     from jax_exec.program.options import block_options
 
     cost_model = cost_model or CostModel()
@@ -666,6 +688,8 @@ def program_model(
     cut_ids = sorted({v for c in blocks.cuts for v in c})
     value_index = {v: i for i, v in enumerate(cut_ids)}
     bm = BlockModel(traced, analysis, blocks, layouts, (), value_index, None, cost_model)
+    if ahead and options is None and not bm.sharded:
+        bm.ahead = compile_ahead(bm)
     choose = options or block_options
     opts = []
     for k in range(L):
@@ -680,6 +704,35 @@ def program_model(
     lap("problem")
     bm.timings = timings
     return bm
+
+
+def store_all_options(model: BlockModel) -> tuple[SaveOption, ...]:
+    """Per block, the option the store-all reference records it with: what XLA keeps
+    for a plain step (``xla_fused``), ``everything_saveable`` in a scanned stack, whose
+    iterations XLA cannot fuse across (docs/auto.md, "Planning exactly")."""
+    from jax_exec.program.options import EVERYTHING, XLA_FUSED
+
+    in_scan = set()
+    for scan in model.program.scans:
+        lo, hi = scan.starts[0], scan.starts[-1]
+        in_scan |= {b.index for b in model.blocks.blocks[:-1] if lo <= b.start < hi}
+    return tuple(EVERYTHING if k in in_scan else XLA_FUSED for k in range(model.length))
+
+
+# one thread compiles ahead (it starts the lowering and compiling threads of its kernels)
+_AHEAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jax_exec-kernels-ahead")
+
+
+def compile_ahead(model: BlockModel) -> Future:
+    """Compile the store-all reference's kernels (:func:`store_all_options`) in the
+    background, into the process-wide tables, on a copy of ``model`` whose blocks have
+    those options alone (the model's own are being made meanwhile)."""
+    reference = tuple((option,) for option in store_all_options(model))
+    copy = dataclasses.replace(model, options=reference, known=set(), timings={})
+    units = [("loss", model.length, 0)]
+    for k in range(model.length):
+        units += [("record", k, 0), ("backward", k, 0)]
+    return _AHEAD.submit(copy._build_units, units)
 
 
 def with_late_residuals(model: BlockModel, platform: Platform) -> BlockModel:

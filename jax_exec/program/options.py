@@ -78,6 +78,12 @@ def _option_graph(model: Any, k: int) -> tuple[OptionGraph, list]:
     return graph, [lay.local[v] for v in cand_ids]
 
 
+# What XLA keeps for a plain step, and plain autodiff's residuals: the options the
+# store-all reference records blocks with (jax_exec.program.model.store_all_options)
+XLA_FUSED = SaveOption("fused", label="xla_fused")
+EVERYTHING = SaveOption("everything", label="everything_saveable")
+
+
 def block_options(model: Any, k: int, max_pareto: int = MAX_PARETO) -> list[SaveOption]:
     """The save options of block k (module docstring)."""
     graph, keys = option_graph(model, k)
@@ -86,8 +92,8 @@ def block_options(model: Any, k: int, max_pareto: int = MAX_PARETO) -> list[Save
         SaveOption("names", every, "save all"),
         SaveOption("names", frozenset(), "nothing_saveable"),
         SaveOption("dots", label="checkpoint_dots"),
-        SaveOption("everything", label="everything_saveable"),
-        SaveOption("fused", label="xla_fused"),
+        EVERYTHING,
+        XLA_FUSED,
     ]
     seen = {every, frozenset()}
     for saved in pareto_save_sets(graph, max_pareto):
