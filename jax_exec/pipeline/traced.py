@@ -426,7 +426,7 @@ def _schedule(
             cuts = balanced_cuts(problem, parts, speeds)
         return BASELINES[name](problem, devices, cuts=list(cuts))
     try:
-        return plan_pattern(problem, name, devices, cuts)
+        return plan_pattern(problem, name, devices, cuts, steps=1)  # run() runs one step
     except Infeasible:
         if cuts is not None:
             why = (f"the cut {tuple(cuts)}: no plan of its {parts} stages (store-all or "
