@@ -446,12 +446,16 @@ def pipeline_joint(
     steps: int = 3,
     max_evals: int = 400,
     walk: int = 4,
+    offload: bool = True,
     progress=None,
 ) -> PipelineSchedule:
     """The fastest schedule found (module docstring); ``budget`` bytes bound every
     device besides its memory; ``patterns``: names or one comma-separated string;
-    ``max_evals`` bounds the simulated candidates; ``walk`` the list schedules of lower
-    memories simulated per list candidate (``_Search._walk``)."""
+    ``steps``: repeated steps simulated per candidate (1: one step alone, as a runtime
+    waiting for each step runs it); ``max_evals`` bounds the simulated candidates;
+    ``walk`` the list schedules of lower memories simulated per list candidate
+    (``_Search._walk``); ``offload``: whether chunks may offload activations over the
+    platform's host link (else store-all or rotor only)."""
     if not problem.training:
         raise ValueError("pipeline_joint needs a training problem (training=True)")
     if isinstance(patterns, str):  # "1f1b,zb_h1" from the command line
@@ -463,7 +467,8 @@ def pipeline_joint(
     t0 = time.perf_counter()
     if isinstance(walk, bool) or not isinstance(walk, int) or walk < 1:
         raise ValueError(f"pipeline_joint: walk = {walk!r}: expected an integer >= 1")
-    search = _Search(problem, budget, slots, steps, list(patterns), max_evals, progress, walk)
+    search = _Search(problem, budget, slots, steps, list(patterns), max_evals, progress, walk,
+                     offload)  # fmt: skip
     L = problem.length
     orders = device_orders(problem)
     for n, devs in enumerate(orders):

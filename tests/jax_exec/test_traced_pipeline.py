@@ -79,9 +79,10 @@ def test_four_devices_1f1b_and_zb_h1_match_plain_value_and_grad():
                           text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert report["checked"] == ["decoder_lm 1f1b", "decoder_lm zb_h1", "decoder_lm planned",
-                                 "decoder_lm planned zb_h1", "convnext 1f1b",
-                                 "convnext zb_h1"], report  # fmt: skip
+    checked = [name.rsplit(" ", 1)[0] if "joint" in name else name for name in report["checked"]]
+    assert checked == ["decoder_lm 1f1b", "decoder_lm zb_h1", "decoder_lm planned",
+                       "decoder_lm planned zb_h1", "decoder_lm joint", "convnext 1f1b",
+                       "convnext zb_h1"], report  # fmt: skip
     for name, stages in report["stages"].items():
         assert stages == 4, (name, report)
 
@@ -158,11 +159,42 @@ def check_planned(case, args, free, report: dict) -> None:
     report["checked"].append(f"{case.name} planned zb_h1")
 
 
+def check_joint(case, args, free, report: dict) -> None:
+    """The joint planner's schedule (its cut, pattern and per-stage plans) at 0.8 of the
+    store-all 1F1B plan's largest peak: loss and gradients equal plain, measured bytes
+    equal the model's after every op, predicted peaks within the memories."""
+    import schedir
+
+    model = case.factory()
+    ref_loss, ref_grads = nnx.value_and_grad(case.loss_fn)(model, *args)
+    memory = int(0.8 * max(free.predicted.device_peak.values()))
+    platform = schedir.Platform.fully_connected(
+        [schedir.Device(f"d{u}", 1.0, memory) for u in range(4)], 100e9
+    )
+    plan = plan_pipeline(case.loss_fn, model, *args, devices=4, microbatches=4,
+                         platform=platform, schedule="joint")  # fmt: skip
+    assert plan.schedule_name == "joint" and plan.schedule.meta["method"] == "pipeline_joint"
+    assert max(plan.predicted.device_peak.values()) <= memory, plan.predicted
+    step = plan.run(model, *args, block=True)
+    assert_close(step.loss, ref_loss, "joint: loss")
+    assert_close(step.grads, ref_grads, "joint: gradients")
+    r = step.result
+    assert r.op_device_bytes == r.op_model_bytes, [
+        (op, got, want) for (_, op, *_), got, want in
+        zip(r.op_log, r.op_device_bytes, r.op_model_bytes, strict=True) if got != want
+    ][:5]  # fmt: skip
+    used = {d for leaf in jax.tree_util.tree_leaves(r.grads) for d in leaf.devices()}
+    assert len(used) == 4
+    report["checked"].append(f"{case.name} joint {plan.schedule.meta['pattern']}")
+
+
 def _child() -> None:  # pragma: no cover - runs in the subprocess
     assert len(jax.devices()) == 4
     report: dict = {"checked": [], "stages": {}}
     case, args = decoder_lm_case()
-    check_planned(case, args, check_plan(case, args, report), report)
+    free = check_plan(case, args, report)
+    check_planned(case, args, free, report)
+    check_joint(case, args, free, report)
     check_plan(*convnext_case(), report)
     print(json.dumps(report), flush=True)
 
@@ -259,7 +291,7 @@ def test_auto_schedule_and_cuts_by_hand():
     two = jax.devices()[:1] * 2
     best = plan_pipeline(loss_fn, model, x, devices=two, microbatches=4, schedule="auto")
     names = [name for name, _ in best.alternatives]
-    assert names == ["1f1b", "zb_h1", "zb_h2", "gpipe", "interleaved_1f1b", "v_shape"]
+    assert names == ["1f1b", "zb_h1", "zb_h2", "gpipe", "interleaved_1f1b", "v_shape", "joint"]
     assert best.predicted.makespan == min(t for _, t in best.alternatives)
     assert_close(best.run(model, x).grads, nnx.grad(loss_fn)(model, x), "gradients")
     L = best.model.length
@@ -272,6 +304,42 @@ def test_auto_schedule_and_cuts_by_hand():
     assert_close(hand.run(model, x).grads, nnx.grad(loss_fn)(model, x), "gradients")
     with pytest.raises(ValueError, match=r"cuts = \(0, 3\): expected 3 increasing"):
         plan_pipeline(loss_fn, model, x, devices=two, cuts=(0, 3))
+    with pytest.raises(ValueError, match="the joint planner chooses the cut"):
+        plan_pipeline(loss_fn, model, x, devices=two, cuts=(0, 1, L), schedule="joint")
+    with pytest.raises(ValueError, match="the joint planner chooses its own cut"):
+        hand.with_schedule("joint")
+
+
+def test_auto_is_never_slower_than_storing_all_on_the_even_cut():
+    """At the largest peak of the best hand baseline (the blocks split evenly, every
+    activation stored, the fastest of four schedules) as every device's memory, the
+    automatic plan's step is no longer (that baseline is one of its candidates)."""
+    import schedir
+
+    model = MLP(depth=6, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(0), (12, 8))
+
+    def loss_fn(model, x):
+        return jnp.mean(model(x) ** 2)
+
+    three = jax.devices()[:1] * 3
+
+    def platform(memory=None):
+        devices = [schedir.Device(f"d{u}", 1.0, memory) for u in range(3)]
+        return schedir.Platform.fully_connected(devices, 1e9)
+
+    first = plan_pipeline(loss_fn, model, x, devices=three, microbatches=6, platform=platform())
+    L = first.model.length
+    even = tuple(round(k * L / 3) for k in range(4))
+    hand = plan_pipeline(loss_fn, model, x, devices=three, microbatches=6, cuts=even,
+                         platform=platform())  # fmt: skip
+    best = min((hand.with_schedule(s) for s in ("1f1b", "zb_h1", "zb_h2", "gpipe")),
+               key=lambda p: p.predicted.makespan)  # fmt: skip
+    memory = max(best.predicted.device_peak.values())
+    auto = plan_pipeline(loss_fn, model, x, devices=three, microbatches=6, schedule="auto",
+                         platform=platform(memory))  # fmt: skip
+    assert auto.predicted.makespan <= best.predicted.makespan * (1 + 1e-12)
+    assert max(auto.predicted.device_peak.values()) <= memory
 
 
 if __name__ == "__main__":
