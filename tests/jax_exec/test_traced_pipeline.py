@@ -6,10 +6,11 @@ and a CNN (tests/zoo/convnext.py with its stochastic depth rate at 0: Dropout of
 draws nothing) are cut into 4 stages and run under 1F1B and ZB-H1: loss and gradients
 equal plain ``nnx.value_and_grad`` (tolerance relative to the largest leaf), and the
 bytes measured after every op equal the model's; the decoder LM again with device
-memories below its store-all peaks, where the chunks' plans rematerialize. In this
-process (one device): the
-refusals (dropout drawing, arguments without the batch axis, a loss mixing the batch)
-and a summed loss."""
+memories below its store-all peaks, where the chunks' plans rematerialize, under
+1F1B, ZB-H1 and the joint planner's schedule. In this process (one device): the
+refusals (dropout drawing, arguments without the batch axis, a loss mixing the batch),
+a summed loss, and the automatic plan never slower than storing every activation on
+the even cut at that baseline's memory."""
 
 from __future__ import annotations
 
