@@ -323,9 +323,9 @@ def plan_pipeline(
         schedule: a key of :data:`schedir.pipeline.baselines.BASELINES` ("1f1b",
             "gpipe", "zb_h1", "zb_h2", "interleaved_1f1b", "v_shape"), ``"joint"``:
             the joint planner's search (:func:`solvers.pipeline.joint.pipeline_joint`:
-            the cut, the pattern among 1F1B, ZB-H1, ZB-H2, the V-shape and list
-            scheduling under the memories, and every chunk's plan, for the shortest
-            step alone), or ``"auto"``: each of them (:data:`AUTO_SCHEDULES`; the
+            the cut, the pattern among :data:`JOINT_PATTERNS`, list scheduling under
+            the memories included, and every chunk's plan, for the shortest step
+            alone), or ``"auto"``: each of them (:data:`AUTO_SCHEDULES`; the
             two-chunk ones on a cut of their own where the model has the blocks; with
             a ``platform``, each one-chunk schedule on its own cut within the
             memories), keeping the shortest simulated step whose predicted peaks fit
@@ -452,11 +452,17 @@ def _schedule(
         raise InvalidSchedule(why) from None
 
 
+# the joint planner's patterns for traced stages: not the V-shape, whose turn (two
+# adjacent chunks on one device) the footprints count twice (the activation between
+# them is in the held bytes of both, the runtime holds it once)
+JOINT_PATTERNS = ("1f1b", "zb_h1", "zb_h2", "list")
+
+
 def _joint(problem: PipelineProblem) -> PipelineSchedule:
     """The joint planner's schedule of the block problem: no offload (the runtime does
     not execute host copies), judged on one step alone (``run`` runs one)."""
     try:
-        return pipeline_joint(problem, steps=1, offload=False)
+        return pipeline_joint(problem, patterns=JOINT_PATTERNS, steps=1, offload=False)
     except Infeasible:
         raise InvalidSchedule(
             f"the joint planner found no cut of the traced model's {problem.length} "
