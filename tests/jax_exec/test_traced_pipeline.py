@@ -112,6 +112,27 @@ def check_plan(case, args, report: dict):
     return plan
 
 
+def memories(memory: int):
+    """4 identical devices of ``memory`` bytes each, named d0..d3."""
+    import schedir
+
+    devices = [schedir.Device(f"d{u}", 1.0, memory) for u in range(4)]
+    return schedir.Platform.fully_connected(devices, 100e9)
+
+
+def check_step(plan, model, args, reference, what: str) -> None:
+    """One step of ``plan``: loss and gradients equal ``reference`` (plain
+    ``nnx.value_and_grad``), measured bytes equal the model's after every op."""
+    step = plan.run(model, *args, block=True)
+    assert_close(step.loss, reference[0], f"{what}: loss")
+    assert_close(step.grads, reference[1], f"{what}: gradients")
+    r = step.result
+    assert r.op_device_bytes == r.op_model_bytes, (what, [
+        (op, got, want) for (_, op, *_), got, want in
+        zip(r.op_log, r.op_device_bytes, r.op_model_bytes, strict=True) if got != want
+    ][:5])  # fmt: skip
+
+
 def check_planned(case, args, free, report: dict) -> None:
     """Device memories at 0.8 of the store-all plan's largest predicted peak (1F1B), then
     of ZB-H1's: the cut and the chunks' plans rematerialize (rotor) where
@@ -121,71 +142,42 @@ def check_planned(case, args, free, report: dict) -> None:
     from schedir.pipeline.baselines import BASELINES
 
     model = case.factory()
-    ref_loss, ref_grads = nnx.value_and_grad(case.loss_fn)(model, *args)
+    reference = nnx.value_and_grad(case.loss_fn)(model, *args)
     memory = int(0.8 * max(free.predicted.device_peak.values()))
-    names = [f"d{u}" for u in range(4)]
-    platform = schedir.Platform.fully_connected(
-        [schedir.Device(n, 1.0, memory) for n in names], 100e9
-    )
     plan = plan_pipeline(case.loss_fn, model, *args, devices=4, microbatches=4,
-                         platform=platform)  # fmt: skip
+                         platform=memories(memory))  # fmt: skip
     assert any(p.kind == "rotor" and p.ops for p in plan.schedule.plans), plan.schedule.plans
     assert max(plan.predicted.device_peak.values()) <= memory, plan.predicted
+    names = [f"d{u}" for u in range(4)]
     stored = BASELINES["1f1b"](plan.problem, names, cuts=list(plan.cuts))
     assert max(schedir.simulate_pipeline(plan.problem, stored).device_peak.values()) > memory
-    step = plan.run(model, *args, block=True)
-    assert_close(step.loss, ref_loss, "planned: loss")
-    assert_close(step.grads, ref_grads, "planned: gradients")
-    r = step.result
-    assert r.op_device_bytes == r.op_model_bytes, [
-        (op, got, want) for (_, op, *_), got, want in
-        zip(r.op_log, r.op_device_bytes, r.op_model_bytes, strict=True) if got != want
-    ][:5]  # fmt: skip
+    check_step(plan, model, args, reference, "planned")
     report["checked"].append(f"{case.name} planned")
     # a zero-bubble schedule with per-stage plans: ZB-H1 at 0.8 of its store-all peak
     free_zb = free.with_schedule("zb_h1")
     memory = int(0.8 * max(free_zb.predicted.device_peak.values()))
-    platform = schedir.Platform.fully_connected(
-        [schedir.Device(n, 1.0, memory) for n in names], 100e9
-    )
     plan = plan_pipeline(case.loss_fn, model, *args, devices=4, microbatches=4,
-                         platform=platform, schedule="zb_h1")  # fmt: skip
+                         platform=memories(memory), schedule="zb_h1")  # fmt: skip
     assert any(p.kind == "rotor" and p.ops for p in plan.schedule.plans), plan.schedule.plans
     assert max(plan.predicted.device_peak.values()) <= memory, plan.predicted
-    step = plan.run(model, *args, block=True)
-    assert_close(step.loss, ref_loss, "planned zb_h1: loss")
-    assert_close(step.grads, ref_grads, "planned zb_h1: gradients")
-    r = step.result
-    assert r.op_device_bytes == r.op_model_bytes, "planned zb_h1: measured bytes"
+    check_step(plan, model, args, reference, "planned zb_h1")
     report["checked"].append(f"{case.name} planned zb_h1")
 
 
 def check_joint(case, args, free, report: dict) -> None:
     """The joint planner's schedule (its cut, pattern and per-stage plans) at 0.8 of the
     store-all 1F1B plan's largest peak: loss and gradients equal plain, measured bytes
-    equal the model's after every op, predicted peaks within the memories."""
-    import schedir
-
+    equal the model's after every op, predicted peaks within the memories, every
+    device used."""
     model = case.factory()
-    ref_loss, ref_grads = nnx.value_and_grad(case.loss_fn)(model, *args)
+    reference = nnx.value_and_grad(case.loss_fn)(model, *args)
     memory = int(0.8 * max(free.predicted.device_peak.values()))
-    platform = schedir.Platform.fully_connected(
-        [schedir.Device(f"d{u}", 1.0, memory) for u in range(4)], 100e9
-    )
     plan = plan_pipeline(case.loss_fn, model, *args, devices=4, microbatches=4,
-                         platform=platform, schedule="joint")  # fmt: skip
+                         platform=memories(memory), schedule="joint")  # fmt: skip
     assert plan.schedule_name == "joint" and plan.schedule.meta["method"] == "pipeline_joint"
     assert max(plan.predicted.device_peak.values()) <= memory, plan.predicted
-    step = plan.run(model, *args, block=True)
-    assert_close(step.loss, ref_loss, "joint: loss")
-    assert_close(step.grads, ref_grads, "joint: gradients")
-    r = step.result
-    assert r.op_device_bytes == r.op_model_bytes, [
-        (op, got, want) for (_, op, *_), got, want in
-        zip(r.op_log, r.op_device_bytes, r.op_model_bytes, strict=True) if got != want
-    ][:5]  # fmt: skip
-    used = {d for leaf in jax.tree_util.tree_leaves(r.grads) for d in leaf.devices()}
-    assert len(used) == 4
+    assert len(set(plan.devices)) == 4
+    check_step(plan, model, args, reference, "joint")
     report["checked"].append(f"{case.name} joint {plan.schedule.meta['pattern']}")
 
 
