@@ -456,13 +456,17 @@ def _schedule(
 # adjacent chunks on one device) the footprints count twice (the activation between
 # them is in the held bytes of both, the runtime holds it once)
 JOINT_PATTERNS = ("1f1b", "zb_h1", "zb_h2", "list")
+# simulated candidates of its search: 400 (its default) left the 8-device U-Net of the
+# experiment (paper_experiments/traced_pipelines.py) 8% slower; it used about 800
+JOINT_EVALS = 1000
 
 
 def _joint(problem: PipelineProblem) -> PipelineSchedule:
     """The joint planner's schedule of the block problem: no offload (the runtime does
     not execute host copies), judged on one step alone (``run`` runs one)."""
     try:
-        return pipeline_joint(problem, patterns=JOINT_PATTERNS, steps=1, offload=False)
+        return pipeline_joint(problem, patterns=JOINT_PATTERNS, steps=1, offload=False,
+                              max_evals=JOINT_EVALS)  # fmt: skip
     except Infeasible:
         raise InvalidSchedule(
             f"the joint planner found no cut of the traced model's {problem.length} "

@@ -299,25 +299,29 @@ class _Search:
         return cuts[::-1]
 
     def improve(self, pattern: str, devs: Sequence[str], cuts: list[int]) -> None:
-        """Hill climbing on the cuts: evaluate every move by +-1 of one cut, and of a
-        run of cuts from the first or to the last (a block handed along the pipeline:
-        one move where single moves would each be worse), and take the best while the
-        simulated period improves (from infeasible cuts too: the first feasible
-        neighbour is an improvement)."""
+        """Hill climbing on the cuts: evaluate every move of one cut by +-1 and take
+        the best while the simulated period improves (from infeasible cuts too: the
+        first feasible neighbour is an improvement); where none does, every move by
+        +-1 of a run of cuts from the first or to the last (a block handed along the
+        pipeline: one move where single moves are each worse)."""
         period = self.candidate(pattern, devs, cuts, "plan")
         period = math.inf if period is None else period
         inner = range(1, len(cuts) - 1)
-        runs = {(k, k) for k in inner} | {(1, k) for k in inner} | {(k, inner[-1]) for k in inner}
+        single = [(k, k) for k in inner]
+        runs = sorted({(1, k) for k in inner} | {(k, inner[-1]) for k in inner} - set(single))
         while self.evals < self.max_evals:
             best = (period, None)
-            for a, b in sorted(runs):
-                for step in (-1, 1):
-                    new = [c + step if a <= k <= b else c for k, c in enumerate(cuts)]
-                    if not all(x < y for x, y in zip(new[:-1], new[1:], strict=True)):
-                        continue
-                    got = self.candidate(pattern, devs, new, "plan")
-                    if got is not None and got < best[0] - 1e-12:
-                        best = (got, new)
+            for moves in (single, runs):
+                for a, b in moves:
+                    for step in (-1, 1):
+                        new = [c + step if a <= k <= b else c for k, c in enumerate(cuts)]
+                        if not all(x < y for x, y in zip(new[:-1], new[1:], strict=True)):
+                            continue
+                        got = self.candidate(pattern, devs, new, "plan")
+                        if got is not None and got < best[0] - 1e-12:
+                            best = (got, new)
+                if best[1] is not None:
+                    break
             if best[1] is None:
                 return
             period, cuts = best
