@@ -9,8 +9,8 @@ bytes measured after every op equal the model's; the decoder LM again with devic
 memories below its store-all peaks, where the chunks' plans rematerialize, under
 1F1B, ZB-H1 and the joint planner's schedule. In this process (one device): the
 refusals (dropout drawing, arguments without the batch axis, a loss mixing the batch),
-a summed loss, and the automatic plan never slower than storing every activation on
-the even cut at that baseline's memory."""
+a summed loss, a joint list schedule run as modelled, and the automatic plan never
+slower than storing every activation on the even cut at that baseline's memory."""
 
 from __future__ import annotations
 
@@ -301,6 +301,28 @@ def test_auto_schedule_and_cuts_by_hand():
         plan_pipeline(loss_fn, model, x, devices=two, cuts=(0, 1, L), schedule="joint")
     with pytest.raises(ValueError, match="the joint planner chooses its own cut"):
         hand.with_schedule("joint")
+
+
+def test_a_joint_list_schedule_runs_as_modelled():
+    """The joint planner's list schedule (F, Bi, W ordered under 7 kB per device, two
+    chunks on rotor): loss and gradients equal plain, measured bytes equal the model's
+    after every op (one device named three times: bytes are counted per name)."""
+    import schedir
+
+    model = MLP(width=16, depth=8, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(0), (8, 16))
+
+    def loss_fn(model, x):
+        return jnp.mean(model(x) ** 2)
+
+    devices = [schedir.Device(f"d{u}", 1.0, 7000) for u in range(3)]
+    platform = schedir.Platform.fully_connected(devices, 1e9)
+    plan = plan_pipeline(loss_fn, model, x, devices=jax.devices()[:1] * 3, microbatches=4,
+                         platform=platform, schedule="joint")  # fmt: skip
+    assert plan.schedule.meta["pattern"] == "list", plan.schedule.meta
+    assert any(c.kind == "rotor" for c in plan.schedule.plans), plan.schedule.plans
+    assert max(plan.predicted.device_peak.values()) <= 7000
+    check_step(plan, model, (x,), nnx.value_and_grad(loss_fn)(model, x), "joint list")
 
 
 def test_auto_is_never_slower_than_storing_all_on_the_even_cut():
