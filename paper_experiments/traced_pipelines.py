@@ -7,7 +7,8 @@ micro-batching needs a model whose state the call does not change) and a traced 
 speed, as a pipeline over two GPU generations), ``jax_exec.parallel.plan_pipeline``
 with ``schedule="auto"`` (the balanced cut of the block chain by device speed, within
 each device's memory, and the schedule of shortest simulated step that fits among
-GPipe, 1F1B, ZB-H1 and ZB-H2) against the best hand baseline: the blocks split evenly
+GPipe, 1F1B, ZB-H1, ZB-H2 and the joint planner's search, each with per-stage
+activation plans) against the best hand baseline: the blocks split evenly
 over the devices (what one does by hand: the same number of layers per device) under
 the best of those schedules. Equal memory per device: every device gets the hand
 baseline's largest device peak, and the automatic plan is made within it.
@@ -71,10 +72,17 @@ def platform(kind: str, n: int, memory: int | None = None) -> Platform:
     return Platform.fully_connected(devices, BANDWIDTH)
 
 
+def _schedule_name(p) -> str:
+    """The schedule, and for the joint planner's the pattern it chose."""
+    if p.schedule_name == "joint":
+        return f"joint ({p.schedule.meta['pattern']})"
+    return p.schedule_name
+
+
 def row(name, n, kind, method, p, microbatches, memory) -> dict:
     return {
         "model": name, "devices": n, "platform": kind, "method": method,
-        "schedule": p.schedule_name, "cuts": " ".join(map(str, p.cuts)),
+        "schedule": _schedule_name(p), "cuts": " ".join(map(str, p.cuts)),
         "makespan": p.predicted.makespan,
         "throughput": microbatches / p.predicted.makespan,
         "bubble": p.predicted.bubble, "max_peak": max(p.predicted.device_peak.values()),

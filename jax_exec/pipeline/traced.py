@@ -81,7 +81,7 @@ from schedir.pipeline.problem import PipelineProblem
 from schedir.pipeline.schedule import PipelineSchedule
 from schedir.pipeline.simulate import simulate_pipeline
 from schedir.platform import Device, Platform
-from solvers.pipeline.joint import plan_pattern
+from solvers.pipeline.joint import pipeline_joint, plan_pattern
 from solvers.registry import Infeasible
 
 # chunks (virtual stages) per device of each schedule
@@ -226,13 +226,15 @@ class PipelinePlan:
         (e.g. "1f1b", "gpipe", "zb_h1", "zb_h2"): no tracing, the kernels shared; with
         device memories, the chunks' activation plans made again for its micro-batches
         in flight."""
-        if CHUNKS_PER_DEVICE.get(schedule, 1) != CHUNKS_PER_DEVICE.get(self.schedule_name, 1):
+        if schedule not in BASELINES:
+            raise ValueError(f"schedule = {schedule!r}: expected one of {sorted(BASELINES)} "
+                             f"(the joint planner chooses its own cut: plan again)")  # fmt: skip
+        per_device = (len(self.cuts) - 1) // len(self.schedule.ops)
+        if CHUNKS_PER_DEVICE.get(schedule, 1) != per_device:
             raise ValueError(
                 f"schedule = {schedule!r} runs another number of chunks per device than "
                 f"{self.schedule_name!r}: plan again"
             )
-        if schedule not in BASELINES:
-            raise ValueError(f"schedule = {schedule!r}: expected one of {sorted(BASELINES)}")
         names = [dev for dev, _ in self.schedule.ops]
         sched = _schedule(self.problem, schedule, names, self.cuts)
         return replace(
@@ -319,16 +321,21 @@ def plan_pipeline(
         devices: a device count (the first ones of ``jax.devices()``) or the devices.
         microbatches: micro-batches per step.
         schedule: a key of :data:`schedir.pipeline.baselines.BASELINES` ("1f1b",
-            "gpipe", "zb_h1", "zb_h2", "interleaved_1f1b", "v_shape"), or ``"auto"``:
-            each of them (:data:`AUTO_SCHEDULES`; the two-chunk ones on a cut of their
-            own where the model has the blocks; with a ``platform``, each one-chunk
-            schedule on its own cut within the memories), keeping the shortest simulated step
-            whose predicted peaks fit the platform's memories (ties: the earlier in
-            that order); :attr:`PipelinePlan.alternatives` lists every step found.
+            "gpipe", "zb_h1", "zb_h2", "interleaved_1f1b", "v_shape"), ``"joint"``:
+            the joint planner's search (:func:`solvers.pipeline.joint.pipeline_joint`:
+            the cut, the pattern among :data:`JOINT_PATTERNS`, list scheduling under
+            the memories included, and every chunk's plan, for the shortest step
+            alone), or ``"auto"``: each of them (:data:`AUTO_SCHEDULES`; the
+            two-chunk ones on a cut of their own where the model has the blocks; with
+            a ``platform``, each one-chunk schedule on its own cut within the
+            memories), keeping the shortest simulated step whose predicted peaks fit
+            the platform's memories (ties: the earlier in that order);
+            :attr:`PipelinePlan.alternatives` lists every step found.
         cost_model: the roofline model of the block times.
         bandwidth: bytes/s of the links in the simulated figures (nominal).
         platform: the devices' speeds and memories (its first ``len(devices)``
-            devices, in order, one per pipeline device; one-chunk schedules only): the
+            devices, in order, one per pipeline device; one-chunk schedules and
+            ``"joint"`` only): the
             cut divides each stage's time by its device's speed; with memories, each
             chunk runs the fastest plan (store-all or rotor) within the bytes per
             micro-batch its device leaves (its parameters, messages and micro-batches
@@ -341,7 +348,8 @@ def plan_pipeline(
             the peaks are then lower bounds; the runtime compiles its own kernels).
         cuts: the stage boundaries by hand (block indices ``0 = c_0 < ... < c_S = L``,
             ``S`` = devices x chunks per device of the schedule; with ``"auto"``,
-            one-chunk schedules only), instead of the balanced cut.
+            one-chunk schedules only; not with ``"joint"``, which chooses its own),
+            instead of the balanced cut.
 
     Raises:
         ValueError: an argument without the batch axis, a batch not divisible into
@@ -355,9 +363,12 @@ def plan_pipeline(
                   bandwidth=bandwidth, working_sets=working_sets, platform=platform,
                   cuts=cuts)  # fmt: skip
         return _best_schedule(loss_fn, model, args, kw)
-    if schedule not in BASELINES:
-        known = ", ".join(["auto", *sorted(BASELINES)])
+    if schedule not in BASELINES and schedule != JOINT:
+        known = ", ".join(["auto", JOINT, *sorted(BASELINES)])
         raise ValueError(f"schedule = {schedule!r}: expected one of {known}")
+    if schedule == JOINT and cuts is not None:
+        raise ValueError(f"cuts = {cuts!r} with schedule = {JOINT!r}: the joint planner "
+                         "chooses the cut (cut by hand with a schedule of BASELINES)")  # fmt: skip
     devs = _devices(devices)
     parts = len(devs) * CHUNKS_PER_DEVICE.get(schedule, 1)
     batch = _batch_size(args, microbatches)
@@ -395,6 +406,7 @@ def plan_pipeline(
     if cuts is not None:
         cuts = _checked_cuts(cuts, parts, L)
     sched = _schedule(problem, schedule, names, cuts)
+    by_name = dict(zip(names, devs, strict=True))
     return PipelinePlan(
         _chunk_cuts(sched),
         slices,
@@ -402,7 +414,7 @@ def plan_pipeline(
         sched,
         problem,
         _predicted(problem, sched),
-        tuple(devs),
+        tuple(by_name[dev] for dev, _ in sched.ops),  # the joint planner may reorder
         microbatches,
         batch,
         scale,
@@ -419,6 +431,8 @@ def _schedule(
     within what its device gives each of its micro-batches in flight, on ``cuts`` or
     on the cut of least slowest planned stage (:func:`solvers.pipeline.joint.
     plan_pattern`)."""
+    if name == JOINT:
+        return _joint(problem)
     parts = len(devices) * CHUNKS_PER_DEVICE.get(name, 1)
     if not has_memories(problem.platform):
         if cuts is None:
@@ -426,7 +440,7 @@ def _schedule(
             cuts = balanced_cuts(problem, parts, speeds)
         return BASELINES[name](problem, devices, cuts=list(cuts))
     try:
-        return plan_pattern(problem, name, devices, cuts)
+        return plan_pattern(problem, name, devices, cuts, steps=1)  # run() runs one step
     except Infeasible:
         if cuts is not None:
             why = (f"the cut {tuple(cuts)}: no plan of its {parts} stages (store-all or "
@@ -436,6 +450,29 @@ def _schedule(
                    f"stages, each storing or rematerializing its activations (rotor) under "
                    f"{name}, fits the devices' memory")  # fmt: skip
         raise InvalidSchedule(why) from None
+
+
+# the joint planner's patterns for traced stages: not the V-shape, whose turn (two
+# adjacent chunks on one device) the footprints count twice (the activation between
+# them is in the held bytes of both, the runtime holds it once)
+JOINT_PATTERNS = ("1f1b", "zb_h1", "zb_h2", "list")
+# simulated candidates of its search: 400 (its default) left the 8-device U-Net of the
+# experiment (paper_experiments/traced_pipelines.py) 8% slower; it used about 800
+JOINT_EVALS = 1000
+
+
+def _joint(problem: PipelineProblem) -> PipelineSchedule:
+    """The joint planner's schedule of the block problem: no offload (the runtime does
+    not execute host copies), judged on one step alone (``run`` runs one)."""
+    try:
+        return pipeline_joint(problem, patterns=JOINT_PATTERNS, steps=1, offload=False,
+                              max_evals=JOINT_EVALS)  # fmt: skip
+    except Infeasible:
+        raise InvalidSchedule(
+            f"the joint planner found no cut of the traced model's {problem.length} "
+            f"blocks, schedule and per-stage plans (store-all or rotor) that fit the "
+            f"devices' memory"
+        ) from None
 
 
 def has_memories(platform: Platform) -> bool:
@@ -449,8 +486,10 @@ def _chunk_cuts(schedule: PipelineSchedule) -> tuple[int, ...]:
     return tuple(sorted(firsts | lasts))
 
 
+# the joint planner's search as a schedule (solvers.pipeline.joint.pipeline_joint)
+JOINT = "joint"
 # schedule="auto" tries these, in this order (ties keep the earlier)
-AUTO_SCHEDULES = ("1f1b", "zb_h1", "zb_h2", "gpipe", "interleaved_1f1b", "v_shape")
+AUTO_SCHEDULES = ("1f1b", "zb_h1", "zb_h2", "gpipe", "interleaved_1f1b", "v_shape", JOINT)
 
 
 def _best_schedule(loss_fn: Callable, model: nnx.Module, args: tuple, kw: dict) -> PipelinePlan:
@@ -473,6 +512,11 @@ def _best_schedule(loss_fn: Callable, model: nnx.Module, args: tuple, kw: dict) 
     if two_chunks and 2 * len(found[0].devices) <= found[0].model.length:
         twice = plan_pipeline(loss_fn, model, *args, schedule=AUTO_SCHEDULES[4], **kw)
         found += [twice, twice.with_schedule(AUTO_SCHEDULES[5])]
+    if kw["cuts"] is None:
+        try:
+            found.append(plan_pipeline(loss_fn, model, *args, schedule=JOINT, **kw))
+        except InvalidSchedule:  # nothing of the joint planner's fits the memories
+            pass
     memory = {d.name: d.memory for d in found[0].problem.platform.devices}
 
     def fits(p: PipelinePlan) -> bool:
@@ -565,10 +609,10 @@ ONE_CHUNK = ("1f1b", "zb_h1", "zb_h2", "gpipe")
 
 def _platform_devices(platform: Platform, n: int, schedule: str) -> list[str]:
     """The names of the platform's first ``n`` devices, one per pipeline device."""
-    if schedule not in ONE_CHUNK:
+    if schedule not in (*ONE_CHUNK, JOINT):
         raise ValueError(
             f"platform= with schedule = {schedule!r}: the cut over a platform takes one chunk "
-            f"per device ({', '.join(ONE_CHUNK)})"
+            f"per device ({', '.join(ONE_CHUNK)}) or the joint planner's ({JOINT!r})"
         )
     if len(platform.devices) < n:
         raise ValueError(f"platform has {len(platform.devices)} devices, the plan {n}")

@@ -50,6 +50,7 @@ def list_schedule(
     priority: Sequence[str] = ("B", "F", "W"),
     caps: dict[str, float] | None = None,
     footprint: Sequence[int | None] | None = None,
+    held: Sequence[int | None] | None = None,
     recompute: Sequence[float] | None = None,
     cap_wgrad: bool = True,
     w_defer: dict[str, int] | None = None,
@@ -65,10 +66,13 @@ def list_schedule(
     this wait on device u, a W goes before forwards. A micro-batch's first forward on
     a device reserves the stashes of its later chunks there (so that a V-shape never
     starts a micro-batch it cannot finish). ``footprint[c]``: a per-micro-batch
-    footprint of chunk c (its ``ChunkPlan.footprint``), ``recompute[c]``: extra backward
-    seconds. ``messages``: the caps also cover the messages between devices as the simulator
-    counts them inside footprints: a received buffer from its sender's op end until its
-    consumer starts, a sent gradient from its backward's end until its transfer ends;
+    footprint of chunk c (its ``ChunkPlan.footprint``) and ``held[c]`` the part of it held
+    between forward and backward (``ChunkPlan.held``: the caps count what is held, the
+    rest being the running op's working set, which they do not), ``recompute[c]``:
+    extra backward seconds. ``messages``: the caps also cover the messages between
+    devices as the simulator counts them inside footprints: a received buffer from its
+    sender's op end until its consumer starts, a sent gradient from its backward's end
+    until its transfer ends;
     an op starts only if what it sends fits its receiver (credit-based flow control).
     With ``messages``, each device also keeps room for the gradients of its backward
     path (:func:`gradient_reserve`: one incoming gradient per chunk fed from another
@@ -81,6 +85,7 @@ def list_schedule(
     C, m = len(chunks), problem.microbatches
     caps = caps or {}
     fp = list(footprint) if footprint is not None else [None] * C
+    kept = list(held) if held is not None else [None] * C
     rec = list(recompute) if recompute is not None else [0.0] * C
     devs = sorted({u for _, _, u in chunks}, key=[u for _, _, u in chunks].index)
     speed = {u: problem.platform.device(u).speed for u in devs}
@@ -108,7 +113,9 @@ def list_schedule(
     dur, stash, hold = {}, {}, {}
     for c, (_, _, u) in enumerate(chunks):
         for kind in ("F", bwd_kind) + (("W",) if split else ()):
-            eff = effect(problem, u, op_of(kind, c, 0), training=True, footprint=fp[c])
+            eff = effect(
+                problem, u, op_of(kind, c, 0), training=True, footprint=fp[c], held=kept[c]
+            )
             dur[kind, c] = eff.work / speed[u]
             if kind == "F":
                 stash[c] = sum(size for key, size in eff.allocs if key[1] == "s")

@@ -13,6 +13,9 @@ a periodic pattern of m items, :func:`schedir.pipeline.ops.expand`) and measures
   ``bubble_rate`` = bubble / that busy time (the papers' "bubble rate", e.g. (p-1)/m
   for 1F1B with uniform stages);
 - ``makespan``: one step alone; ``device_peak``: bytes over the whole repeated run.
+
+``steps=1`` is one step alone, as a runtime that waits for each step before the next
+runs them (a barrier between steps): its period is its makespan.
 """
 
 from __future__ import annotations
@@ -51,9 +54,9 @@ def step_microbatches(schedule: PipelineSchedule) -> int:
 
 
 def step_report(problem: PipelineProblem, schedule: PipelineSchedule, steps: int = 3) -> StepReport:
-    """Simulate ``steps`` >= 2 repeated steps of ``schedule`` (module docstring)."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
-        raise InvalidSchedule(f"steps = {steps!r}: expected an integer >= 2")
+    """Simulate ``steps`` >= 1 repeated steps of ``schedule`` (module docstring)."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise InvalidSchedule(f"steps = {steps!r}: expected an integer >= 1")
     if schedule.periodic:
         raise InvalidSchedule("step_report takes one step, not a periodic pattern")
     m = step_microbatches(schedule)
@@ -70,7 +73,7 @@ def step_report(problem: PipelineProblem, schedule: PipelineSchedule, steps: int
             dev = rec.resource[1]
             busy[dev] = busy.get(dev, 0.0) + rec.end - rec.start
             first = rec.start if first is None else min(first, rec.start)
-    period = ends[-1] - ends[-2]
+    period = ends[-1] - ends[-2] if steps > 1 else ends[0] - (first or 0.0)
     top = max(busy.values(), default=0.0)
     bubble = period - top
     return StepReport(

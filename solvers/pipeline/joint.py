@@ -13,11 +13,14 @@ memories; optionally ``budget`` bytes bounding every device), it searches:
   bytes per micro-batch its device can give it, then a local search moving one cut at
   a time judged by the simulator;
 - per chunk the fastest :class:`~solvers.pipeline.stage_plans.Plan` (store-all, rotor,
-  rotor_offload) within that budget. The budget comes from the pattern's order: on
-  device u, with a_k and h_k the stashes and weight-gradient data alive after its k-th
-  op (counted from the op list, which fixes them), the footprint f must satisfy
-  weights + messages + max_k (a_k f + h_k H) <= memory (H: ``wgrad_bytes`` of the
-  chunk, or f when the problem gives none).
+  rotor_offload) that fits. What fits comes from the pattern's order
+  (:mod:`solvers.pipeline.inflight`): on device u, with s_k and w_k the stashes and
+  weight-gradient data alive while its k-th op runs (counted from the op list, which
+  fixes them), a plan of footprint F holding H between forward and backward must
+  satisfy weights + messages + max_k (s_k H + w_k W + F - H) <= memory (W: the
+  chunk's ``wgrad_bytes``, or H and the incoming gradient), what the simulator
+  charges (with list scheduling: k micro-batches in flight, the list scheduler's caps
+  counting what is held and leaving room for the largest F - H).
 
 Every candidate is simulated over repeated steps (:func:`schedir.pipeline.steps.
 step_report`); one whose simulated peak exceeds a device is retried with that
@@ -40,11 +43,12 @@ from dataclasses import dataclass
 from schedir.errors import InvalidSchedule
 from schedir.pipeline.baselines import gpipe, one_f_one_b, v_shape, zb_h1, zb_h2
 from schedir.pipeline.listsched import list_schedule
-from schedir.pipeline.ops import Bwd, Fwd, Wgt, wgrad_hold
+from schedir.pipeline.ops import Bwd
 from schedir.pipeline.placement import balanced_cuts, place, schedule_from_orders
 from schedir.pipeline.problem import PipelineProblem, capacity
 from schedir.pipeline.schedule import ChunkPlan, PipelineSchedule
 from schedir.pipeline.steps import StepReport, step_report
+from solvers.pipeline.inflight import Moment, fastest_within, moments, relabeled, room_left
 from solvers.pipeline.one_f_one_b import message_reserve
 from solvers.pipeline.stage_plans import Plan, shared_plans
 from solvers.registry import Infeasible, register
@@ -54,70 +58,17 @@ PATTERNS = {"1f1b": one_f_one_b, "zb_h1": zb_h1, "zb_h2": zb_h2, "v_shape": v_sh
 CHUNKS_PER_DEVICE = {"1f1b": 1, "zb_h1": 1, "zb_h2": 1, "v_shape": 2, "gpipe": 1, "list": 1}
 
 
-def alive_profile(schedule: PipelineSchedule) -> dict[str, list[dict]]:
-    """Per device, after each compute op (forwards count from their start): the number
-    of micro-batches of each chunk ``(first, last)`` holding a stash (``"s"``) and
-    holding weight-gradient data (``"w"``)."""
-    out: dict[str, list[dict]] = {}
-    for dev, ops in schedule.ops:
-        s: dict = {}
-        w: dict = {}
-        rows = []
-        for op in ops:
-            key = (op.first, op.last) if isinstance(op, Fwd | Bwd | Wgt) else None
-            if isinstance(op, Fwd):
-                s[key] = s.get(key, 0) + 1
-            elif isinstance(op, Bwd):
-                rows.append({"s": dict(s), "w": dict(w)})  # the stash is held while it runs
-                s[key] -= 1
-                if op.part == "input":
-                    w[key] = w.get(key, 0) + 1
-            elif isinstance(op, Wgt):
-                w[key] -= 1
-            else:
-                continue
-            rows.append({"s": dict(s), "w": dict(w)})
-        out[dev] = rows
-    return out
+def in_flight(chunks: Sequence[tuple[int, int, str]], device: str, k: int) -> tuple[Moment, ...]:
+    """The moments of list scheduling with ``k`` micro-batches of each of ``device``'s
+    chunks in flight: any of its chunks' ops may run."""
+    mine = [(a, b) for a, b, u in chunks if u == device]
+    stashes = tuple((c, k) for c in mine)
+    return tuple(Moment(c, "F", stashes, ()) for c in mine)
 
 
-def _row_terms(problem, rows, chunks_here) -> list[tuple[int, float]]:
-    """Per row, (a, fixed): its bytes are a f + fixed for a footprint f."""
-    terms = []
-    for row in rows:
-        a = sum(row["s"].get(c, 0) for c in chunks_here)
-        fixed = 0.0
-        for c in chunks_here:
-            n = row["w"].get(c, 0)
-            if problem.wgrad_bytes is None:
-                a += n
-            else:
-                fixed += n * wgrad_hold(problem, c[0], c[1], 0)
-        terms.append((a, fixed))
-    return terms
-
-
-def footprint_budget(problem, rows, chunks_here, room: float) -> float:
-    """The largest per-micro-batch footprint f (the same for the device's chunks) with
-    max over rows of sum_c (s_c f + w_c H_c) <= room; H_c = wgrad_bytes or f."""
-    if math.isinf(room):
-        return math.inf
-    best = math.inf
-    for a, fixed in _row_terms(problem, rows, chunks_here):
-        if a > 0:
-            best = min(best, (room - fixed) / a)
-        elif fixed > room:
-            return -1.0
-    return best
-
-
-def footprint_margin(problem, rows, chunks_here, room: float, footprint: float) -> float:
-    """How many bytes ``room`` may lose with :func:`footprint_budget` still at least
-    ``footprint`` (inf: any)."""
-    if math.isinf(room):
-        return math.inf
-    return min((room - fixed - a * footprint for a, fixed in _row_terms(problem, rows, chunks_here)
-                if a > 0), default=math.inf)  # fmt: skip
+def _most_in_flight(rows: Sequence[Moment]) -> int:
+    """The most micro-batches holding a stash at once on a device (1 if none)."""
+    return max((sum(n for _, n in m.stashes) for m in rows), default=1)
 
 
 @dataclass(frozen=True)
@@ -163,10 +114,9 @@ class _Search:
         chunks = place(list(cuts), list(devs), shape)
         if pattern.startswith("list:"):  # k micro-batches per device, then list scheduling
             k = int(pattern.split(":")[1])
-            rows = {u: [{"s": {(a, b): k for a, b, v in chunks if v == u}, "w": {}}]
-                    for u in devs}  # fmt: skip
+            rows = {u: in_flight(chunks, u, k) for u in devs}
         else:
-            rows = alive_profile(self._orders(pattern, devs, cuts, chunks, None, None))
+            rows = moments(self._orders(pattern, devs, cuts, chunks, None, None))
         if pattern.startswith("list"):
             return self._walk(pattern, devs, cuts, chunks, rows)
         slack = {u: 0.0 for u in devs}  # bytes taken off a device's room after a try
@@ -174,10 +124,9 @@ class _Search:
             plans = self._choose(chunks, rows, "store_all" if mode == "as_is" else mode, slack)
             if plans is None:
                 return None
-            fp = None if mode == "as_is" else [p.footprint for p in plans]
-            rec = [p.extra for p in plans]
             try:
-                s = self._orders(pattern, devs, cuts, chunks, fp, rec)
+                s = self._orders(pattern, devs, cuts, chunks, None if mode == "as_is" else plans,
+                                 [p.extra for p in plans])  # fmt: skip
             except InvalidSchedule:
                 return None
             period, over = self._judge(s, pattern, cuts, plans, mode)
@@ -215,14 +164,12 @@ class _Search:
             plans = self._choose(chunks, rows, "plan", dict.fromkeys(devs, delta))
             if plans is None:
                 break
-            fp = [p.footprint for p in plans]
-            rec = [p.extra for p in plans]
             try:
-                s, cap_slack = self._list(pattern, chunks, fp, rec, delta)
+                s, cap_slack = self._list(pattern, chunks, plans, delta)
             except InvalidSchedule:
                 break
-            if (tuple(fp), s.ops) not in visited:
-                visited.add((tuple(fp), s.ops))
+            if (s.plans, s.ops) not in visited:
+                visited.add((s.plans, s.ops))
                 period, _ = self._judge(s, pattern, cuts, plans, "plan")
                 if period is not None and (best is None or period < best):
                     best = period
@@ -237,37 +184,45 @@ class _Search:
         out = math.inf
         for dev in {u for _, _, u in chunks}:
             here = [(a, b) for a, b, u in chunks if u == dev]
-            least = min(p.footprint for p, (_, _, u) in zip(plans, chunks, strict=True)
-                        if u == dev)  # fmt: skip
+            mine = [p for p, (_, _, u) in zip(plans, chunks, strict=True) if u == dev]
             room = self.cap(dev) - self._fixed(dev, chunks) - delta
-            out = min(out, footprint_margin(self.problem, rows[dev], here, room, least))
+            out = min(out, room_left(self.plans, self.problem, rows[dev], here, mine, room))
         return out
 
-    def _list(self, pattern, chunks, fp, rec, lower: float = 0.0):
-        """The list schedule of ``pattern`` ("list:k[:BFW|BWF]") with every device's cap
-        lowered by ``lower`` bytes, and its ``cap_slack``."""
+    def _list(self, pattern, chunks, plans, lower: float = 0.0):
+        """The list schedule of ``pattern`` ("list:k[:BFW|BWF]") of the chunks running
+        ``plans``, with every device's cap lowered by ``lower`` bytes, and its
+        ``cap_slack``. The list scheduler caps the bytes held between ops (stashes,
+        weight-gradient data, messages); the working set of the op running, its
+        footprint less its held bytes, comes off the cap first."""
         pb = self.problem
-        # messages are counted by the list scheduler itself; a W's working set is not
+        sized = [self.plans.chunk_plan(ChunkPlan(a, b, u), p)
+                 for (a, b, u), p in zip(chunks, plans, strict=True)]  # fmt: skip
+        # a W's working set is outside footprints that do not say what they hold
         wgt = max(pb.chain.bwd_tmp[: pb.length]) if pb.wgrad_fraction is not None else 0
         caps = {}
         for u in {v for _, _, v in chunks}:
-            held = sum(sum(pb.weights[a:b]) for a, b, v in chunks if v == u)
-            c = self.cap(u) - lower - wgt - held
+            mine = [c for c in sized if c.device == u]
+            work = max(wgt if c.held is None else c.footprint - c.held for c in mine)
+            weights = sum(sum(pb.weights[c.first : c.last]) for c in mine)
+            c = self.cap(u) - lower - work - weights
             caps[u] = None if math.isinf(c) else c
         parts = pattern.split(":")
         order = parts[2] if len(parts) > 2 else "BFW"
-        got = list_schedule(pb, chunks, caps=caps if fp is not None else None, footprint=fp,
-                            recompute=rec, priority=tuple(order), messages=True)  # fmt: skip
-        s = schedule_from_orders(pb, chunks, got.orders, {"pattern": "list"}, rec, fp)
-        return s, got.cap_slack
+        rec = [p.extra for p in plans]
+        got = list_schedule(pb, chunks, caps=caps, footprint=[c.footprint for c in sized],
+                            held=[c.held for c in sized], recompute=rec, priority=tuple(order),
+                            messages=True)  # fmt: skip
+        s = schedule_from_orders(pb, chunks, got.orders, {"pattern": "list"}, rec)
+        return s.with_plans(sized), got.cap_slack
 
-    def _orders(self, pattern, devs, cuts, chunks, fp, rec) -> PipelineSchedule:
-        """The fixed-order pattern's schedule on these cuts, with footprints ``fp``."""
+    def _orders(self, pattern, devs, cuts, chunks, plans, rec) -> PipelineSchedule:
+        """The fixed-order pattern's schedule on these cuts, the chunks running ``plans``
+        (None: the pattern as published, every chunk on its own accounting)."""
         s = PATTERNS[pattern](self.problem, list(devs), cuts=list(cuts), recompute=rec)
-        if fp is not None:
-            s = s.with_plans(
-                ChunkPlan(a, b, u, int(f)) for (a, b, u), f in zip(chunks, fp, strict=True)
-            )
+        if plans is not None:
+            s = s.with_plans(self.plans.chunk_plan(ChunkPlan(a, b, u), p)
+                             for (a, b, u), p in zip(chunks, plans, strict=True))  # fmt: skip
         return s
 
     def _fixed(self, dev, chunks) -> float:
@@ -276,25 +231,27 @@ class _Search:
         return sum(sum(pb.weights[a:b]) + message_reserve(pb, a, b) for a, b in mine)
 
     def _choose(self, chunks, rows, mode, slack) -> list[Plan] | None:
+        """Per chunk its plan: ``mode`` "store_all", "least" (rotor's least memory), or
+        "plan": the fastest plans of each device whose in-flight bytes fit its memory
+        less its weights, one message of each kind and ``slack[device]``
+        (:func:`~solvers.pipeline.inflight.fastest_within`). None if one does not fit."""
         pb = self.problem
         plans: list[Plan | None] = [None] * len(chunks)
-        n_all = sum(max((sum(r["s"].values()) for r in rs), default=1) for rs in rows.values())
+        n_all = sum(_most_in_flight(rs) for rs in rows.values())
         for dev in {u for _, _, u in chunks}:
-            here = [(a, b) for a, b, u in chunks if u == dev]
-            room = self.cap(dev) - self._fixed(dev, chunks) - slack[dev]
-            f = footprint_budget(pb, rows[dev], here, room)
-            for c, (a, b, u) in enumerate(chunks):
-                if u != dev:
-                    continue
-                if mode == "store_all":
-                    got = self.plans.store_all(a, b)
-                elif mode == "least":
-                    got = self.plans.within(a, b, self.plans.least(a, b))
-                else:
-                    got = self.plans.within(a, b, f, n_all)
-                if got is None or (not math.isinf(f) and got.footprint > f and mode == "plan"):
-                    return None
-                plans[c] = got
+            mine = [c for c, (_, _, u) in enumerate(chunks) if u == dev]
+            here = [chunks[c][:2] for c in mine]
+            if mode == "store_all":
+                got = [self.plans.store_all(a, b) for a, b in here]
+            elif mode == "least":
+                got = [self.plans.within(a, b, self.plans.least(a, b)) for a, b in here]
+            else:
+                room = self.cap(dev) - self._fixed(dev, chunks) - slack[dev]
+                got = fastest_within(self.plans, pb, rows[dev], here, room, n_all)
+            if got is None or any(p is None for p in got):
+                return None
+            for c, p in zip(mine, got, strict=True):
+                plans[c] = p
         return plans  # type: ignore[return-value]
 
     def dp_cuts(self, pattern: str, devs: Sequence[str], k: int | None = None) -> list[int] | None:
@@ -306,24 +263,21 @@ class _Search:
         if p > L:
             return None
         if k is not None:
-            rows = {u: [{"s": {(0, 1): k}, "w": {}}] for u in devs}
+            rows = {u: in_flight([(0, 1, u)], u, k) for u in devs}
         else:
-            rows = alive_profile(PATTERNS[pattern](pb, list(devs)))
-        n_all = sum(max((sum(r["s"].values()) for r in rs), default=1) for rs in rows.values())
+            rows = moments(PATTERNS[pattern](pb, list(devs)))
+        n_all = sum(_most_in_flight(rs) for rs in rows.values())
         inf = math.inf
 
         def cost(i: int, j: int, d: int) -> float:
             u = devs[d]
             fixed = sum(pb.weights[i:j]) + message_reserve(pb, i, j)
-            # the profile's chunk key is the probe's; the counts do not depend on cuts
-            key = next(iter(rows[u][0]["s"])) if rows[u] and rows[u][0]["s"] else (i, j)
-            relabeled = [{"s": {(i, j): r["s"].get(key, 0)}, "w": {(i, j): r["w"].get(key, 0)}}
-                         for r in rows[u]]  # fmt: skip
-            f = footprint_budget(pb, relabeled, [(i, j)], self.cap(u) - fixed)
-            got = self.plans.within(i, j, f, n_all)
+            # the probe's counts, on chunk [i, j): they do not depend on the cuts
+            here = relabeled(rows[u], (i, j))
+            got = fastest_within(self.plans, pb, here, [(i, j)], self.cap(u) - fixed, n_all)
             if got is None:
                 return inf
-            return got.time / pb.platform.device(u).speed
+            return got[0].time / pb.platform.device(u).speed
 
         best = [[inf] * (L + 1) for _ in range(p + 1)]
         arg = [[0] * (L + 1) for _ in range(p + 1)]
@@ -347,20 +301,27 @@ class _Search:
     def improve(self, pattern: str, devs: Sequence[str], cuts: list[int]) -> None:
         """Hill climbing on the cuts: evaluate every move of one cut by +-1 and take
         the best while the simulated period improves (from infeasible cuts too: the
-        first feasible neighbour is an improvement)."""
+        first feasible neighbour is an improvement); where none does, every move by
+        +-1 of a run of cuts from the first or to the last (a block handed along the
+        pipeline: one move where single moves are each worse)."""
         period = self.candidate(pattern, devs, cuts, "plan")
         period = math.inf if period is None else period
+        inner = range(1, len(cuts) - 1)
+        single = [(k, k) for k in inner]
+        runs = sorted({(1, k) for k in inner} | {(k, inner[-1]) for k in inner} - set(single))
         while self.evals < self.max_evals:
             best = (period, None)
-            for k in range(1, len(cuts) - 1):
-                for step in (-1, 1):
-                    new = list(cuts)
-                    new[k] += step
-                    if not new[k - 1] < new[k] < new[k + 1]:
-                        continue
-                    got = self.candidate(pattern, devs, new, "plan")
-                    if got is not None and got < best[0] - 1e-12:
-                        best = (got, new)
+            for moves in (single, runs):
+                for a, b in moves:
+                    for step in (-1, 1):
+                        new = [c + step if a <= k <= b else c for k, c in enumerate(cuts)]
+                        if not all(x < y for x, y in zip(new[:-1], new[1:], strict=True)):
+                            continue
+                        got = self.candidate(pattern, devs, new, "plan")
+                        if got is not None and got < best[0] - 1e-12:
+                            best = (got, new)
+                if best[1] is not None:
+                    break
             if best[1] is None:
                 return
             period, cuts = best
@@ -377,11 +338,16 @@ def plan_pattern(
     max_evals: int = 400,
 ) -> PipelineSchedule:
     """One fixed-order ``pattern`` (a key of :data:`PATTERNS`) on ``devices``, every
-    chunk running its fastest plan, store-all or rotor (no offload), within the bytes
-    per micro-batch its device gives it (the module docstring's budget), judged by the
-    simulator over ``steps`` (>= 2) repeated steps; on ``cuts`` (chunk boundaries) or on the
-    DP's cuts (one chunk per device; else balanced) improved by hill climbing. The
-    chunks' plans carry their footprints, kinds, extra seconds and rotor ops, and
+    chunk running its fastest plan, store-all or rotor (no offload), such that the
+    bytes its device holds for its micro-batches in flight fit (the module
+    docstring's charge), judged by the simulator over ``steps`` repeated steps (1: one
+    step alone, its makespan and peaks, as a runtime waiting for each step runs it);
+    on ``cuts`` (chunk boundaries) or on the DP's cuts (one chunk per device; else
+    balanced) improved by hill climbing. Candidates too, so that the answer is never
+    slower than they are where they fit: the pattern storing every activation as
+    published (the simulator's own accounting) and with store-all plans, on ``cuts``,
+    or on the balanced cut and on the even one (as many blocks per chunk as can be).
+    The chunks' plans carry their footprints, kinds, extra seconds and rotor ops, and
     :attr:`~schedir.pipeline.schedule.ChunkPlan.held` (what their chain schedules
     hold between forward and backward, :meth:`StagePlans.held`). Raises
     :class:`~solvers.registry.Infeasible` when no candidate fits."""
@@ -389,22 +355,34 @@ def plan_pattern(
         raise ValueError(f"pattern = {pattern!r}: expected one of {', '.join(PATTERNS)}")
     devs = list(devices)
     search = _Search(problem, None, slots, steps, [pattern], max_evals, None, offload=False)
+    parts = len(devs) * CHUNKS_PER_DEVICE[pattern]
+    L = problem.length
+    fixed = (
+        [list(cuts)]
+        if cuts is not None
+        else [balanced_cuts(problem, parts), [round(k * L / parts) for k in range(parts + 1)]]
+    )
+    for c in fixed:
+        for mode in ("as_is", "store_all"):
+            search.candidate(pattern, devs, c, mode)
     if cuts is not None:
         search.candidate(pattern, devs, list(cuts), "plan")
     else:
-        parts = len(devs) * CHUNKS_PER_DEVICE[pattern]
         start = search.dp_cuts(pattern, devs) if parts == len(devs) else None
-        search.improve(pattern, devs, start or balanced_cuts(problem, parts))
+        search.improve(pattern, devs, start or fixed[0])
     if search.best is None:
         raise Infeasible("pipeline_joint", None, None, f"no cut of {pattern} with per-chunk "
                          "plans fits the devices' memory")  # fmt: skip
-    best, plans = search.best, search.plans
-    chunks = plans.chunk_plans(best.schedule.plans, best.plans)
-    held = [plans.held(c.first, c.last, c.ops, problem.target_bytes)
-            if c.ops or c.extra == 0 else None for c in chunks]  # fmt: skip
+    return _chosen(search.best)
+
+
+def _chosen(best: Candidate) -> PipelineSchedule:
+    """The schedule of ``best``: its chunks' plans set by the search, or, as published
+    (mode "as_is"), store-all on the simulator's own accounting."""
+    if best.mode != "as_is":
+        return best.schedule
     return best.schedule.with_plans(
-        dataclasses.replace(c, held=h, footprint=max(c.footprint, h or 0))
-        for c, h in zip(chunks, held, strict=True)
+        dataclasses.replace(c, kind="store_all") for c in best.schedule.plans
     )
 
 
@@ -475,12 +453,16 @@ def pipeline_joint(
     steps: int = 3,
     max_evals: int = 400,
     walk: int = 4,
+    offload: bool = True,
     progress=None,
 ) -> PipelineSchedule:
     """The fastest schedule found (module docstring); ``budget`` bytes bound every
     device besides its memory; ``patterns``: names or one comma-separated string;
-    ``max_evals`` bounds the simulated candidates; ``walk`` the list schedules of lower
-    memories simulated per list candidate (``_Search._walk``)."""
+    ``steps``: repeated steps simulated per candidate (1: one step alone, as a runtime
+    waiting for each step runs it); ``max_evals`` bounds the simulated candidates;
+    ``walk`` the list schedules of lower memories simulated per list candidate
+    (``_Search._walk``); ``offload``: whether chunks may offload activations over the
+    platform's host link (else store-all or rotor only)."""
     if not problem.training:
         raise ValueError("pipeline_joint needs a training problem (training=True)")
     if isinstance(patterns, str):  # "1f1b,zb_h1" from the command line
@@ -492,7 +474,8 @@ def pipeline_joint(
     t0 = time.perf_counter()
     if isinstance(walk, bool) or not isinstance(walk, int) or walk < 1:
         raise ValueError(f"pipeline_joint: walk = {walk!r}: expected an integer >= 1")
-    search = _Search(problem, budget, slots, steps, list(patterns), max_evals, progress, walk)
+    search = _Search(problem, budget, slots, steps, list(patterns), max_evals, progress, walk,
+                     offload)  # fmt: skip
     L = problem.length
     orders = device_orders(problem)
     for n, devs in enumerate(orders):
@@ -537,5 +520,4 @@ def pipeline_joint(
             "bubble": rep.bubble, "candidates": search.evals, "exact": False,
             "plans_exact": all(p.exact for p in best.plans),
             "search_time": time.perf_counter() - t0}  # fmt: skip
-    s = s.with_plans(search.plans.chunk_plans(s.plans, best.plans))
-    return dataclasses.replace(s, meta=meta)
+    return dataclasses.replace(_chosen(best), meta=meta)

@@ -20,9 +20,10 @@ made the table exact). A plan's footprint is the least tabulated budget with its
 time.
 
 A pipeline schedule carries a plan as the chunk's
-:class:`~schedir.pipeline.schedule.ChunkPlan` (its footprint, held from its forward's
-start to its backward's end, :func:`schedir.pipeline.ops.effect`; its kind; a rotor
-plan's chain ops) and its extra seconds as ``Bwd.recompute`` (speed 1). The plan of
+:class:`~schedir.pipeline.schedule.ChunkPlan` (:meth:`StagePlans.chunk_plan`: its
+footprint, reserved from its forward's start to its backward's end, of which it holds
+``held`` between them, :func:`schedir.pipeline.ops.effect`; its kind; a rotor plan's
+chain ops) and its extra seconds as ``Bwd.recompute`` (speed 1). The plan of
 a chunk is computed on the chunk alone: its copies do not contend with other
 micro-batches' (one op at a time runs on a device) and host memory is split evenly
 among the micro-batches in flight of all devices.
@@ -71,30 +72,36 @@ def sub_chain(chain: Chain, i: int, j: int) -> Chain:
 class Plan:
     """One micro-batch of a chunk: ``time`` (seconds at speed 1, forward + backward,
     the loss included on the last chunk), ``extra`` (seconds over store-all),
-    ``footprint`` (bytes held per micro-batch), ``kind`` ("store_all", "rotor",
-    "offload") and whether the chain solver's answer was ``exact``."""
+    ``footprint`` (bytes: the plan's peak), ``kind`` ("store_all", "rotor",
+    "offload"), whether the chain solver's answer was ``exact``, and ``held``: the
+    bytes its chain schedule holds between its forward and its backward (before its
+    ``Loss``; the target not included), None where the executed schedule is not known
+    (offload plans: their host copies are not executed), which counts as the whole
+    footprint."""
 
     time: float
     extra: float
     footprint: int
     kind: str
     exact: bool = True
+    held: int | None = None
 
 
 @lru_cache(maxsize=16)
-def _shared(chain, offload, prefetch, host_memory, slots: int, use_offload: bool):
+def _shared(chain, target, offload, prefetch, host_memory, slots: int, use_offload: bool):
     plat = Platform(host_memory=host_memory, offload=offload, prefetch=prefetch,
                     devices=(Device("plans"),))  # fmt: skip
-    return StagePlans(PipelineProblem(chain, (0,) * chain.length, plat, training=True),
-                      slots, use_offload)  # fmt: skip
+    return StagePlans(PipelineProblem(chain, (0,) * chain.length, plat, training=True,
+                                      target_bytes=target), slots, use_offload)  # fmt: skip
 
 
 def shared_plans(problem: PipelineProblem, slots: int = 500, offload: bool = True):
-    """One :class:`StagePlans` per chain, host link and ``slots`` (plans do not depend
-    on the devices' memories), so that solves of the same model at several memories
-    share their chain solves."""
+    """One :class:`StagePlans` per chain, target, host link and ``slots`` (plans do not
+    depend on the devices' memories), so that solves of the same model at several
+    memories share their chain solves."""
     p = problem.platform
-    return _shared(problem.chain, p.offload, p.prefetch, p.host_memory, slots, offload)
+    return _shared(problem.chain, problem.target_bytes, p.offload, p.prefetch, p.host_memory,
+                   slots, offload)  # fmt: skip
 
 
 def has_host_link(platform: Platform) -> bool:
@@ -141,11 +148,40 @@ class StagePlans:
         self.store_all = cache(self._store_all)
         self.least = cache(self._least)
         self.curve = cache(self._curve)
+        self.rotor_held = cache(self._rotor_held)
+        self.budgets = cache(self._budgets)
 
     def _store_all(self, i: int, j: int) -> Plan:
         sub = sub_chain(self.problem.chain, i, j)
         peak = simulate(sub, store_all_ops(sub)).peak_memory
-        return Plan(sub.store_all_time(), 0.0, int(peak), "store_all")
+        return Plan(sub.store_all_time(), 0.0, int(peak), "store_all", held=self.held(i, j))
+
+    def _rotor_held(self, i: int, j: int, units: int) -> int | None:
+        """What rotor's schedule of chunk [i, j) at ``units`` slots holds between its
+        forward and its backward (None where rotor has no schedule there)."""
+        table = self.curve(i, j, "rotor").table
+        if not math.isfinite(table.value(units)):
+            return None
+        return self.held(i, j, table.ops(units))
+
+    def _rotor(self, i: int, j: int, seconds: float, footprint: int, exact: bool) -> Plan:
+        """A rotor plan of ``footprint`` bytes (a tabulated budget) and its ``held``."""
+        held = self.rotor_held(i, j, footprint // self.curve(i, j, "rotor").slot)
+        return Plan(seconds, seconds - self.store_all(i, j).time, footprint, "rotor", exact,
+                    held)  # fmt: skip
+
+    def _budgets(self, i: int, j: int) -> tuple[int, ...]:
+        """The budgets (bytes per micro-batch, increasing) at which the fastest plan of
+        chunk [i, j) changes: each distinct plan of the tables at its least budget, and
+        the store-all peak (:meth:`within` at one of them is that plan)."""
+        out = {self.store_all(i, j).footprint}
+        for kind in ("rotor", "offload") if self.offload else ("rotor",):
+            curve = self.curve(i, j, kind)
+            v = curve.values
+            first = np.flatnonzero(np.isfinite(v) & np.concatenate([[True], v[1:] < v[:-1]]))
+            out.update(int((k + curve.offset) * curve.slot) for k in first)
+        top = self.store_all(i, j).footprint
+        return tuple(sorted(b for b in out if b <= top))
 
     def _least(self, i: int, j: int) -> int:
         """The least per-micro-batch bytes of rotor's plans in its table (offloading
@@ -189,8 +225,12 @@ class StagePlans:
             else:
                 curve = self.curve(i, j, kind)
                 hit = curve.at(budget)
-                got = None if hit is None else Plan(hit[0], hit[0] - base.time, hit[1], kind,
-                                                    curve.exact)  # fmt: skip
+                if hit is None:
+                    got = None
+                elif kind == "rotor":
+                    got = self._rotor(i, j, hit[0], hit[1], curve.exact)
+                else:
+                    got = Plan(hit[0], hit[0] - base.time, hit[1], kind, curve.exact)
             if got is not None and (best is None or got.time < best.time - 1e-15):
                 best = got
         if best is not None:
@@ -210,10 +250,10 @@ class StagePlans:
             s = solve(off, budget, "rotor_offload", slots=self.slots)
         except Infeasible:
             return None
-        t = s.meta["makespan"]
-        kind = "rotor" if s.meta.get("fallback") == "rotor" else "offload"
-        return Plan(t, t - base.time, int(s.meta["peak_memory"]), kind,
-                    bool(s.meta.get("exact", False)))  # fmt: skip
+        t, exact = s.meta["makespan"], bool(s.meta.get("exact", False))
+        if s.meta.get("fallback") == "rotor":
+            return self._rotor(i, j, t, int(s.meta["peak_memory"]), exact)
+        return Plan(t, t - base.time, int(s.meta["peak_memory"]), "offload", exact)
 
     def chain_ops(self, i: int, j: int, plan: Plan) -> tuple | None:
         """The chain schedule (ops of :func:`sub_chain` ``(i, j)``, local stages) that
@@ -228,28 +268,40 @@ class StagePlans:
             return None
         return curve.table.ops(units)
 
-    def held(self, i: int, j: int, ops: Sequence = (), target_bytes: int = 0) -> int:
+    def held(self, i: int, j: int, ops: Sequence = ()) -> int:
         """Bytes chunk [i, j) holds between its forward and its backward when it runs
         the chain schedule ``ops`` of its sub-chain (() : store-all): what the schedule
-        holds before its ``Loss``, plus the micro-batch's ``target_bytes`` on the
-        chunk with the loss."""
+        holds before its ``Loss``."""
         sub = sub_chain(self.problem.chain, i, j)
         ops = tuple(ops) or store_all_ops(sub)
         at = next(k for k, op in enumerate(ops) if isinstance(op, Loss))
         trace = simulate(sub, ops)
-        before = trace.resident[at - 1] if at else trace.initial_memory
-        return int(before) + (target_bytes if j == self.problem.length else 0)
+        return int(trace.resident[at - 1] if at else trace.initial_memory)
+
+    def reserved(self, i: int, j: int, plan: Plan) -> tuple[int, int | None]:
+        """(footprint, held): the bytes per micro-batch a schedule reserves for chunk
+        [i, j) running ``plan`` (:class:`~schedir.pipeline.schedule.ChunkPlan`): its
+        held bytes plus the micro-batch's ``target_bytes`` on the chunk with the loss,
+        and its peak, at least that; held None where the plan does not say."""
+        if plan.held is None:
+            return plan.footprint, None
+        target = self.problem.target_bytes if j == self.problem.length else 0
+        held = plan.held + target
+        return max(plan.footprint, held), held
+
+    def chunk_plan(self, chunk: ChunkPlan, plan: Plan) -> ChunkPlan:
+        """``chunk`` running ``plan``: its footprint and held bytes (:meth:`reserved`),
+        kind, extra seconds and, for a rotor plan, the chain ops an executor runs
+        (:meth:`chain_ops`)."""
+        footprint, held = self.reserved(chunk.first, chunk.last, plan)
+        ops = self.chain_ops(chunk.first, chunk.last, plan) or ()
+        return dataclasses.replace(chunk, footprint=footprint, held=held, kind=plan.kind,
+                                   extra=plan.extra, ops=ops)  # fmt: skip
 
     def chunk_plans(self, chunks: Sequence[ChunkPlan], plans: Sequence[Plan]) -> tuple:
-        """The schedule's ``chunks`` (their plans, in order) running ``plans``: each
-        keeps its footprint (what the schedule reserves) and gets its plan's kind,
-        extra seconds and, for a rotor plan, the chain ops an executor runs
-        (:meth:`chain_ops`)."""
-        return tuple(
-            dataclasses.replace(c, kind=p.kind, extra=p.extra,
-                                ops=self.chain_ops(c.first, c.last, p) or ())
-            for c, p in zip(chunks, plans, strict=True)
-        )  # fmt: skip
+        """The schedule's ``chunks`` (their plans, in order) running ``plans``
+        (:meth:`chunk_plan`)."""
+        return tuple(self.chunk_plan(c, p) for c, p in zip(chunks, plans, strict=True))
 
     def within(self, i: int, j: int, budget: float, share_host: int = 1) -> Plan | None:
         """:meth:`plan` for a real-valued budget (floored; inf: store-all)."""

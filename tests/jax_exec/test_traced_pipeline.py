@@ -6,10 +6,11 @@ and a CNN (tests/zoo/convnext.py with its stochastic depth rate at 0: Dropout of
 draws nothing) are cut into 4 stages and run under 1F1B and ZB-H1: loss and gradients
 equal plain ``nnx.value_and_grad`` (tolerance relative to the largest leaf), and the
 bytes measured after every op equal the model's; the decoder LM again with device
-memories below its store-all peaks, where the chunks' plans rematerialize. In this
-process (one device): the
-refusals (dropout drawing, arguments without the batch axis, a loss mixing the batch)
-and a summed loss."""
+memories below its store-all peaks, where the chunks' plans rematerialize, under
+1F1B, ZB-H1 and the joint planner's schedule. In this process (one device): the
+refusals (dropout drawing, arguments without the batch axis, a loss mixing the batch),
+a summed loss, a joint list schedule run as modelled, and the automatic plan never
+slower than storing every activation on the even cut at that baseline's memory."""
 
 from __future__ import annotations
 
@@ -79,9 +80,10 @@ def test_four_devices_1f1b_and_zb_h1_match_plain_value_and_grad():
                           text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert report["checked"] == ["decoder_lm 1f1b", "decoder_lm zb_h1", "decoder_lm planned",
-                                 "decoder_lm planned zb_h1", "convnext 1f1b",
-                                 "convnext zb_h1"], report  # fmt: skip
+    checked = [name.rsplit(" ", 1)[0] if "joint" in name else name for name in report["checked"]]
+    assert checked == ["decoder_lm 1f1b", "decoder_lm zb_h1", "decoder_lm planned",
+                       "decoder_lm planned zb_h1", "decoder_lm joint", "convnext 1f1b",
+                       "convnext zb_h1"], report  # fmt: skip
     for name, stages in report["stages"].items():
         assert stages == 4, (name, report)
 
@@ -110,59 +112,82 @@ def check_plan(case, args, report: dict):
     return plan
 
 
+def memories(memory: int):
+    """4 identical devices of ``memory`` bytes each, named d0..d3."""
+    import schedir
+
+    devices = [schedir.Device(f"d{u}", 1.0, memory) for u in range(4)]
+    return schedir.Platform.fully_connected(devices, 100e9)
+
+
+def check_step(plan, model, args, reference, what: str) -> None:
+    """One step of ``plan``: loss and gradients equal ``reference`` (plain
+    ``nnx.value_and_grad``), measured bytes equal the model's after every op."""
+    step = plan.run(model, *args, block=True)
+    assert_close(step.loss, reference[0], f"{what}: loss")
+    assert_close(step.grads, reference[1], f"{what}: gradients")
+    r = step.result
+    assert r.op_device_bytes == r.op_model_bytes, (what, [
+        (op, got, want) for (_, op, *_), got, want in
+        zip(r.op_log, r.op_device_bytes, r.op_model_bytes, strict=True) if got != want
+    ][:5])  # fmt: skip
+
+
 def check_planned(case, args, free, report: dict) -> None:
     """Device memories at 0.8 of the store-all plan's largest predicted peak (1F1B), then
-    at 0.9 of ZB-H1's: the cut and the chunks' plans rematerialize (rotor) where
+    of ZB-H1's: the cut and the chunks' plans rematerialize (rotor) where
     storing every activation does not fit; loss and gradients equal plain, measured
     bytes equal the model's after every op, predicted peaks within the memories."""
     import schedir
     from schedir.pipeline.baselines import BASELINES
 
     model = case.factory()
-    ref_loss, ref_grads = nnx.value_and_grad(case.loss_fn)(model, *args)
+    reference = nnx.value_and_grad(case.loss_fn)(model, *args)
     memory = int(0.8 * max(free.predicted.device_peak.values()))
-    names = [f"d{u}" for u in range(4)]
-    platform = schedir.Platform.fully_connected(
-        [schedir.Device(n, 1.0, memory) for n in names], 100e9
-    )
     plan = plan_pipeline(case.loss_fn, model, *args, devices=4, microbatches=4,
-                         platform=platform)  # fmt: skip
+                         platform=memories(memory))  # fmt: skip
     assert any(p.kind == "rotor" and p.ops for p in plan.schedule.plans), plan.schedule.plans
     assert max(plan.predicted.device_peak.values()) <= memory, plan.predicted
+    names = [f"d{u}" for u in range(4)]
     stored = BASELINES["1f1b"](plan.problem, names, cuts=list(plan.cuts))
     assert max(schedir.simulate_pipeline(plan.problem, stored).device_peak.values()) > memory
-    step = plan.run(model, *args, block=True)
-    assert_close(step.loss, ref_loss, "planned: loss")
-    assert_close(step.grads, ref_grads, "planned: gradients")
-    r = step.result
-    assert r.op_device_bytes == r.op_model_bytes, [
-        (op, got, want) for (_, op, *_), got, want in
-        zip(r.op_log, r.op_device_bytes, r.op_model_bytes, strict=True) if got != want
-    ][:5]  # fmt: skip
+    check_step(plan, model, args, reference, "planned")
     report["checked"].append(f"{case.name} planned")
-    # a zero-bubble schedule with per-stage plans: ZB-H1 at 0.9 of its store-all peak
+    # a zero-bubble schedule with per-stage plans: ZB-H1 at 0.8 of its store-all peak
     free_zb = free.with_schedule("zb_h1")
-    memory = int(0.9 * max(free_zb.predicted.device_peak.values()))
-    platform = schedir.Platform.fully_connected(
-        [schedir.Device(n, 1.0, memory) for n in names], 100e9
-    )
+    memory = int(0.8 * max(free_zb.predicted.device_peak.values()))
     plan = plan_pipeline(case.loss_fn, model, *args, devices=4, microbatches=4,
-                         platform=platform, schedule="zb_h1")  # fmt: skip
+                         platform=memories(memory), schedule="zb_h1")  # fmt: skip
     assert any(p.kind == "rotor" and p.ops for p in plan.schedule.plans), plan.schedule.plans
     assert max(plan.predicted.device_peak.values()) <= memory, plan.predicted
-    step = plan.run(model, *args, block=True)
-    assert_close(step.loss, ref_loss, "planned zb_h1: loss")
-    assert_close(step.grads, ref_grads, "planned zb_h1: gradients")
-    r = step.result
-    assert r.op_device_bytes == r.op_model_bytes, "planned zb_h1: measured bytes"
+    check_step(plan, model, args, reference, "planned zb_h1")
     report["checked"].append(f"{case.name} planned zb_h1")
+
+
+def check_joint(case, args, free, report: dict) -> None:
+    """The joint planner's schedule (its cut, pattern and per-stage plans) at 0.8 of the
+    store-all 1F1B plan's largest peak: loss and gradients equal plain, measured bytes
+    equal the model's after every op, predicted peaks within the memories, every
+    device used."""
+    model = case.factory()
+    reference = nnx.value_and_grad(case.loss_fn)(model, *args)
+    memory = int(0.8 * max(free.predicted.device_peak.values()))
+    plan = plan_pipeline(case.loss_fn, model, *args, devices=4, microbatches=4,
+                         platform=memories(memory), schedule="joint")  # fmt: skip
+    assert plan.schedule_name == "joint" and plan.schedule.meta["method"] == "pipeline_joint"
+    assert max(plan.predicted.device_peak.values()) <= memory, plan.predicted
+    assert len(set(plan.devices)) == 4
+    check_step(plan, model, args, reference, "joint")
+    report["checked"].append(f"{case.name} joint {plan.schedule.meta['pattern']}")
 
 
 def _child() -> None:  # pragma: no cover - runs in the subprocess
     assert len(jax.devices()) == 4
     report: dict = {"checked": [], "stages": {}}
     case, args = decoder_lm_case()
-    check_planned(case, args, check_plan(case, args, report), report)
+    free = check_plan(case, args, report)
+    check_planned(case, args, free, report)
+    check_joint(case, args, free, report)
     check_plan(*convnext_case(), report)
     print(json.dumps(report), flush=True)
 
@@ -259,7 +284,7 @@ def test_auto_schedule_and_cuts_by_hand():
     two = jax.devices()[:1] * 2
     best = plan_pipeline(loss_fn, model, x, devices=two, microbatches=4, schedule="auto")
     names = [name for name, _ in best.alternatives]
-    assert names == ["1f1b", "zb_h1", "zb_h2", "gpipe", "interleaved_1f1b", "v_shape"]
+    assert names == ["1f1b", "zb_h1", "zb_h2", "gpipe", "interleaved_1f1b", "v_shape", "joint"]
     assert best.predicted.makespan == min(t for _, t in best.alternatives)
     assert_close(best.run(model, x).grads, nnx.grad(loss_fn)(model, x), "gradients")
     L = best.model.length
@@ -272,6 +297,64 @@ def test_auto_schedule_and_cuts_by_hand():
     assert_close(hand.run(model, x).grads, nnx.grad(loss_fn)(model, x), "gradients")
     with pytest.raises(ValueError, match=r"cuts = \(0, 3\): expected 3 increasing"):
         plan_pipeline(loss_fn, model, x, devices=two, cuts=(0, 3))
+    with pytest.raises(ValueError, match="the joint planner chooses the cut"):
+        plan_pipeline(loss_fn, model, x, devices=two, cuts=(0, 1, L), schedule="joint")
+    with pytest.raises(ValueError, match="the joint planner chooses its own cut"):
+        hand.with_schedule("joint")
+
+
+def test_a_joint_list_schedule_runs_as_modelled():
+    """The joint planner's list schedule (F, Bi, W ordered under 7 kB per device, two
+    chunks on rotor): loss and gradients equal plain, measured bytes equal the model's
+    after every op (one device named three times: bytes are counted per name)."""
+    import schedir
+
+    model = MLP(width=16, depth=8, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(0), (8, 16))
+
+    def loss_fn(model, x):
+        return jnp.mean(model(x) ** 2)
+
+    devices = [schedir.Device(f"d{u}", 1.0, 7000) for u in range(3)]
+    platform = schedir.Platform.fully_connected(devices, 1e9)
+    plan = plan_pipeline(loss_fn, model, x, devices=jax.devices()[:1] * 3, microbatches=4,
+                         platform=platform, schedule="joint")  # fmt: skip
+    assert plan.schedule.meta["pattern"] == "list", plan.schedule.meta
+    assert any(c.kind == "rotor" for c in plan.schedule.plans), plan.schedule.plans
+    assert max(plan.predicted.device_peak.values()) <= 7000
+    check_step(plan, model, (x,), nnx.value_and_grad(loss_fn)(model, x), "joint list")
+
+
+def test_auto_is_never_slower_than_storing_all_on_the_even_cut():
+    """At the largest peak of the best hand baseline (the blocks split evenly, every
+    activation stored, the fastest of four schedules) as every device's memory, the
+    automatic plan's step is no longer (that baseline is one of its candidates)."""
+    import schedir
+
+    model = MLP(depth=6, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(0), (12, 8))
+
+    def loss_fn(model, x):
+        return jnp.mean(model(x) ** 2)
+
+    three = jax.devices()[:1] * 3
+
+    def platform(memory=None):
+        devices = [schedir.Device(f"d{u}", 1.0, memory) for u in range(3)]
+        return schedir.Platform.fully_connected(devices, 1e9)
+
+    first = plan_pipeline(loss_fn, model, x, devices=three, microbatches=6, platform=platform())
+    L = first.model.length
+    even = tuple(round(k * L / 3) for k in range(4))
+    hand = plan_pipeline(loss_fn, model, x, devices=three, microbatches=6, cuts=even,
+                         platform=platform())  # fmt: skip
+    best = min((hand.with_schedule(s) for s in ("1f1b", "zb_h1", "zb_h2", "gpipe")),
+               key=lambda p: p.predicted.makespan)  # fmt: skip
+    memory = max(best.predicted.device_peak.values())
+    auto = plan_pipeline(loss_fn, model, x, devices=three, microbatches=6, schedule="auto",
+                         platform=platform(memory))  # fmt: skip
+    assert auto.predicted.makespan <= best.predicted.makespan * (1 + 1e-12)
+    assert max(auto.predicted.device_peak.values()) <= memory
 
 
 if __name__ == "__main__":
