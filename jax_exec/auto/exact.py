@@ -50,6 +50,9 @@ def solve(
     dropped."""
 
     def once(whole: int) -> Solved:
+        if solver == ("blocks", "whole_milp") and has_host_link(platform):
+            variants = with_host_variants(bm, platform)  # it may leave them all out
+            return _solve_lazily(variants, budget, solver, options, exact, whole, platform)
         if solver != ("blocks", "block_rotor") or not has_host_link(platform):
             return _solve_lazily(bm, budget, solver, options, exact, whole, platform)
         try:  # (the MILP runs once, with the variants: it may leave them all out)
