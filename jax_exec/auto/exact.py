@@ -68,8 +68,12 @@ def solve(
             return without
         if not _fits_host(found, platform):
             if without is None:
-                raise solvers.Infeasible(solver, found.budget, None, f"host memory: the plan "
-                                         f"holds more than {platform.host_memory:,} B") from None
+                raise solvers.Infeasible(
+                    solver,
+                    found.budget,
+                    None,
+                    f"host memory: the plan holds more than {platform.host_memory:,} B",
+                ) from None
             return without
         if without is not None and (
             without.schedule.meta["makespan"] <= found.schedule.meta["makespan"]

@@ -117,7 +117,8 @@ def save_set_chain(bm: BlockModel, reference: list[int]) -> SaveSetChain:
         fwd.append(trace.op_peak[k] - prefix - chosen.host)
         bwd.append(trace.op_peak[2 * L - k] - prefix - chosen.host
                    - sum(nodes[k][i] for i in rec))  # fmt: skip
-    link = bm.host_link
+    link = bm.host_link  # copies out and back, per byte (latencies left out: an estimate)
+    cost = None if link is None else 1 / link.offload.bandwidth + 1 / link.prefetch.bandwidth
     return SaveSetChain(
         graphs=tuple(graphs),
         groups=groups(bm),
@@ -125,7 +126,7 @@ def save_set_chain(bm: BlockModel, reference: list[int]) -> SaveSetChain:
         fwd_base=tuple(fwd),
         bwd_base=tuple(bwd),
         loss_base=trace.op_peak[L] - prefix,
-        host_cost=None if link is None else 1 / link.offload.bandwidth + 1 / link.prefetch.bandwidth,
+        host_cost=cost,
         host_memory=None if link is None else link.host_memory,
     )
 
@@ -147,7 +148,7 @@ def with_save_sets(
         names = frozenset(keys[c] for c in saved)
         options = by_key[key]
         o = next((o for o, opt in enumerate(options)
-                  if opt.kind == "names" and opt.names == names and not opt.host), None)  # fmt: skip
+                  if opt == SaveOption("names", names, opt.label)), None)  # fmt: skip
         if o is None:
             options.append(SaveOption("names", names, f"whole {len(names)}/{len(keys)}"))
             o = len(options) - 1

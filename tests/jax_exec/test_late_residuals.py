@@ -19,7 +19,14 @@ import pytest
 import zoo
 from figure_checks import load_script
 from flax import nnx
-from plain_reference import assert_matches, check_plan, host_residuals, plain, saved_in_host
+from plain_reference import (
+    assert_matches,
+    check_plan,
+    expected_host,
+    host_residuals,
+    plain,
+    saved_in_host,
+)
 
 import jax_exec
 import solvers
@@ -131,23 +138,6 @@ def test_late_residuals_lower_the_least_budget_of_bert_only_a_little():
     assert (remat, late) == (47_264, 45_920) and used > 0
 
 
-def _expected_host(plan) -> Counter:
-    """The late residuals of the recordings held at the plan's ``Loss`` op (what the
-    compiled step saves at its top level)."""
-    model, schedule = plan.model, plan.schedule
-    trace = simulate_blocks(model.problem, schedule, record_buffers=True)
-    at = next(i for i, op in enumerate(schedule.ops) if isinstance(op, Loss))
-    found = Counter()
-    for name in trace.buffers[at - 1]:
-        kind, c = name.rstrip("]").split("[")
-        if kind == "abar":
-            k = int(c) - 1
-            new = model.functions(k, plan.options[k]).recipe.new
-            for i in model.host_residuals(k, plan.options[k]):
-                found[(tuple(int(d) for d in new[i].shape), str(new[i].dtype))] += 1
-    return found
-
-
 @pytest.mark.parametrize("family", ["vae",  # the default run; the others: -m slow
                                     *(pytest.param(f, marks=pytest.mark.slow)
                                       for f in ("bert", "audio", "ssm"))])  # fmt: skip
@@ -169,7 +159,7 @@ def test_late_residuals_lower_the_least_budget_and_run_exactly(family):
     trace = simulate_blocks(p.problem, p.schedule)
     assert result.resident_bytes == trace.resident and result.op_peak_bytes == trace.op_peak
     assert result.host_bytes == trace.host_resident and max(trace.host_resident) > 0
-    assert host_residuals(case, p) == _expected_host(p)
+    assert host_residuals(case, p) == expected_host(p)
     bm = p.model  # a variant's recording alone: its late residuals in host memory
     for k in late:
         fns, held = bm.functions(k, p.options[k]), bm.host_residuals(k, p.options[k])

@@ -337,9 +337,10 @@ def test_dp_with_host_variants_equals_brute_force(seed):
 
     def all_on_host(o: BlockOption) -> BlockOption:
         copy = rng.choice([0.0, 0.5, 2.0])
-        return dataclasses.replace(o, name=o.name + "+host", saved=0, host=o.saved,
-                                   rec_time=o.rec_time + copy, rec_tmp=o.rec_tmp + o.saved,
-                                   bwd_time=o.bwd_time + copy, bwd_tmp=o.bwd_tmp + o.saved)  # fmt: skip
+        return dataclasses.replace(
+            o, name=o.name + "+host", saved=0, host=o.saved, rec_time=o.rec_time + copy,
+            rec_tmp=o.rec_tmp + o.saved, bwd_time=o.bwd_time + copy, bwd_tmp=o.bwd_tmp + o.saved,
+        )  # fmt: skip
 
     stages = tuple(
         dataclasses.replace(s, options=(*s.options, *(variant(k, o) for o in s.options),
