@@ -10,7 +10,7 @@ from typing import Any
 
 import solvers
 from jax_exec.auto.methods import fixed_options, solve_fixed
-from jax_exec.auto.offload import has_host_link, joint_plans
+from jax_exec.auto.offload import has_host_link, joint_plans, within_host_memory
 from jax_exec.auto.reference import StoreAll, reference_schedule
 from jax_exec.auto.whole import fallback, small_enough, whole_plan
 from jax_exec.program.model import BlockModel, build_problem, with_host_variants
@@ -66,7 +66,7 @@ def solve(
             if without is None:
                 raise  # its least budget is the lower
             return without
-        if not _fits_host(found, platform):
+        if not within_host_memory(_host_resident(found), platform):
             if without is None:
                 raise solvers.Infeasible(
                     solver,
@@ -245,13 +245,10 @@ def _solve_rounds(
                 return _faster(found, best), rounds + 1
 
 
-def _fits_host(solved: Solved, platform: Platform) -> bool:
-    """Whether a solve's schedule holds at most ``platform.host_memory`` bytes in host
-    memory after every op (its host-memory variants' residuals, offloaded buffers)."""
-    if platform.host_memory is None:
-        return True
-    host = simulate(solved.model.problem, solved.schedule).host_resident
-    return max(host, default=0) <= platform.host_memory
+def _host_resident(solved: Solved) -> tuple[int, ...]:
+    """A solve's bytes in host memory after every op (its host-memory variants'
+    residuals, offloaded buffers)."""
+    return simulate(solved.model.problem, solved.schedule).host_resident
 
 
 def in_user_units(err: solvers.Infeasible, given: Any, reference: int, what: str):

@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from jax_exec.auto.offload import within_host_memory
 from jax_exec.program.kernels import SaveOption
 from jax_exec.program.model import BlockModel, build_problem
 from jax_exec.program.options import option_graph, saved_candidates
@@ -205,9 +206,7 @@ def whole_plan(
             model.problem = build_problem(model)
         trace = simulate(model.problem, schedule)
         tries.append(trace.peak_memory)
-        link = model.host_link
-        host_fits = (link is None or link.host_memory is None
-                     or max(trace.host_resident, default=0) <= link.host_memory)  # fmt: skip
+        host_fits = within_host_memory(trace.host_resident, model.host_link)
         if trace.peak_memory <= budget and host_fits:
             if best is None or trace.makespan < best[1].makespan:
                 best = (model, trace, schedule, answer, target)
