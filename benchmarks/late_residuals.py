@@ -1,13 +1,14 @@
-"""Least budgets with and without late-residual variants (docs/auto.md, "Host offload").
+"""Least budgets with and without host-memory variants (docs/auto.md, "Host offload").
 
-A late-residual variant of a block option (``SaveOption.late``, offered by
-``jax_exec.plan`` with a host link: ``jax_exec.program.model.with_late_residuals``)
-keeps the saved residuals that the first phase of the block's backward (cut into up to
-``LATE_PHASES`` phases) does not read in host memory from the recording until the phase
-that first reads them. This measures, per zoo family, the least budget of the block DP
-(exact: the least-memory schedule's kernels compiled, as ``Plan.least_budget()`` of an
-exact plan) with the options alone and with their variants added (memory only: the
-host link's bandwidth changes times, not bytes).
+The host-memory variants of a block option (``SaveOption.host``, offered by
+``jax_exec.plan`` with a host link: ``jax_exec.program.model.with_host_variants``)
+keep saved residuals in host memory from the recording until the backward brings them
+back: the late-residual variant those the first phase of the block's backward (cut
+into up to ``LATE_PHASES`` phases) does not read, until the phase that first reads
+them; the all-on-host variant every one. This measures, per zoo family, the least
+budget of the block DP (exact: the least-memory schedule's kernels compiled, as
+``Plan.least_budget()`` of an exact plan) with the options alone and with their
+variants added (memory only: the host link's bandwidth changes times, not bytes).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/late_residuals.py [family ...]
 
@@ -29,7 +30,7 @@ sys.path.append(str(ROOT / "tests"))  # the zoo (appended: tests/ holds package-
 import zoo  # noqa: E402
 
 from jax_exec.auto.exact import exact_least  # noqa: E402
-from jax_exec.program.model import BlockModel, block_model, build_problem, with_late_residuals  # noqa: E402
+from jax_exec.program.model import BlockModel, block_model, build_problem, with_host_variants  # noqa: E402
 from schedir import Platform  # noqa: E402
 from schedir.blocks.problem import simulate_blocks  # noqa: E402
 from schedir.blocks.schedule import BlockSchedule  # noqa: E402
@@ -41,16 +42,16 @@ LINK = Platform.host_offload("nvlink-c2c")  # any host link: least budgets are b
 def least_with_variants(bm: BlockModel) -> tuple[int, int, str]:
     """(least budget, stages whose least-memory option is a variant, what sets the
     peak), exact."""
-    late = with_late_residuals(bm, LINK)
+    late = with_host_variants(bm, LINK)
     least = exact_least(late, "block_rotor")  # its least-memory schedule's kernels compiled
     ops, options = least_memory_ops(build_problem(late, lower=True), least)
     late.problem = build_problem(late)
-    used = sum(late.option(k, o).late for k, o in enumerate(options))
+    used = sum(bool(late.option(k, o).host) for k, o in enumerate(options))
     return least, used, peak_op(late, BlockSchedule(ops, {}, tuple(options)))
 
 
 def peak_op(bm: BlockModel, schedule: BlockSchedule) -> str:
-    """The op at the least schedule's peak: for a backward, its option, saved and late
+    """The op at the least schedule's peak: for a backward, its option, saved and host
     bytes and the phase whose need is the largest."""
     p = bm.problem
     trace = simulate_blocks(p, schedule)
@@ -62,27 +63,25 @@ def peak_op(bm: BlockModel, schedule: BlockSchedule) -> str:
     option = p.stages[k].options[schedule.options[k]]
     pb, kernels = bm.backward_kernels(k, schedule.options[k])
     temps = [kern.temp_bytes for kern in kernels]
-    host, first = pb.late() if bm.option(k, schedule.options[k]).late else (0, len(temps))
-    rows = enumerate(zip(pb.live, temps, pb.released, strict=True))
-    needs = [live + t - rel + host * (j >= first) for j, (live, t, rel) in rows]
+    needs = [need - rel for need, rel in pb.rows(temps, bm.option(k, schedule.options[k]).host)]
     j = max(range(len(needs)), key=needs.__getitem__)
     return (
-        f"{op} {option.name!r} saved {option.saved:,} late {option.host:,}; phase {j + 1}/"
+        f"{op} {option.name!r} saved {option.saved:,} host {option.host:,}; phase {j + 1}/"
         f"{len(needs)} sets it"
     )
 
 
 def main(families: list[str]) -> None:
-    print(f"{'family':<13}{'blocks':>7}{'remat-only least':>18}{'with late':>12}{'gain':>8}"
-          f"{'variants used':>15}{'late options':>14}{'s':>6}  peak op")  # fmt: skip
+    print(f"{'family':<13}{'blocks':>7}{'remat-only least':>18}{'with host':>12}{'gain':>8}"
+          f"{'variants used':>15}{'variants':>14}{'s':>6}  peak op")  # fmt: skip
     for name in families:
         start = time.perf_counter()
         case = zoo.case(name)
         bm = block_model(case.loss_fn, case.factory(), case.args)
         remat = exact_least(bm, "block_rotor")
         late, used, why = least_with_variants(bm)
-        variants = with_late_residuals(bm, LINK)
-        have = sum(o.late for opts in variants.options for o in opts)
+        variants = with_host_variants(bm, LINK)
+        have = sum(bool(o.host) for opts in variants.options for o in opts)
         total = sum(len(o) for o in bm.options)
         print(f"{name:<13}{bm.length:>7}{remat:>18,}{late:>12,}{1 - late / remat:>8.1%}"
               f"{used:>15}{f'{have}/{total}':>14}{time.perf_counter() - start:>6.0f}  {why}",

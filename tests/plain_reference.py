@@ -110,3 +110,24 @@ def host_residuals(case, p) -> Counter:
     _, params, rest = nnx.split(case.factory(), nnx.Param, ...)
     lowered = p.lowered()
     return saved_in_host(lambda q, r, a: lowered(q, r, a)[0], params, rest, case.args)
+
+
+def expected_host(plan) -> Counter:
+    """``(shape, dtype)`` of the residuals in host memory (host-memory variants') of the
+    recordings held at the plan's ``Loss`` op: what its compiled step saves at its top
+    level in host memory (no whole buffer offloaded)."""
+    from schedir import Loss
+    from schedir.blocks.problem import simulate_blocks
+
+    model, schedule = plan.model, plan.schedule
+    trace = simulate_blocks(model.problem, schedule, record_buffers=True)
+    at = next(i for i, op in enumerate(schedule.ops) if isinstance(op, Loss))
+    found = Counter()
+    for name in trace.buffers[at - 1]:
+        kind, c = name.rstrip("]").split("[")
+        if kind == "abar":
+            k = int(c) - 1
+            new = model.functions(k, plan.options[k]).recipe.new
+            for i in model.host_residuals(k, plan.options[k]):
+                found[(tuple(int(d) for d in new[i].shape), str(new[i].dtype))] += 1
+    return found

@@ -10,10 +10,10 @@ from typing import Any
 
 import solvers
 from jax_exec.auto.methods import fixed_options, solve_fixed
-from jax_exec.auto.offload import has_host_link, joint_plans
+from jax_exec.auto.offload import has_host_link, joint_plans, within_host_memory
 from jax_exec.auto.reference import StoreAll, reference_schedule
 from jax_exec.auto.whole import fallback, small_enough, whole_plan
-from jax_exec.program.model import BlockModel, build_problem, with_late_residuals
+from jax_exec.program.model import BlockModel, build_problem, with_host_variants
 from schedir import Platform, Schedule, simulate
 from schedir.blocks.schedule import BlockSchedule
 from schedir.budget import in_units_of, parse_budget
@@ -43,27 +43,40 @@ def solve(
     """:func:`_solve_lazily`; with low-bit storage, until the schedule's measured
     gradient error is within the tolerance (:func:`jax_exec.auto.lowbit.within_tolerance`).
     With a host link, the block DP also solves a copy of ``bm`` whose options have
-    their late-residual variants (:func:`jax_exec.program.model.with_late_residuals`;
-    without the whole-graph MILP, which competes in the first solve) and the faster
-    answer is kept: never slower than without them."""
+    their host-memory variants (:func:`jax_exec.program.model.with_host_variants`; the
+    whole-graph MILP competes with those variants too) and the faster answer is kept:
+    never slower than without them. ``platform.host_memory`` is checked on the answer
+    (the DP's memory is the device's): an answer holding more in host memory is
+    dropped."""
 
     def once(whole: int) -> Solved:
+        if solver == ("blocks", "whole_milp") and has_host_link(platform):
+            variants = with_host_variants(bm, platform)  # it may leave them all out
+            return _solve_lazily(variants, budget, solver, options, exact, whole, platform)
         if solver != ("blocks", "block_rotor") or not has_host_link(platform):
             return _solve_lazily(bm, budget, solver, options, exact, whole, platform)
-        try:
-            without = _solve_lazily(bm, budget, solver, options, exact, whole, platform)
+        try:  # (the MILP runs once, with the variants: it may leave them all out)
+            without = _solve_lazily(bm, budget, solver, options, exact, 0, platform)
         except solvers.Infeasible:
             without = None
-        variants = with_late_residuals(bm, platform)
+        variants = with_host_variants(bm, platform)
         try:
-            found = _solve_lazily(variants, budget, solver, options, exact, 0, platform)
+            found = _solve_lazily(variants, budget, solver, options, exact, whole, platform)
         except solvers.Infeasible:
             if without is None:
                 raise  # its least budget is the lower
             return without
-        if (
-            without is not None
-            and without.schedule.meta["makespan"] <= found.schedule.meta["makespan"]
+        if not within_host_memory(_host_resident(found), platform):
+            if without is None:
+                raise solvers.Infeasible(
+                    solver,
+                    found.budget,
+                    None,
+                    f"host memory: the plan holds more than {platform.host_memory:,} B",
+                ) from None
+            return without
+        if without is not None and (
+            without.schedule.meta["makespan"] <= found.schedule.meta["makespan"]
         ):
             return without
         return found
@@ -230,6 +243,12 @@ def _solve_rounds(
             found = _compiled_only(bm, nbytes, solver, options)
             if found is not None:
                 return _faster(found, best), rounds + 1
+
+
+def _host_resident(solved: Solved) -> tuple[int, ...]:
+    """A solve's bytes in host memory after every op (its host-memory variants'
+    residuals, offloaded buffers)."""
+    return simulate(solved.model.problem, solved.schedule).host_resident
 
 
 def in_user_units(err: solvers.Infeasible, given: Any, reference: int, what: str):

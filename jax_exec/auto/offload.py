@@ -50,6 +50,13 @@ def has_host_link(platform: Platform | None) -> bool:
     return platform is not None and platform.offload.bandwidth > 0 < platform.prefetch.bandwidth
 
 
+def within_host_memory(host_resident: tuple[int, ...], platform: Platform | None) -> bool:
+    """Whether a schedule's bytes in host memory after every op (a trace's
+    ``host_resident``) fit ``platform.host_memory`` (None: unlimited)."""
+    limit = None if platform is None else platform.host_memory
+    return limit is None or max(host_resident, default=0) <= limit
+
+
 @dataclass(frozen=True)
 class Joint:
     """The offload plans found at a budget: ``found`` (schedule, device peak, makespan),
@@ -82,10 +89,8 @@ def joint_plans(
         trace = simulate_blocks(bm.problem, block)
         makespan = simulate_offload(problem, schedule).makespan
         host = max(trace.host_resident, default=0)
-        if trace.peak_memory > nbytes or (
-            platform.host_memory is not None and host > platform.host_memory
-        ):  # pragma: no cover - the chain bounds the block chain's bytes from above
-            continue
+        if trace.peak_memory > nbytes or not within_host_memory(trace.host_resident, platform):
+            continue  # pragma: no cover - the chain bounds the block chain's bytes from above
         block.meta.update(peak_memory=trace.peak_memory, makespan=makespan, host_peak=host,
                           offloaded=offloaded(block))  # fmt: skip
         found.append((block, trace.peak_memory, makespan))

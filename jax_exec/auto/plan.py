@@ -198,11 +198,7 @@ class Plan:
                 f"{o.saved / mib:>10.4f}  {recorded[k]:>8}  "
                 f"{(o.bwd_tmp - o.bwd_release) / mib:>11.4f}"
             )
-        late = {k: p.stages[k].options[o].host for k, o in enumerate(self.options)}
-        if any(late.values()):
-            held = ", ".join(f"block {k} {n / mib:.4f} MiB" for k, n in late.items() if n)
-            lines.append(f"late residuals in host memory from the recording to their "
-                         f"backward phase: {held}")  # fmt: skip
+        lines += _host_lines(self.model, p, self.options)
         if meta.get("offloaded"):
             lines.append(
                 f"offloaded to host memory: {', '.join(meta['offloaded'])} (abar[k]: block "
@@ -217,13 +213,34 @@ class Plan:
             "'everything_saveable' are JAX's policies, 'xla_fused' what XLA keeps for a "
             "plain step; a suffix '+bfloat16' (+float8, +int8) stores the saved values in "
             "low bits, '+late' keeps those its backward's first phase does not read in host "
-            "memory until the phase that reads them ('saved MiB': the device part).",
+            "memory until the phase that reads them, '+host' keeps all of them there, "
+            "those its first phase reads back at its start ('saved MiB': the device "
+            "part).",
             "forwards: how many times the block's forward runs (1: never recomputed); "
             "'saved MiB' is what its recording keeps beyond its outputs, the rest of its "
             "residuals is recomputed in its backward; 'bwd tmp MiB': its backward's "
             "temporaries less what it frees of its own buffers before its peak.",
         ]
         return "\n".join(lines)
+
+
+def _host_lines(model: BlockModel, p: BlockChain, options: tuple) -> list[str]:
+    """Per block whose option keeps residuals in host memory: each one's shape, dtype
+    and bytes, and the backward phase before which it is back on the device."""
+    lines = []
+    for k, o in enumerate(options):
+        if k >= model.length or not p.stages[k].options[o].host:
+            continue
+        new = model.functions(k, o).recipe.new
+        back, sizes = model.host_returns(k, o), model.host_residuals(k, o)
+        phases = len(model.phased(k, o).phases)
+        held = "; ".join(
+            f"{new[i].dtype}{list(new[i].shape)} {sizes[i]:,} B back before phase {j}"
+            for i, j in sorted(back.items(), key=lambda item: (item[1], item[0]))
+        )
+        lines.append(f"block {k} residuals in host memory from its recording to its "
+                     f"backward ({phases} phases): {held}")  # fmt: skip
+    return lines
 
 
 def _record_counts(model: BlockModel, schedule: Schedule, options: tuple) -> list[int]:

@@ -16,6 +16,12 @@ times, and keeps the fastest answer that fits.
 
 Blocks of one scanned loop that are the same block share their save set, so that
 the loop lowering (:mod:`jax_exec.execute.loops`) still runs them as one loop.
+
+With a host link (a model with host-memory variants,
+:func:`jax_exec.program.model.with_host_variants`) each block may also keep all its
+saved residuals in host memory (its save set's all-on-host variant, ``"+host"``),
+their copies priced per byte at the link's bandwidths, under ``host_memory``; the
+answer is priced exactly like any other, copies and host bytes included.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from jax_exec.auto.offload import within_host_memory
 from jax_exec.program.kernels import SaveOption
 from jax_exec.program.model import BlockModel, build_problem
 from jax_exec.program.options import option_graph, saved_candidates
@@ -102,13 +109,17 @@ def save_set_chain(bm: BlockModel, reference: list[int]) -> SaveSetChain:
     nodes = [node_bytes(bm, k) for k in range(L)]
     fwd, bwd, prefix = [], [], 0
     for k in range(L):
-        prefix += p.stages[k].options[reference[k]].saved
+        chosen = p.stages[k].options[reference[k]]
+        prefix += chosen.saved  # the device part; its own host part counts at its steps
         option = bm.options[k][reference[k]]
         # plain autodiff and xla_fused recompute no value (fused: cheap work in consumers)
         fixed = option.kind in ("everything", "fused")
         rec = set() if fixed else recompute_set(graphs[k], saved_candidates(bm, k, option))
-        fwd.append(trace.op_peak[k] - prefix)
-        bwd.append(trace.op_peak[2 * L - k] - prefix - sum(nodes[k][i] for i in rec))
+        fwd.append(trace.op_peak[k] - prefix - chosen.host)
+        bwd.append(trace.op_peak[2 * L - k] - prefix - chosen.host
+                   - sum(nodes[k][i] for i in rec))  # fmt: skip
+    link = bm.host_link  # copies out and back, per byte (latencies left out: an estimate)
+    cost = None if link is None else 1 / link.offload.bandwidth + 1 / link.prefetch.bandwidth
     return SaveSetChain(
         graphs=tuple(graphs),
         groups=groups(bm),
@@ -116,14 +127,17 @@ def save_set_chain(bm: BlockModel, reference: list[int]) -> SaveSetChain:
         fwd_base=tuple(fwd),
         bwd_base=tuple(bwd),
         loss_base=trace.op_peak[L] - prefix,
+        host_cost=cost,
+        host_memory=None if link is None else link.host_memory,
     )
 
 
 def with_save_sets(
-    bm: BlockModel, sets: tuple[frozenset[int], ...]
+    bm: BlockModel, sets: tuple[frozenset[int], ...], on_host: tuple[bool, ...] = ()
 ) -> tuple[BlockModel, list[int]]:
     """A copy of ``bm`` whose blocks also offer these save sets (one per block; kernels
-    and caches shared), and the option index of each."""
+    and caches shared), and the option index of each: for a block of ``on_host``, its
+    save set's all-on-host variant (:attr:`SaveOption.host`)."""
     by_key: dict = {}
     for k in range(bm.length):
         key = bm.blocks.blocks[k].key
@@ -135,10 +149,15 @@ def with_save_sets(
         names = frozenset(keys[c] for c in saved)
         options = by_key[key]
         o = next((o for o, opt in enumerate(options)
-                  if opt.kind == "names" and opt.names == names), None)  # fmt: skip
+                  if opt == SaveOption("names", names, opt.label)), None)  # fmt: skip
         if o is None:
             options.append(SaveOption("names", names, f"whole {len(names)}/{len(keys)}"))
             o = len(options) - 1
+        if on_host and on_host[k]:
+            variant = dataclasses.replace(options[o], host="all")
+            if variant not in options:
+                options.append(variant)
+            o = options.index(variant)
         chosen.append(o)
     new = tuple(tuple(by_key[bm.blocks.blocks[k].key]) for k in range(bm.length))
     if new == bm.options:
@@ -179,7 +198,7 @@ def whole_plan(
                 break
             raise Infeasible("whole_milp", budget, None, err.detail) from None
         solve_time += answer.solve_time
-        model, chosen = with_save_sets(model, answer.save_sets)
+        model, chosen = with_save_sets(model, answer.save_sets, answer.on_host)
         schedule = recorded(chosen)
         if to_beat is not None and simulate(model.problem, schedule).makespan >= to_beat:
             break  # times need no kernel: an answer no faster is not compiled
@@ -187,7 +206,8 @@ def whole_plan(
             model.problem = build_problem(model)
         trace = simulate(model.problem, schedule)
         tries.append(trace.peak_memory)
-        if trace.peak_memory <= budget:
+        host_fits = within_host_memory(trace.host_resident, model.host_link)
+        if trace.peak_memory <= budget and host_fits:
             if best is None or trace.makespan < best[1].makespan:
                 best = (model, trace, schedule, answer, target)
             if budget - trace.peak_memory <= budget // 100:
@@ -211,6 +231,7 @@ def whole_plan(
         "time": time.perf_counter() - start,
         "rounds": len(tries),
         "model_budget": target,
+        "on_host": sum(answer.on_host),  # blocks keeping their residuals in host memory
     }
     schedule.meta.update(
         peak_memory=trace.peak_memory,
@@ -226,7 +247,7 @@ def small_enough(bm: BlockModel, limit: int = WHOLE_GRAPH_VARIABLES) -> bool:
     if limit <= 0:
         return False
     graphs = tuple(option_graph(bm, k)[0] for k in range(bm.length))
-    return variables(graphs, groups(bm)) <= limit
+    return variables(graphs, groups(bm), bm.host_link is not None) <= limit
 
 
 def fallback(

@@ -42,16 +42,17 @@ from schedir.offload.ops import Evict, Offload, Prefetch, Wait
 
 def run_backward(
     buf: Buffers, pb: Any, kernels: tuple, args: tuple, holders: dict | None, k: int,
-    fetch: Callable[[Any], Any] | None = None,
+    fetch: Callable[[Any], Any] | None = None, returns: dict[int, int] | None = None,
 ) -> tuple:  # fmt: skip
     """Run block k's backward phases (:mod:`jax_exec.program.phases`) on ``args`` (its eight
     argument groups): before each phase, free the block's own inputs no later phase
     reads (``holders``: group -> per argument, its buffer and key; None: free none, as
     graph nodes are freed by their own ops); after it, the intermediates no later
     phase reads. Intermediates are held in buffer
-    ``("phase", k)`` (parameters' gradients outside). ``fetch``: of a late-residual
-    variant (its late residuals in host memory, ``holders`` given), copies an array to
-    the device: they come back before the first phase that reads one of them. Returns
+    ``("phase", k)`` (parameters' gradients outside). ``fetch``: of a host-memory
+    variant (``holders`` given), copies an array to the device; ``returns``: index in
+    group ``new`` -> phase, of its residuals in host memory and the phase before which
+    each comes back (:meth:`~jax_exec.program.model.BlockModel.host_returns`). Returns
     ``(d_p, d_x, need, temp)``: need is the largest over phases of the live bytes after
     its outputs plus its kernel's temporary bytes, temp that kernel's."""
     env = dict(zip(pb.flat.in_ids, jax.tree_util.tree_leaves(args), strict=True))
@@ -59,14 +60,13 @@ def run_backward(
     scratch = ("phase", k)
     buf.table[scratch] = {}
     need, temp = -1, 0
-    late, first = (pb.late_residuals(), pb.late()[1]) if fetch is not None else ({}, -1)
+    returns = returns or {}
     for j, (phase, kernel) in enumerate(zip(pb.phases, kernels, strict=True)):
-        if j == first:
-            for pos, (group, i) in enumerate(pb.groups):
-                if group == "new" and i in late:
-                    name, key = holders["new"][i]
-                    env[pb.flat.in_ids[pos]] = fetch(buf.table[name][key])
-                    buf.replace(name, key, env[pb.flat.in_ids[pos]])
+        for pos, (group, i) in enumerate(pb.groups):
+            if group == "new" and returns.get(i) == j:
+                name, key = holders["new"][i]
+                env[pb.flat.in_ids[pos]] = fetch(buf.table[name][key])
+                buf.replace(name, key, env[pb.flat.in_ids[pos]])
         for pos in pb.free_args[j] if holders is not None else ():
             group, i = pb.groups[pos]
             buf.release(*holders[group][i])
@@ -109,7 +109,7 @@ def run_schedule(
     states = CopyStates({("a", 0): "dev"})
     memory = _Memories(gv)
     copies = any(isinstance(op, Offload | Prefetch | Wait | Evict) for op in schedule.ops) or any(
-        model.option(k, o).late for k, o in enumerate(options)
+        model.option(k, o).host for k, o in enumerate(options)
     )
     meter = OpMeter(buf.nbytes())
 
@@ -168,10 +168,10 @@ def run_schedule(
                 "through": [(("d", k + 1), v) for v, f in zip(active, flags, strict=True) if f],
             }
             pb, kernels = model.backward_kernels(k, options[k])
-            fetch = memory.to_device_only if model.option(k, options[k]).late else None
             d_p, d_x, need, temp = run_backward(
-                buf, pb, kernels, (p, g, x, outs, res, new, d_outs, through), holders, k, fetch
-            )
+                buf, pb, kernels, (p, g, x, outs, res, new, d_outs, through), holders, k,
+                memory.to_device_only, model.host_returns(k, options[k]),
+            )  # fmt: skip
             memory.late.pop(("abar", k + 1), None)
             add_grads(k, d_p)
             d_here = dict(zip(active, d_x, strict=True))
@@ -204,8 +204,8 @@ def run_schedule(
             buf.table[out] = values
             temp = kernel.temp_bytes
             need = buf.nbytes() + temp
-            if isinstance(op, F_all):  # a late-residual variant's: to host memory now
-                memory.keep_on_host(buf, out, model.late_residuals(k, options[k]))
+            if isinstance(op, F_all):  # a host-memory variant's: to host memory now
+                memory.keep_on_host(buf, out, model.host_residuals(k, options[k]))
         states.add(out)
         for name in frees:
             states.free(name)
@@ -225,8 +225,8 @@ class _Memories:
     the first global value's, or JAX's default device), and the copies between them. A
     value held by several buffers is copied once each way, as the simulator counts it
     once: an array already in host memory (or still on the device) is shared. A
-    late-residual variant's late residuals stay in host memory from its recording to
-    its backward (:meth:`keep_on_host`): whole-buffer copies leave them where they are."""
+    host-memory variant's residuals stay in host memory from its recording to its
+    backward (:meth:`keep_on_host`): whole-buffer copies leave them where they are."""
 
     def __init__(self, gv: dict) -> None:
         arrays = [a for a in gv.values() if isinstance(a, jax.Array)]
@@ -235,7 +235,7 @@ class _Memories:
         self.host = jax.sharding.SingleDeviceSharding(device, memory_kind=HOST)
         self.host_copy: dict[int, tuple] = {}  # device array id -> (device array, host array)
         self.device_copy: dict[int, tuple] = {}  # host array id -> (host array, device array)
-        self.late: dict[Any, frozenset] = {}  # buffer -> keys of its late residuals
+        self.late: dict[Any, frozenset] = {}  # buffer -> keys of its residuals kept on host
 
     def keep_on_host(self, buf: Buffers, name: Any, late: dict) -> None:
         """Move the residuals ``("new", i)`` for ``i`` in ``late`` of buffer ``name`` (a
@@ -249,7 +249,8 @@ class _Memories:
         self.late[name] = keys
 
     def to_device_only(self, arr: Any) -> Any:
-        """A late residual back on the device (its host array is then deleted)."""
+        """A residual kept in host memory back on the device (its host array is then
+        deleted)."""
         return jax.block_until_ready(jax.device_put(arr, self.device))
 
     def to_host(self, buf: Buffers, arr: Any) -> Any:

@@ -231,10 +231,10 @@ def _run_at(model: BlockModel, options: tuple, chain: list[int], top: bool) -> S
 
 def scan_runs(model: BlockModel, schedule: Schedule) -> dict[int, ScanRun]:
     """The scan runs of ``schedule``'s tree, by first block (:class:`ScanRun`), in the
-    Record chains at every level (the top, inside Segments). A late-residual variant's
+    Record chains at every level (the top, inside Segments). A host-memory variant's
     block is in none (a loop's residuals stay on the device)."""
     options = schedule_options(model.problem, schedule)
-    late = {k for k, o in enumerate(options) if model.option(k, o).late}
+    late = {k for k, o in enumerate(options) if model.option(k, o).host}
     found: dict[int, ScanRun] = {}
 
     def walk(node: Any, top: bool) -> None:

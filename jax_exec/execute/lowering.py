@@ -65,15 +65,15 @@ def _to(space: Any, tree: Any) -> Any:
 
 def recorded(
     fns: BlockFunctions, offload_in: bool = False, offload_out: bool = False,
-    late: frozenset[int] = frozenset(),
+    on_host: frozenset[int] = frozenset(),
 ) -> Callable:  # fmt: skip
     """``f(p, g, x) -> (outs, results)`` of a block whose autodiff keeps exactly its
     inputs, outputs and the option's new residuals (module docstring). With
     ``offload_in`` the inputs it keeps, with ``offload_out`` its outputs and new
     residuals (the next node's input buffer), are put in host memory in its forward
     rule and brought back in its backward rule (a ``custom_vjp``'s residuals are out of
-    a checkpoint policy's reach); so are the new residuals of indices ``late`` (a
-    late-residual variant's: XLA schedules their copy back within the backward)."""
+    a checkpoint policy's reach); so are the new residuals of indices ``on_host`` (a
+    host-memory variant's: XLA schedules their copy back within the backward)."""
     lay = fns.layout
     needs_results = any(kind == "result" for kind, _ in fns.recipe.sources)
     host, device = jax.memory.Space.Host, jax.memory.Space.Device
@@ -84,7 +84,7 @@ def recorded(
 
     def f_fwd(p: tuple, g: tuple, x: tuple):
         outs, results, new = fns.record(p, g, x)
-        new = tuple(_to(host, r) if i in late else r for i, r in enumerate(new))
+        new = tuple(_to(host, r) if i in on_host else r for i, r in enumerate(new))
         kept = results if needs_results else ()
         saved_x = _to(host, x) if offload_in else x
         saved = _to(host, (outs, new)) if offload_out else (outs, new)
@@ -96,7 +96,7 @@ def recorded(
             x = _to(device, x)
         if offload_out:
             outs, new = _to(device, (outs, new))
-        new = tuple(_to(device, r) if i in late else r for i, r in enumerate(new))
+        new = tuple(_to(device, r) if i in on_host else r for i, r in enumerate(new))
         d_outs = tuple(d for d, a in zip(cts[0], lay.act_out, strict=True) if a)
         n_act = sum(lay.act_in)
         d_p, d_act = fns.backward(p, g, x, outs, kept, new, d_outs, (None,) * n_act)
@@ -134,8 +134,8 @@ def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Calla
     run_fns = {k: looped(model, r, options) for k, r in runs.items()}
 
     def block(k: int, offload_in: bool, offload_out: bool) -> Callable:
-        late = frozenset(model.late_residuals(k, options[k]))
-        return recorded(model.functions(k, options[k]), offload_in, offload_out, late)
+        host = frozenset(model.host_residuals(k, options[k]))
+        return recorded(model.functions(k, options[k]), offload_in, offload_out, host)
 
     def args_of(k: int, gv: dict, state: dict) -> tuple:
         lay = model.layouts[k]

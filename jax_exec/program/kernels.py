@@ -45,6 +45,8 @@ from jax_exec.program.trace import Lit, Program
 
 OPTION_KINDS = ("names", "everything", "dots", "fused")
 FUSED = (ELEMENTWISE - EXPENSIVE) | LAYOUT
+# A save option's host-memory variants (SaveOption.host) -> the suffix of their label
+HOST_VARIANTS = {"late": "+late", "all": "+host"}
 
 
 @dataclass(frozen=True)
@@ -56,25 +58,31 @@ class SaveOption:
         names: for ``"names"``: the local keys ``(equation offset, output index)`` of
             the materialized values saved.
         label: display name (``"save all"``, ``"checkpoint_dots"``, ``"save 3/7"``...).
-        late: a late-residual variant (offered with a host link only): the same
-            recording and backward, the saved residuals its backward's first phase
-            does not read kept in host memory until the phase that first reads them
-            (:meth:`jax_exec.program.phases.PhasedBackward.late_residuals`).
+        host: a host-memory variant (offered with a host link only; "": none): the
+            same recording and backward, some saved residuals kept in host memory from
+            the recording until the backward brings them back (``HOST_VARIANTS``):
+            ``"late"`` those its backward's first phase does not read, back before the
+            first phase that reads one of them
+            (:meth:`jax_exec.program.phases.PhasedBackward.late_residuals`); ``"all"``
+            every one, those phase 0 reads back at the backward's start.
     """
 
     kind: str
     names: frozenset = frozenset()
     label: str = ""
-    late: bool = field(default=False, kw_only=True)  # subclasses' fields stay positional
+    host: str = field(default="", kw_only=True)  # subclasses' fields stay positional
 
     def __post_init__(self) -> None:
         if self.kind not in OPTION_KINDS:
             raise ValueError(f"SaveOption.kind = {self.kind!r}: expected one of {OPTION_KINDS}")
+        if self.host not in ("", *HOST_VARIANTS):
+            raise ValueError(f"SaveOption.host = {self.host!r}: expected '' or one of "
+                             f"{tuple(HOST_VARIANTS)}")  # fmt: skip
 
     def on_device(self) -> SaveOption:
         """The option whose functions and recording this one runs: itself, or the
         variant's option with every saved residual on the device."""
-        return replace(self, late=False) if self.late else self
+        return replace(self, host="") if self.host else self
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from jax_exec.program.analysis import Analysis, CostModel, analyze_program
 from jax_exec.program.blocks import Block, Blocks, build_blocks, find_cuts
 from jax_exec.program.compiled import Kernel, lowered_kernel
 from jax_exec.program.kernels import (
+    HOST_VARIANTS,
     BlockFunctions,
     Layout,
     SaveOption,
@@ -59,8 +60,8 @@ class BlockModel:
         value_index: cut value id -> index in the problem's ``value_sizes``.
         problem: the block chain (exact bytes; roofline seconds).
         cost_model: the roofline model of the times.
-        host_link: the platform whose host link the late-residual variants' copies
-            take (:func:`with_late_residuals`; None: no variant).
+        host_link: the platform whose host link the host-memory variants' copies
+            take (:func:`with_host_variants`; None: no variant).
     """
 
     traced: Traced
@@ -150,11 +151,13 @@ class BlockModel:
         return self.options[k][o]
 
     def kernel_key(self, kind: str, k: int, o: int = 0) -> tuple:
-        """Cache key of a kernel: identical blocks share it (a late-residual variant
-        shares its option's recording; its backward has phases of its own)."""
-        option = self.option(k, o) if kind in ("record", "backward") else None
+        """Cache key of a kernel: identical blocks share it (a host-memory variant
+        shares its option's recording, its backward :meth:`backward_option`'s)."""
+        option = None
         if kind == "record":
-            option = option.on_device()
+            option = self.option(k, o).on_device()
+        elif kind == "backward":
+            option = self.backward_option(k, o)
         flags = through_flags(self, k) if kind == "backward" else ()
         return (kind, self.identity(k), option, flags)
 
@@ -177,21 +180,41 @@ class BlockModel:
         index) if this process compiled it, else None."""
         return self._kernels.get(key)
 
+    def backward_option(self, k: int, o: int) -> SaveOption:
+        """The option whose phased backward block k's option o runs: its own; a
+        late-residual variant's is cut into up to ``LATE_PHASES`` phases; an all-on-host
+        variant runs the late variant's where block k offers it (its late residuals
+        come back as late), else its option's (all back at the backward's start): the
+        variants compile no kernel of their own."""
+        option = self.option(k, o)
+        if option.host != "all":
+            return option
+        late = dataclasses.replace(option, host="late")
+        return late if late in self.options[k] else option.on_device()
+
     def phased(self, k: int, o: int) -> PhasedBackward:
         """Block k's backward under option o as phases (:mod:`jax_exec.program.phases`;
         inputs that later blocks read too get their cotangent from ``d[k+1]`` added;
-        a late-residual variant's: up to ``LATE_PHASES``)."""
+        a host-memory variant's: up to ``LATE_PHASES``, :meth:`backward_option`)."""
         key = self.kernel_key("backward", k, o)
         if key not in self._phases:
             fn, *args = self.kernel_source("backward", k, o)
-            most = LATE_PHASES if self.option(k, o).late else MAX_PHASES
+            most = LATE_PHASES if key[2].host else MAX_PHASES
             self._phases[key] = phased_backward(fn, tuple(args), most)
         return self._phases[key]
 
-    def late_residuals(self, k: int, o: int) -> dict[int, int]:
+    def host_residuals(self, k: int, o: int) -> dict[int, int]:
         """Index in the recording's new residuals -> bytes, of those block k's option o
-        keeps in host memory (empty unless a late-residual variant)."""
-        return self.phased(k, o).late_bytes() if self.option(k, o).late else {}
+        keeps in host memory (empty unless a host-memory variant)."""
+        sizes = self.phased(k, o).new_bytes()
+        return {i: sizes[i] for i in self.host_returns(k, o)}
+
+    def host_returns(self, k: int, o: int) -> dict[int, int]:
+        """Index in the recording's new residuals -> the backward phase before which it
+        is back on the device, of those block k's option o keeps in host memory
+        (:meth:`~jax_exec.program.phases.PhasedBackward.returns`)."""
+        host = self.option(k, o).host
+        return self.phased(k, o).returns(host) if host else {}
 
     def backward_kernels(self, k: int, o: int) -> tuple[PhasedBackward, tuple[Kernel, ...]]:
         """The phases of block k's backward under option o and their compiled kernels."""
@@ -318,24 +341,24 @@ class BlockModel:
         one kernel's that frees nothing (:func:`jax_exec.program.options.temp_estimate`).
         ``lower``: a lower bound instead of an estimate where the phases are traced
         (uncompiled phases' temporaries taken as 0; both figures grow with them). A
-        late-residual variant's bytes back from host memory count from their phase on
-        (its phases are traced when it is made, :func:`with_late_residuals`)."""
+        host-memory variant's bytes back from host memory count from their phase on
+        (its phases are traced when it is made, :func:`with_host_variants`)."""
         from jax_exec.program.options import temp_estimate
 
-        late = self.option(k, o).late
+        host = self.option(k, o).host
         key = self.kernel_key("backward", k, o)
         if key in self._phases:
             pb = self._phases[key]
             phases = [(*key, j) for j in range(len(pb.phases))]
             temps = tuple(self._kernels[j].temp_bytes if j in self.known else 0 for j in phases)
             if all(j in self.known for j in phases):
-                return (*pb.effective(temps, late), True)
+                return (*pb.effective(temps, host), True)
             if lower:
-                return (*pb.effective(temps, late), False)
+                return (*pb.effective(temps, host), False)
         if lower:
             raise ValueError(f"block {k} option {o}: no lower bound before trace_options()")
-        host = sum(self.late_residuals(k, o).values())  # back on the device at its peak
-        return temp_estimate(self, "backward", k, self.option(k, o).on_device()) + host, 0, False
+        back = sum(self.host_residuals(k, o).values())  # on the device at its peak
+        return temp_estimate(self, "backward", k, self.option(k, o).on_device()) + back, 0, False
 
     def temp_bytes(self, kind: str, k: int, o: int = 0, lower: bool = False) -> tuple[int, bool]:
         """``(bytes, exact)``: the kernel's compiled temporary bytes if it was compiled,
@@ -369,14 +392,14 @@ class BlockModel:
 
     def saved_bytes(self, k: int, o: int) -> tuple[int, bool]:
         """``(bytes, exact)``: what block k's recording keeps under option o beyond its
-        outputs (on the device and, for a late-residual variant, in host memory): the
+        outputs (on the device and, for a host-memory variant, in host memory): the
         traced recipe's new residuals once traced (a variant's always are: it is made
         from its traced phases), else the model's estimate
         (:func:`jax_exec.program.options.saved_estimate`)."""
         from jax_exec.program.options import saved_estimate
 
         key = (self.identity(k), self.option(k, o).on_device())
-        traced = key in self.known or self.option(k, o).late  # a variant's always is
+        traced = key in self.known or bool(self.option(k, o).host)  # a variant's always is
         if traced and not self.sharded:
             return self._functions[key].recipe.new_bytes, True
         record = self.kernel_key("record", k, o)
@@ -564,8 +587,8 @@ def build_problem(model: BlockModel, lower: bool = False) -> BlockChain:
     (traced shapes); temporaries of the compiled kernels, or estimates for kernels not
     compiled yet (:meth:`BlockModel.temp_bytes`), or with ``lower`` lower bounds of
     them (every figure of the problem then bounds the exact one from below, once
-    :meth:`BlockModel.trace_options` made the saved bytes exact). A late-residual
-    variant (:func:`with_late_residuals`) keeps ``host`` bytes out of ``saved``; its
+    :meth:`BlockModel.trace_options` made the saved bytes exact). A host-memory
+    variant (:func:`with_host_variants`) keeps ``host`` bytes out of ``saved``; its
     recording holds them on the device before their copy out (``rec_tmp``), and the
     copies each way are charged whole to its recording and its backward at the host
     link's bandwidths (an upper bound: the copies may overlap compute)."""
@@ -583,17 +606,17 @@ def build_problem(model: BlockModel, lower: bool = False) -> BlockChain:
         for o, option in enumerate(model.options[k]):
             extra = recompute_cost(model, k, option.on_device())
             bwd_tmp, bwd_release, _ = model.backward_bytes(k, o, lower)
-            late = model.late_residuals(k, o)
-            host, out, back = sum(late.values()), 0.0, 0.0
-            if late:
+            held = model.host_residuals(k, o)
+            host, out, back = sum(held.values()), 0.0, 0.0
+            if held:
                 if model.host_link is None:
-                    raise ValueError(f"block {k} option {o}: a late-residual variant "
-                                     f"needs a host link (with_late_residuals)")  # fmt: skip
-                out = sum(model.host_link.offload.time(n) for n in late.values())
-                back = sum(model.host_link.prefetch.time(n) for n in late.values())
+                    raise ValueError(f"block {k} option {o}: a host-memory variant "
+                                     f"needs a host link (with_host_variants)")  # fmt: skip
+                out = sum(model.host_link.offload.time(n) for n in held.values())
+                back = sum(model.host_link.prefetch.time(n) for n in held.values())
             options.append(
                 BlockOption(
-                    name=option.label + ("+late" if option.late else ""),
+                    name=option.label + HOST_VARIANTS.get(option.host, ""),
                     saved=model.saved_bytes(k, o)[0] - host,
                     rec_time=fwd + out,
                     rec_tmp=model.temp_bytes("record", k, o, lower)[0] + host,
@@ -735,26 +758,44 @@ def compile_ahead(model: BlockModel) -> Future:
     return _AHEAD.submit(copy._build_units, units)
 
 
-def with_late_residuals(model: BlockModel, platform: Platform) -> BlockModel:
-    """A copy of ``model`` whose blocks also offer the late-residual variant of each
-    option whose backward, cut into up to ``LATE_PHASES`` phases, has saved residuals
-    its first phase does not read (:attr:`SaveOption.late`), their copies over
-    ``platform``'s host link (:func:`build_problem`). Traces each variant's phased
-    backward (and so its option's recording); compiles nothing."""
-    every = tuple(
-        (*opts, *(dataclasses.replace(option, late=True) for option in opts))
-        for opts in model.options
-    )
-    late = dataclasses.replace(model, options=every, host_link=platform, problem=None,
-                               known=set(), timings=dict(model.timings))  # fmt: skip
-    late.options = tuple(
-        tuple(
-            option for o, option in enumerate(opts) if not option.late or late.late_residuals(k, o)
+def with_host_variants(model: BlockModel, platform: Platform) -> BlockModel:
+    """A copy of ``model`` whose blocks also offer host-memory variants of their
+    options (:attr:`SaveOption.host`), their copies over ``platform``'s host link
+    (:func:`build_problem`): the late-residual variant of each option whose backward,
+    cut into up to ``LATE_PHASES`` phases, has saved residuals its first phase does not
+    read, and the all-on-host variant of each option that saves residuals its first
+    phase reads (else it is the late one). So per saved value the block DP chooses
+    among keeping it on the device, in host memory, or recomputing it (the options'
+    save sets). Traces each variant's phased backward (and so its option's recording);
+    compiles nothing: the variants run their options' recordings and backwards."""
+    variants = dataclasses.replace(model, host_link=platform, problem=None, known=set(),
+                                   timings=dict(model.timings))  # fmt: skip
+
+    def offered(host: str) -> tuple:
+        every = tuple(
+            (*opts, *(dataclasses.replace(option, host=host) for option in base))
+            for opts, base in zip(variants.options, model.options, strict=True)
+        )
+        variants.options = every
+        return tuple(
+            tuple(option for o, option in enumerate(opts)
+                  if option.host != host or _worth(variants, k, o))
+            for k, opts in enumerate(every)
         )  # fmt: skip
-        for k, opts in enumerate(every)
-    )
-    late.problem = build_problem(late)
-    return late
+
+    variants.options = offered("late")
+    variants.options = offered("all")
+    variants.problem = build_problem(variants)
+    return variants
+
+
+def _worth(model: BlockModel, k: int, o: int) -> bool:
+    """Whether block k's variant o keeps residuals in host memory, and others than its
+    option's late-residual variant would."""
+    held = model.host_residuals(k, o)
+    if model.option(k, o).host == "late":
+        return bool(held)
+    return bool(held) and any(phase == 0 for phase in model.host_returns(k, o).values())
 
 
 def _distinct(model: BlockModel, k: int) -> tuple[SaveOption, ...]:

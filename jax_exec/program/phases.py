@@ -42,7 +42,7 @@ from jax_exec.program.blocks import eqn_has_anchor
 from jax_exec.program.trace import CHECKPOINTS, Eqn, FlatJaxpr, Lit, aval_bytes, evaluate, flatten
 
 MAX_PHASES = 2  # more phases compile more kernels for no measured gain on the examples
-# A late-residual variant's backward (planned with a host link only) is cut into up to
+# A host-memory variant's backward (planned with a host link only) is cut into up to
 # this many phases: more of its residuals are first read after phase 0 (docs/auto.md,
 # "Host offload": 4 of the 16 zoo families' least budgets drop with 4, 2 with 2)
 LATE_PHASES = 4
@@ -137,21 +137,31 @@ class PhasedBackward:
 
         return fn
 
-    def effective(self, temps: tuple[int, ...], late: bool = False) -> tuple[int, int]:
+    def effective(self, temps: tuple[int, ...], host: str = "") -> tuple[int, int]:
         """``(bwd_tmp, bwd_release)`` of the block chain for these phase temporaries:
         ``bwd_tmp`` is the largest need over the live bytes after adding the input
         cotangents when nothing is freed (phases run as a graph node's, whose inputs
         stay until a ``Free``), ``bwd_tmp - bwd_release`` the same with the frees.
-        ``late``: of the variant that keeps the late residuals (:meth:`late`) in host
-        memory until their first reading phase (its saved bytes count the device part
-        only): their bytes are added back from that phase on."""
-        host, first = self.late() if late else (0, len(self.phases))
-        rows = []
-        for j, (live, temp, rel) in enumerate(zip(self.live, temps, self.released, strict=True)):
-            rows.append((live + temp + (host if j >= first else 0), rel))
+        ``host``: of the option's host-memory variant (``SaveOption.host``), which
+        keeps residuals in host memory (its saved bytes count the device part only):
+        each one's bytes are added back from the phase it returns before on
+        (:meth:`returns`)."""
+        rows = self.rows(temps, host)
         held = max(need for need, _ in rows)
         freed = max(need - rel for need, rel in rows)
         return held - self.d_x_bytes, held - freed
+
+    def rows(self, temps: tuple[int, ...], host: str = "") -> list[tuple[int, int]]:
+        """Per phase, ``(need, released)``: the bytes it needs when nothing is freed
+        (intermediates, temporaries, residuals back from host memory) and the bytes
+        of the block's own inputs freed before it (:meth:`effective`)."""
+        back = self.returns(host) if host else {}
+        sizes = self.new_bytes()
+        rows = []
+        for j, (live, temp, rel) in enumerate(zip(self.live, temps, self.released, strict=True)):
+            here = sum(sizes[i] for i, phase in back.items() if phase <= j)
+            rows.append((live + temp + here, rel))
+        return rows
 
     def late_residuals(self) -> dict[int, int]:
         """Index in group ``new`` -> first phase reading it, of the block's saved
@@ -168,6 +178,19 @@ class PhasedBackward:
                 late[i] = first_read[vid]
         return late
 
+    def returns(self, host: str) -> dict[int, int]:
+        """Index in group ``new`` -> the phase before which it comes back to the device,
+        of the residuals the variant ``host`` (``SaveOption.host``) keeps in host memory:
+        ``"late"``, the late residuals (:meth:`late_residuals`), all before the first
+        phase that reads one of them; ``"all"``, those and every other saved residual,
+        back before phase 0."""
+        late = self.late_residuals()
+        first = min(late.values(), default=len(self.phases))
+        back = {i: first for i in late}
+        if host == "all":
+            back = {i: back.get(i, 0) for i in self.new_bytes()}
+        return back
+
     def late(self) -> tuple[int, int]:
         """``(bytes, phase)`` of the late residuals (:meth:`late_residuals`) and the
         first phase that reads one of them (``len(phases)`` when there are none): a
@@ -175,15 +198,15 @@ class PhasedBackward:
         late = self.late_residuals()
         if not late:
             return 0, len(self.phases)
-        return sum(self.late_bytes().values()), min(late.values())
+        sizes = self.new_bytes()
+        return sum(sizes[i] for i in late), min(late.values())
 
-    def late_bytes(self) -> dict[int, int]:
-        """Index in group ``new`` -> bytes, of the late residuals."""
-        late = self.late_residuals()
+    def new_bytes(self) -> dict[int, int]:
+        """Index in group ``new`` -> bytes, of every saved residual."""
         return {
             i: self.nbytes(self.flat.in_ids[pos])
             for pos, (group, i) in enumerate(self.groups)
-            if group == "new" and i in late
+            if group == "new"
         }
 
 

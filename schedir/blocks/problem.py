@@ -29,10 +29,11 @@ the resident buffers right after it adds its output, plus its temporary bytes (p
 forwards ``fwd_tmp``, recording forwards the option's ``rec_tmp``, backwards its
 ``bwd_tmp`` minus its ``bwd_release``, the loss ``loss_tmp``).
 
-**Late residuals in host memory.** An option may keep ``host`` bytes of its saved
-residuals in host memory from its recording until the backward phase that first reads
-them (a *late-residual* variant: its backward's first phase does not read them). Its
-``saved`` counts the device part only; its ``rec_tmp`` includes the residuals' bytes
+**Residuals in host memory.** An option may keep ``host`` bytes of its saved
+residuals in host memory from its recording until its backward brings them back (a
+*host-memory* variant: those its backward's first phase does not read, back before
+the phase that first reads them, or all of them, those phase 0 reads back at its
+start). Its ``saved`` counts the device part only; its ``rec_tmp`` includes the residuals' bytes
 (the recording makes them on the device, then copies them out) and its ``bwd_tmp`` /
 ``bwd_release`` the bytes brought back from their phase on. While such a recording is
 held (``abar[k+1]``, on the device or offloaded) its host bytes count in
@@ -411,11 +412,11 @@ def simulate_blocks(problem: BlockChain, schedule_or_ops, *, record_buffers: boo
     states = CopyStates({("a", 0): "dev"})
     done = [False] * (L + 1)
 
-    def total(held: dict) -> int:  # device bytes: late residuals ("h") are on the host
+    def total(held: dict) -> int:  # device bytes: residuals kept on the host ("h") are not
         live = set().union(*held.values()) if held else set()
         return sum(nbytes(i) for i in live if i[0] != "h")
 
-    def host_total() -> int:  # copies of offloaded buffers and held late residuals, once
+    def host_total() -> int:  # copies of offloaded buffers and held host residuals, once
         late = {i for held in resident.values() for i in held if i[0] == "h"}
         return sum(nbytes(i) for i in late.union(*host.values()))
 

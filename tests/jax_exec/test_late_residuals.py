@@ -19,13 +19,20 @@ import pytest
 import zoo
 from figure_checks import load_script
 from flax import nnx
-from plain_reference import assert_matches, check_plan, host_residuals, plain, saved_in_host
+from plain_reference import (
+    assert_matches,
+    check_plan,
+    expected_host,
+    host_residuals,
+    plain,
+    saved_in_host,
+)
 
 import jax_exec
 import solvers
 from jax_exec.execute.interpreter import run_schedule
 from jax_exec.execute.lowering import lower, recorded
-from jax_exec.program.model import block_model, build_problem, with_late_residuals
+from jax_exec.program.model import block_model, build_problem, with_host_variants
 from jax_exec.program.phases import LATE_PHASES
 from jax_exec.program.trace import aval_bytes
 from schedir import B, F_all, Loss, Platform
@@ -61,13 +68,13 @@ def test_late_residuals_and_their_figures_by_hand():
             temps = tuple(1000 * (j + 1) + 7 for j in range(len(pb.phases)))
             if host == 0:
                 assert first == len(pb.phases)
-                assert pb.effective(temps, late=True) == pb.effective(temps)
+                assert pb.effective(temps, "late") == pb.effective(temps)
                 continue
             seen += 1
             assert 1 <= first < len(pb.phases)
             rows = [(live + temp + host * (j >= first), rel) for j, (live, temp, rel)
                     in enumerate(zip(pb.live, temps, pb.released, strict=True))]  # fmt: skip
-            tmp, release = pb.effective(temps, late=True)
+            tmp, release = pb.effective(temps, "late")
             assert tmp == max(need for need, _ in rows) - pb.d_x_bytes
             assert tmp - release == max(need - rel for need, rel in rows) - pb.d_x_bytes
     assert seen  # BERT's backwards have residuals only their second phase reads
@@ -76,34 +83,47 @@ def test_late_residuals_and_their_figures_by_hand():
 def test_variants_and_their_figures():
     case = zoo.case("vae")
     bm = block_model(case.loss_fn, case.factory(), case.args)
-    late = with_late_residuals(bm, FAST)
-    assert bm.problem == build_problem(bm) and late.problem != bm.problem  # a copy
-    late.trace_options()  # every option's saved bytes exact (the variants' always are)
-    problem = build_problem(late)
-    seen = 0
-    for k in range(late.length):
-        base = [o for o in late.options[k] if not o.late]
+    variants = with_host_variants(bm, FAST)
+    assert bm.problem == build_problem(bm) and variants.problem != bm.problem  # a copy
+    variants.trace_options()  # every option's saved bytes exact (the variants' always are)
+    problem = build_problem(variants)
+    seen = Counter()
+    for k in range(variants.length):
+        base = [o for o in variants.options[k] if not o.host]
         assert base == list(bm.options[k])  # the options, then their variants
-        for o, option in enumerate(late.options[k]):
-            if not option.late:
-                assert not late.late_residuals(k, o)
+        for o, option in enumerate(variants.options[k]):
+            held = variants.host_residuals(k, o)
+            if not option.host:
+                assert not held
                 continue
-            seen += 1
+            seen[option.host] += 1
             b = base.index(option.on_device())
-            pb = late.phased(k, o)
-            assert len(pb.phases) <= LATE_PHASES and pb.late()[0] > 0
+            pb = variants.phased(k, o)
+            assert len(pb.phases) <= LATE_PHASES
+            back = variants.host_returns(k, o)
+            if option.host == "late":
+                assert pb.late() == (sum(held.values()), min(back.values())) and pb.late()[0] > 0
+            else:  # every saved residual, those phase 0 reads among them (else it is late's)
+                assert sum(held.values()) == variants.saved_bytes(k, o)[0]
+                assert 0 in back.values()
+                late = dataclasses.replace(option, host="late")  # its kernels, or its option's
+                same = variants.options[k].index(late) if late in variants.options[k] else b
+                assert variants.kernel_key("backward", k, o) == variants.kernel_key(
+                    "backward", k, same
+                )
+            assert variants.kernel_key("record", k, o) == variants.kernel_key("record", k, b)
             variant, full = problem.stages[k].options[o], problem.stages[k].options[b]
-            host = sum(late.late_residuals(k, o).values())
-            assert (variant.host, variant.name) == (host, full.name + "+late")
+            host = sum(held.values())
+            suffix = "+late" if option.host == "late" else "+host"
+            assert (variant.host, variant.name) == (host, full.name + suffix)
             assert variant.saved == full.saved - host and variant.rec_tmp == full.rec_tmp + host
-            sizes = late.late_residuals(k, o).values()  # each copy charged whole, each way
-            out = sum(FAST.offload.time(n) for n in sizes)
-            back = sum(FAST.prefetch.time(n) for n in sizes)
+            out = sum(FAST.offload.time(n) for n in held.values())  # each copy charged whole
+            back_time = sum(FAST.prefetch.time(n) for n in held.values())
             assert variant.rec_time == pytest.approx(full.rec_time + out, rel=1e-12)
-            assert variant.bwd_time == pytest.approx(full.bwd_time + back, rel=1e-12)
-    assert seen
-    with pytest.raises(ValueError, match="late-residual variant needs a host link"):
-        build_problem(dataclasses.replace(late, host_link=None))
+            assert variant.bwd_time == pytest.approx(full.bwd_time + back_time, rel=1e-12)
+    assert seen["late"] and seen["all"]
+    with pytest.raises(ValueError, match="host-memory variant needs a host link"):
+        build_problem(dataclasses.replace(variants, host_link=None))
 
 
 @pytest.mark.slow
@@ -116,23 +136,6 @@ def test_late_residuals_lower_the_least_budget_of_bert_only_a_little():
     remat = exact_least(bm, "block_rotor")
     late, used, _ = bench.least_with_variants(bm)
     assert (remat, late) == (47_264, 45_920) and used > 0
-
-
-def _expected_host(plan) -> Counter:
-    """The late residuals of the recordings held at the plan's ``Loss`` op (what the
-    compiled step saves at its top level)."""
-    model, schedule = plan.model, plan.schedule
-    trace = simulate_blocks(model.problem, schedule, record_buffers=True)
-    at = next(i for i, op in enumerate(schedule.ops) if isinstance(op, Loss))
-    found = Counter()
-    for name in trace.buffers[at - 1]:
-        kind, c = name.rstrip("]").split("[")
-        if kind == "abar":
-            k = int(c) - 1
-            new = model.functions(k, plan.options[k]).recipe.new
-            for i in model.late_residuals(k, plan.options[k]):
-                found[(tuple(int(d) for d in new[i].shape), str(new[i].dtype))] += 1
-    return found
 
 
 @pytest.mark.parametrize("family", ["vae",  # the default run; the others: -m slow
@@ -149,18 +152,18 @@ def test_late_residuals_lower_the_least_budget_and_run_exactly(family):
     with pytest.raises(solvers.Infeasible):
         remat.replan(budget)
     p = joint.replan(budget)
-    late = [k for k, o in enumerate(p.options) if p.model.option(k, o).late]
+    late = [k for k, o in enumerate(p.options) if p.model.option(k, o).host]
     assert late, f"{family}: no late-residual variant at {budget:,} B"
-    assert "late residuals in host memory" in p.summary()
+    assert "residuals in host memory" in p.summary()
     result = check_plan(case, p, plain(case.factory, case.loss_fn, case.args), family)
     trace = simulate_blocks(p.problem, p.schedule)
     assert result.resident_bytes == trace.resident and result.op_peak_bytes == trace.op_peak
     assert result.host_bytes == trace.host_resident and max(trace.host_resident) > 0
-    assert host_residuals(case, p) == _expected_host(p)
+    assert host_residuals(case, p) == expected_host(p)
     bm = p.model  # a variant's recording alone: its late residuals in host memory
     for k in late:
-        fns, held = bm.functions(k, p.options[k]), bm.late_residuals(k, p.options[k])
-        block = recorded(fns, late=frozenset(held))
+        fns, held = bm.functions(k, p.options[k]), bm.host_residuals(k, p.options[k])
+        block = recorded(fns, on_host=frozenset(held))
         args = [tuple(jax.numpy.zeros(s.shape, s.dtype) for s in group) for group in bm.specs(k)]
         new = fns.recipe.new
         want = Counter((tuple(int(d) for d in new[i].shape), str(new[i].dtype)) for i in held)
@@ -175,8 +178,8 @@ def test_a_late_recording_offloaded_whole_keeps_its_late_part_in_host_memory():
     """A whole-buffer offload of a variant's recording (as rotor_offload may plan) moves
     its device part; its late residuals stay in host memory until their phase."""
     case = zoo.case("vae")
-    bm = with_late_residuals(block_model(case.loss_fn, case.factory(), case.args), FAST)
-    late = next(o for o, option in enumerate(bm.options[0]) if option.late)
+    bm = with_host_variants(block_model(case.loss_fn, case.factory(), case.args), FAST)
+    late = next(o for o, option in enumerate(bm.options[0]) if option.host == "late")
     ops = (F_all(0), F_all(1), Offload("abar[1]"), Wait("abar[1]"), F_all(2), Loss(), B(2),
            Prefetch("abar[1]"), Wait("abar[1]"), B(1), B(0))  # fmt: skip
     schedule = BlockSchedule(ops, {}, (late, 0, 0))

@@ -318,11 +318,12 @@ def test_an_offloaded_recording_moves_its_device_part_only():
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_dp_with_late_variants_equals_brute_force(seed):
-    """Options whose recordings keep part of their residuals in host memory: the device
-    figures are those of the same option without that part (rec_tmp and the backward
-    carry it), host memory holds it while the recording is held, and the DP still
-    finds the brute-force optimum."""
+def test_dp_with_host_variants_equals_brute_force(seed):
+    """Options whose recordings keep part of their residuals in host memory (a late
+    variant) or all of them (an all-on-host variant, back at the backward's start):
+    the device figures are those of the same option without that part (rec_tmp and
+    the backward carry it, the copies' time charged to both), host memory holds it
+    while the recording is held, and the DP still finds the brute-force optimum."""
     rng = random.Random(1000 + seed)
     p = random_chain(rng, rng.randint(1, 3))
 
@@ -334,10 +335,18 @@ def test_dp_with_late_variants_equals_brute_force(seed):
                                    bwd_tmp=o.bwd_tmp + host + release, bwd_release=release,
                                    host=host)  # fmt: skip
 
+    def all_on_host(o: BlockOption) -> BlockOption:
+        copy = rng.choice([0.0, 0.5, 2.0])
+        return dataclasses.replace(
+            o, name=o.name + "+host", saved=0, host=o.saved, rec_time=o.rec_time + copy,
+            rec_tmp=o.rec_tmp + o.saved, bwd_time=o.bwd_time + copy, bwd_tmp=o.bwd_tmp + o.saved,
+        )  # fmt: skip
+
     stages = tuple(
-        dataclasses.replace(s, options=(*s.options, *(variant(k, o) for o in s.options)))
+        dataclasses.replace(s, options=(*s.options, *(variant(k, o) for o in s.options),
+                                        *(all_on_host(o) for o in s.options if o.saved)))
         for k, s in enumerate(p.stages)
-    )
+    )  # fmt: skip
     q = dataclasses.replace(p, stages=stages)
     for options in itertools.product(*(range(len(s.options)) for s in q.stages)):
         for ops in trees(0, q.length, q.length):
