@@ -97,15 +97,17 @@ def recorded(
     def packed(x: tuple, d_x: tuple) -> tuple:  # the cotangents of inputs(x), of x
         if unpack is None:
             return d_x
-        out: list = [None] * len(x)
+        rows: list[dict] = [{} for _ in x]
         for (q, i), d in zip(unpack, d_x, strict=True):
-            if d is None:
-                continue
-            if i is None:
-                out[q] = d
-            else:
-                out[q] = (jnp.zeros_like(x[q]) if out[q] is None else out[q]).at[i].add(d)
-        return tuple(out)
+            if d is not None:
+                rows[q][i] = d
+
+        def cotangent(a: Any, found: dict) -> Any:
+            if not found or None in found:
+                return found.get(None)
+            return jnp.stack([found.get(i, jnp.zeros_like(a[0])) for i in range(a.shape[0])])
+
+        return tuple(map(cotangent, x, rows))
 
     @jax.custom_vjp
     def f(p: tuple, g: tuple, x: tuple) -> tuple:
