@@ -139,14 +139,17 @@ def _scan_of(model: BlockModel, k: int) -> int | None:
 @dataclass(frozen=True)
 class _ScanValues:
     """What an unrolled scan's values do after it: ``ys`` (its per-iteration outputs),
-    ``final`` (its final carry), ``after`` (values read after its last iteration) and
-    ``last_inside`` (value -> the last equation inside the scan reading it)."""
+    ``final`` (its final carry), ``after`` (values read after its last iteration),
+    ``last_inside`` (value -> the last equation inside the scan reading it) and
+    ``invariant`` (values made before the scan that every iteration reads: its ``xs``
+    and closed-over values)."""
 
     end: int
     ys: frozenset
     final: frozenset
     after: frozenset
     last_inside: dict
+    invariant: frozenset
 
 
 def _scan_values(model: BlockModel, s: int) -> _ScanValues:
@@ -166,7 +169,13 @@ def _scan_values(model: BlockModel, s: int) -> _ScanValues:
             after.add(model.program.loss)
         ys = frozenset(r for y in info.ys for r in y if not isinstance(r, Lit))
         final = frozenset(r for r in info.carries[-1] if not isinstance(r, Lit))
-        return _ScanValues(end, ys, final, frozenset(after), last_inside)
+        producer = model.program.producer
+        invariant = frozenset(  # made before the scan, read by its last iteration too
+            v
+            for v, i in last_inside.items()
+            if producer.get(v, begin) < begin <= info.starts[-2] <= i
+        )
+        return _ScanValues(end, ys, final, frozenset(after), last_inside, invariant)
 
     return model.cached(("scan values", s), compute)
 
@@ -182,14 +191,19 @@ def carry_cut(model: BlockModel, j: int, s: int) -> tuple:
     """``cuts[j]`` without the *pending* values of scan s: its ``ys`` (not its final
     carry) that no equation of the scan reads from cut j on; they wait for their readers
     after the scan (the stacking of ``ys``), so that an unrolled scan's cuts grow by
-    one iteration's ``ys`` per iteration while the loop carries the rest."""
+    one iteration's ``ys`` per iteration while the loop carries the rest. The cut at the
+    scan's end also holds the scan's invariant values (as every cut inside it does), so
+    that its last iteration is wired like the others."""
     sv = _scan_values(model, s)
-    at = model.blocks.blocks[j].start if j < len(model.blocks.blocks) else sv.end
-    return tuple(
+    at = model.blocks.blocks[j].start
+    kept = {
         v
         for v in model.blocks.cuts[j]
         if v not in sv.ys or v in sv.final or sv.last_inside.get(v, -1) >= at
-    )
+    }
+    if at >= sv.end:
+        kept |= sv.invariant
+    return tuple(sorted(kept))
 
 
 def _pattern(model: BlockModel, k: int) -> tuple | None:
