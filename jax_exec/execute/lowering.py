@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from jax_exec.execute.loop_vjp import looped, run_stacks
 from jax_exec.execute.loops import (
     ScanRun,
     boundary,
@@ -43,9 +44,7 @@ from jax_exec.execute.loops import (
     emitted_stacks,
     held,
     inner_values,
-    looped,
     members,
-    run_stacks,
     scan_runs,
     stack_key,
 )
