@@ -16,7 +16,9 @@ The schedule's tree (:func:`jax_exec.execute.tree.parse_tree`) is lowered like a
 - the **loss stage** is a Record with plain autodiff;
 - a **scan run** (consecutive Records of an unrolled scan's repeated blocks,
   :mod:`jax_exec.execute.loops`) runs as one ``lax.scan`` whose residuals are the
-  Records', stacked (``lower(..., loops=False)`` unrolls it).
+  Records', stacked (``lower(..., loops=False)`` unrolls it); the values it emits (the
+  scan's ``ys``) leave it as stacked arrays, which the blocks after it read whole
+  (``recorded(..., unpack=...)``).
 
 So the residuals JAX saves at the top level are the values the schedule holds right
 before its ``Loss`` op, plus the loss stage's own residuals
