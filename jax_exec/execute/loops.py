@@ -6,23 +6,26 @@ scanned stack is a chain of identical blocks. A *scan run* is a chain of Records
 ``Record(k) -> Record(k+1) -> ...`` of the schedule's tree whose blocks repeat with a
 period of ``m`` blocks (one or several blocks an iteration) ``n >= 2`` times: block
 ``k + t*m + r`` is block ``k + r`` again (same kernels and option, its cut values in the
-same positions and shapes) reading the next slice of the same stacked globals. The run
-is lowered as one ``lax.scan`` over the slice index (:func:`looped`) whose residuals are
-the unrolled Records', stacked, so the compiled step saves the same bytes and XLA
-compiles the period once instead of ``n`` times.
+same positions and shapes) reading the next slice of the same stacked globals. The cut
+values compared are the carried ones (:func:`carry_cut`): a scan's ``ys`` wait in the
+unrolled cuts for their stacking after the scan, so those cuts grow; the loop emits
+them instead (:func:`emits`), stacked (:func:`emitted_stacks`), and the blocks after it
+read the stacks. The run is lowered as one ``lax.scan`` over the slice index
+(:func:`jax_exec.execute.loop_vjp.looped`) whose residuals are the unrolled Records',
+stacked, so the compiled step saves the same bytes and XLA compiles the period once
+instead of ``n`` times.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from jax_exec.execute.tree import Record, Segment, parse_tree
 from jax_exec.program.model import BlockModel
+from jax_exec.program.trace import Lit
 from schedir import Schedule
 from schedir.blocks.problem import schedule_options
 
@@ -43,6 +46,7 @@ class ScanRun:
         step: +1 if period t reads slice ``lo + t``, -1 if ``lo + length - 1 - t`` (a
             reverse scan).
         top: whether the run is on the tree's top level (its residuals are the step's).
+        scan: the unrolled scan (index into ``Program.scans``) its blocks belong to.
     """
 
     start: int
@@ -52,10 +56,15 @@ class ScanRun:
     others: tuple
     step: int
     top: bool
+    scan: int
 
     @property
     def blocks(self) -> range:
         return range(self.start, self.start + self.period * self.length)
+
+    def time_of(self, i: int) -> int:
+        """The period (0 .. length - 1 in execution order) reading slice i."""
+        return i if self.step > 0 else self.length - 1 - i
 
     def template(self, k: int) -> int:
         """The block of the first period that block k repeats."""
@@ -80,22 +89,44 @@ def stack_key(link: tuple, n: int) -> str:
 
 
 def boundary(model: BlockModel, run: ScanRun) -> tuple[tuple, tuple, tuple[bool, ...]]:
-    """``(entering, leaving, changing)``: the cut values entering the first period and
-    leaving it (positionally alike), and per position whether it changes."""
-    cuts = model.blocks.cuts
-    entering, leaving = cuts[run.start], cuts[run.start + run.period]
+    """``(entering, leaving, changing)``: the carried cut values (:func:`carry_cut`)
+    entering the first period and leaving it (positionally alike), and per position
+    whether it changes."""
+    entering = carry_cut(model, run.start, run.scan)
+    leaving = carry_cut(model, run.start + run.period, run.scan)
     return entering, leaving, tuple(u != v for u, v in zip(entering, leaving, strict=True))
 
 
-def inner_values(model: BlockModel, run: ScanRun) -> tuple[tuple[int, int], ...]:
-    """``(block of the first period, output index)`` of the outputs made inside a
-    period that do not leave it (the loop stacks them, one per period)."""
-    leaving = set(boundary(model, run)[1])
+def emits(model: BlockModel, run: ScanRun) -> tuple[tuple[int, int], ...]:
+    """``(block of the first period, output index)`` of the outputs a period emits
+    (:func:`emitted`): the loop stacks each into one ``(length, ...)`` array."""
     return tuple(
         (k, o)
         for k in range(run.start, run.start + run.period)
         for o, v in enumerate(model.layouts[k].outs)
-        if v not in leaving
+        if emitted(model, run.scan, v)
+    )
+
+
+def members(model: BlockModel, run: ScanRun) -> tuple[tuple[int, ...], ...]:
+    """Per emitted output (:func:`emits`), the values it stacks, in slice order (the
+    order of ``lax.scan``'s ``ys`` and of the scan's own stacking)."""
+    return tuple(
+        tuple(model.layouts[k + run.time_of(i) * run.period].outs[o] for i in range(run.length))
+        for k, o in emits(model, run)
+    )
+
+
+def inner_values(model: BlockModel, run: ScanRun) -> tuple[tuple[int, int], ...]:
+    """``(block of the first period, output index)`` of the outputs made inside a
+    period that neither leave it nor are emitted (the loop stacks them, one per period)."""
+    leaving = set(boundary(model, run)[1])
+    out = set(emits(model, run))
+    return tuple(
+        (k, o)
+        for k in range(run.start, run.start + run.period)
+        for o, v in enumerate(model.layouts[k].outs)
+        if v not in leaving and (k, o) not in out
     )
 
 
@@ -107,12 +138,88 @@ def _scan_of(model: BlockModel, k: int) -> int | None:
     return None
 
 
+@dataclass(frozen=True)
+class _ScanValues:
+    """What an unrolled scan's values do after it: ``ys`` (its per-iteration outputs),
+    ``final`` (its final carry), ``after`` (values read after its last iteration),
+    ``last_inside`` (value -> the last equation inside the scan reading it) and
+    ``invariant`` (values made before the scan that every iteration reads: its ``xs``
+    and closed-over values)."""
+
+    end: int
+    ys: frozenset
+    final: frozenset
+    after: frozenset
+    last_inside: dict
+    invariant: frozenset
+
+
+def _scan_values(model: BlockModel, s: int) -> _ScanValues:
+    def compute() -> _ScanValues:
+        info = model.program.scans[s]
+        begin, end = info.starts[0], info.starts[-1]
+        last_inside, after = {}, set()
+        for i, eqn in enumerate(model.program.eqns[begin:], begin):
+            for r in eqn.ins:
+                if isinstance(r, Lit):
+                    continue
+                if i < end:
+                    last_inside[r] = i
+                else:
+                    after.add(r)
+        if not isinstance(model.program.loss, Lit):
+            after.add(model.program.loss)
+        ys = frozenset(r for y in info.ys for r in y if not isinstance(r, Lit))
+        final = frozenset(r for r in info.carries[-1] if not isinstance(r, Lit))
+        producer = model.program.producer
+        invariant = frozenset(  # made before the scan, read by its last iteration too
+            v
+            for v, i in last_inside.items()
+            if producer.get(v, begin) < begin <= info.starts[-2] <= i
+        )
+        return _ScanValues(end, ys, final, frozenset(after), last_inside, invariant)
+
+    return model.cached(("scan values", s), compute)
+
+
+def emitted(model: BlockModel, s: int, v: int) -> bool:
+    """Whether value v is one of scan s's ``ys`` read after the scan: a loop emits it
+    (stacked by ``lax.scan``) instead of carrying it to the scan's end."""
+    sv = _scan_values(model, s)
+    return v in sv.ys and v in sv.after
+
+
+def carry_cut(model: BlockModel, j: int, s: int) -> tuple:
+    """``cuts[j]`` without the *pending* values of scan s: its ``ys`` (not its final
+    carry) that no equation of the scan reads from cut j on; they wait for their readers
+    after the scan (the stacking of ``ys``), so that an unrolled scan's cuts grow by
+    one iteration's ``ys`` per iteration while the loop carries the rest. The cut at the
+    scan's end also holds the scan's invariant values (as every cut inside it does), so
+    that its last iteration is wired like the others."""
+    sv = _scan_values(model, s)
+    at = model.blocks.blocks[j].start
+    kept = {
+        v
+        for v in model.blocks.cuts[j]
+        if v not in sv.ys or v in sv.final or sv.last_inside.get(v, -1) >= at
+    }
+    if at >= sv.end:
+        kept |= sv.invariant
+    return tuple(sorted(kept))
+
+
 def _pattern(model: BlockModel, k: int) -> tuple | None:
-    """Block k's wiring by cut positions and shapes (alike for a repeated block):
-    where each value of ``cuts[k+1]`` comes from (``("out", o)`` or ``("keep", pos)``),
-    the positions it reads, which values are differentiated, the shapes."""
-    lay, here, nxt = model.layouts[k], model.blocks.cuts[k], model.blocks.cuts[k + 1]
+    """Block k's wiring by carried cut positions (:func:`carry_cut`) and shapes (alike
+    for a repeated block): where each value of the next carried cut comes from
+    (``("out", o)`` or ``("keep", pos)``), the positions it reads, which outputs it
+    emits (:func:`emitted`), which values are differentiated, the shapes."""
+    s = _scan_of(model, k)
+    if s is None:
+        return None
+    lay = model.layouts[k]
+    here, nxt = carry_cut(model, k, s), carry_cut(model, k + 1, s)
     avals = model.program.avals
+    emits = tuple(emitted(model, s, v) for v in lay.outs)
     origin = []
     for v in nxt:
         if v in lay.outs:
@@ -121,13 +228,13 @@ def _pattern(model: BlockModel, k: int) -> tuple | None:
             origin.append(("keep", here.index(v)))
         else:
             return None
-    if len({o for o in origin if o[0] == "out"}) != len(lay.outs):
-        return None  # an output the next cut does not hold
+    if any(v not in nxt and not e for v, e in zip(lay.outs, emits, strict=True)):
+        return None  # an output neither carried nor emitted
     if any(v not in here for v in lay.ins):
         return None
     shapes = tuple((avals[v].shape, avals[v].dtype) for v in (*here, *nxt))
-    active = tuple(v in model.analysis.active for v in (*here, *nxt))
-    return tuple(origin), tuple(here.index(v) for v in lay.ins), active, shapes
+    active = tuple(v in model.analysis.active for v in (*here, *nxt, *lay.outs))
+    return tuple(origin), tuple(here.index(v) for v in lay.ins), emits, active, shapes
 
 
 def _links(model: BlockModel, k: int, j: int) -> tuple | None:
@@ -203,9 +310,12 @@ def _run_at(model: BlockModel, options: tuple, chain: list[int], top: bool) -> S
     """The scan run covering the most blocks at the start of ``chain`` (the shortest
     period on ties), or None."""
     best = None
-    cuts = model.blocks.cuts
+    scan = _scan_of(model, chain[0])
+    if scan is None:
+        return None
     for m in range(1, min(MAX_PERIOD, len(chain) // 2) + 1):
-        entering, leaving = cuts[chain[0]], cuts[chain[0] + m]
+        entering = carry_cut(model, chain[0], scan)
+        leaving = carry_cut(model, chain[0] + m, scan)
         if len(entering) != len(leaving) or any(
             u != v and v in entering for u, v in zip(entering, leaving, strict=True)
         ):
@@ -225,7 +335,7 @@ def _run_at(model: BlockModel, options: tuple, chain: list[int], top: bool) -> S
 
     return ScanRun(
         chain[0], m, n, tuple(stacked(r[0]) for r in rows), tuple(stacked(r[1]) for r in rows),
-        step, top,
+        step, top, scan,
     )  # fmt: skip
 
 
@@ -259,176 +369,65 @@ def scan_runs(model: BlockModel, schedule: Schedule) -> dict[int, ScanRun]:
                 node = node.rest
 
     walk(parse_tree(schedule, model.length), True)
+    while True:  # dropping a run can make another's stacks valid: to a fixed point
+        bad = [k for k, r in found.items() if not _stacks_held_whole(model, r, found)]
+        if not bad:
+            return found
+        del found[bad[0]]
+
+
+def _stacks_held_whole(model: BlockModel, run: ScanRun, runs: dict) -> bool:
+    """Whether every value the run emits (:func:`members`) is read after it as part of
+    its stacked array: each cut after the run holds all of a stack's values or none (so
+    the stack holds the unrolled bytes), and no block of another run reads them (a
+    loop's carry would slice them out: held twice)."""
+    cuts = model.blocks.cuts
+    stacks = [set(vids) for vids in members(model, run)]
+    if not stacks:
+        return True
+    for c in range(run.blocks.stop, len(cuts)):
+        if any(0 < len(vids.intersection(cuts[c])) < len(vids) for vids in stacks):
+            return False
+    emitted_values = set().union(*stacks)
+    return not any(
+        emitted_values.intersection(model.layouts[k].ins)
+        for other in runs.values()
+        if other is not run
+        for k in other.blocks
+    )
+
+
+@dataclass(frozen=True)
+class Stack:
+    """An emitted output of a run (:func:`emits`) as the one stacked array the loop
+    makes: value ``id`` (numbered after the program's values), the ``values`` it stacks
+    (:func:`members`) and its shape and dtype ``aval``."""
+
+    id: int
+    values: tuple[int, ...]
+    aval: jax.ShapeDtypeStruct
+
+
+def emitted_stacks(model: BlockModel, runs: dict[int, ScanRun]) -> dict[int, tuple[Stack, int]]:
+    """Every value the runs emit -> ``(its Stack, its index in it)``: after its run it
+    is read from the stack only (:func:`~jax_exec.execute.lowering.lower`)."""
+    found: dict[int, tuple[Stack, int]] = {}
+    next_id = len(model.program.avals)
+    for r in sorted(runs.values(), key=lambda r: r.start):
+        for vids in members(model, r):
+            aval = model.program.avals[vids[0]]
+            st = Stack(next_id, vids, jax.ShapeDtypeStruct((r.length, *aval.shape), aval.dtype))
+            next_id += 1
+            found.update((v, (st, i)) for i, v in enumerate(vids))
     return found
 
 
-def run_stacks(runs: dict, gv: dict) -> dict:
-    """The stacked slice ranges the runs read (:func:`stack_key` -> array), sliced from
-    the stacked globals once per step."""
-    stacks = {}
-    for r in runs.values():
-        for row in (*r.params, *r.others):
-            for ln in row:
-                if ln[0] == "stack":
-                    stacks[stack_key(ln, r.length)] = jax.lax.slice_in_dim(
-                        gv[ln[1]], ln[2], ln[2] + r.length, axis=0
-                    )
-    return stacks
-
-
-def _at(stack: Any, i: Any) -> Any:
-    return jax.lax.dynamic_index_in_dim(stack, i, 0, keepdims=False)
-
-
-def looped(model: BlockModel, run: ScanRun, options: tuple) -> Callable:
-    """``f(P, G, c0) -> (cn, ys)``: the run as one ``lax.scan`` over the slice index
-    (``reverse`` for a reverse scan) from ``c0``, the cut values entering it, to
-    ``cn``, those leaving it; ``ys`` per block of a period its results, stacked in
-    slice order. ``P``/``G``: the operands of :meth:`ScanRun.keys` (a stacked slice
-    range, or the global itself).
-
-    A ``jax.custom_vjp`` whose residuals are the unrolled Records' (so memory is the
-    plan's), stacked: ``c0`` and ``cn`` (held once with the neighbouring blocks), the
-    cut values between periods as one ``(length - 1, ...)`` array per changing
-    position, the outputs made and consumed inside a period and the options' new
-    residuals as ``(length, ...)`` arrays, and ``P``/``G``. The backward is a reverse
-    loop applying the blocks' backwards (``BlockFunctions.backward``), the cotangents
-    of values read by several blocks or passing through summed.
-    """
-    n, m, k0 = run.length, run.period, run.start
-    layouts = [model.layouts[k] for k in range(k0, k0 + m)]
-    fns = [model.functions(k, options[k]) for k in range(k0, k0 + m)]
-    entering, leaving, changing = boundary(model, run)
-    moving = [j for j, c in enumerate(changing) if c]
-    inner = [layouts[k - k0].outs[o] for k, o in inner_values(model, run)]
-    p_keys, g_keys = run.keys()
-    active = model.analysis.active
-    forward_reverse = run.step < 0
-
-    def time_of(i: Any) -> Any:  # the period (0 .. n-1 in execution order) reading slice i
-        return i if run.step > 0 else n - 1 - i
-
-    def operands(P: tuple, G: tuple, r: int, i: Any) -> tuple:
-        def pick(keys: list, values: tuple, row: tuple) -> tuple:
-            out = []
-            for ln in row:
-                key = ln if ln[0] == "same" else ("stack", stack_key(ln, n))
-                value = values[keys.index(key)]
-                out.append(value if ln[0] == "same" else _at(value, i))
-            return tuple(out)
-
-        return pick(p_keys, P, run.params[r]), pick(g_keys, G, run.others[r])
-
-    def period(P: tuple, G: tuple, c: tuple, i: Any, record: bool) -> tuple:
-        state = dict(zip(entering, c, strict=True))
-        results, news = [], []
-        for r in range(m):
-            p, g = operands(P, G, r, i)
-            x = tuple(state[v] for v in layouts[r].ins)
-            if record:
-                outs, res, new = fns[r].record(p, g, x)
-                news.append(new)
-            else:
-                outs, res = fns[r].forward(p, g, x)
-            state.update(zip(layouts[r].outs, outs, strict=True))
-            results.append(res)
-        c_next = tuple(state[v] for v in leaving)
-        return c_next, tuple(results), tuple(news), tuple(state[v] for v in inner)
-
-    @jax.custom_vjp
-    def f(P: tuple, G: tuple, c0: tuple) -> tuple:
-        def body(c: tuple, i: Any) -> tuple:
-            c_next, results, _, _ = period(P, G, c, i, False)
-            return c_next, results
-
-        return jax.lax.scan(body, c0, jnp.arange(n), reverse=forward_reverse)
-
-    def f_fwd(P: tuple, G: tuple, c0: tuple):
-        mids0 = tuple(jnp.broadcast_to(c0[j], (n - 1, *c0[j].shape)) for j in moving)
-
-        def body(carry: tuple, i: Any) -> tuple:
-            c, mids = carry
-            # the carry entering period t goes to slot t - 1 (period 0's is overwritten)
-            w = jnp.maximum(time_of(i) - 1, 0)
-            mids = tuple(
-                jax.lax.dynamic_update_index_in_dim(a, c[j], w, 0)
-                for a, j in zip(mids, moving, strict=True)
-            )
-            c_next, results, news, inside = period(P, G, c, i, True)
-            return (c_next, mids), (results, news, inside)
-
-        (cn, mids), (ys, news, inside) = jax.lax.scan(
-            body, (c0, mids0), jnp.arange(n), reverse=forward_reverse
-        )
-        return (cn, ys), (P, G, c0, cn, mids, news, inside)
-
-    def f_bwd(residuals: tuple, cts: tuple):
-        P, G, c0, cn, mids, news, inside = residuals
-        d_cn = cts[0]
-        act_in = [j for j, v in enumerate(entering) if v in active]
-        act_out = [j for j, v in enumerate(leaving) if v in active]
-        same_p = [q for q, key in enumerate(p_keys) if key[0] == "same"]
-        stack_p = [q for q, key in enumerate(p_keys) if key[0] == "stack"]
-
-        def body(carry: tuple, i: Any) -> tuple:
-            dc, d_same = carry
-            t = time_of(i)
-            c_in, c_out = list(c0), list(c0)
-            for a, j in zip(mids, moving, strict=True):
-                c_in[j] = jnp.where(t == 0, c0[j], _at(a, jnp.maximum(t - 1, 0)))
-                c_out[j] = jnp.where(t == n - 1, cn[j], _at(a, jnp.minimum(t, n - 2)))
-            state = dict(zip(entering, c_in, strict=True))
-            state.update(zip(inner, (_at(a, i) for a in inside), strict=True))
-            state.update(zip(leaving, c_out, strict=True))
-            d = dict(zip((leaving[j] for j in act_out), dc, strict=True))
-            d_P: list = [None] * len(P)
-            for r in reversed(range(m)):
-                lay = layouts[r]
-                p, g = operands(P, G, r, i)
-                x = tuple(state[v] for v in lay.ins)
-                outs = tuple(state[v] for v in lay.outs)
-                d_outs = tuple(
-                    d.pop(v) if v in d else jnp.zeros_like(state[v])
-                    for v, a in zip(lay.outs, lay.act_out, strict=True)
-                    if a
-                )
-                new = tuple(_at(a, i) for a in news[r])
-                n_act = sum(lay.act_in)
-                d_p, d_x = fns[r].backward(p, g, x, outs, (), new, d_outs, (None,) * n_act)
-                it = iter(d_x)
-                for v, a in zip(lay.ins, lay.act_in, strict=True):
-                    if a:
-                        dx = next(it)
-                        d[v] = d[v] + dx if v in d else dx
-                for ln, dp in zip(run.params[r], d_p, strict=True):
-                    key = ln if ln[0] == "same" else ("stack", stack_key(ln, n))
-                    q = p_keys.index(key)
-                    d_P[q] = dp if d_P[q] is None else d_P[q] + dp
-            d_P = [
-                jnp.zeros_like(P[q]) if dp is None and q in same_p else dp
-                for q, dp in enumerate(d_P)
-            ]
-            dc_next = tuple(
-                d.get(entering[j], jnp.zeros_like(c_in[j])) for j in act_in
-            )  # fmt: skip
-            d_same = tuple(s + d_P[q] for s, q in zip(d_same, same_p, strict=True))
-            ys = tuple(
-                d_P[q] if d_P[q] is not None else jnp.zeros_like(_at(P[q], i)) for q in stack_p
-            )
-            return (dc_next, d_same), ys
-
-        if act_in != act_out:  # pragma: no cover - the wiring check keeps them alike
-            raise AssertionError(f"scan run at block {k0}: its differentiated carry changed")
-        dc0 = tuple(d_cn[j] for j in act_out)
-        d_same0 = tuple(jnp.zeros_like(P[q]) for q in same_p)
-        (dc, d_same), d_stacked = jax.lax.scan(
-            body, (dc0, d_same0), jnp.arange(n), reverse=not forward_reverse
-        )
-        same_it, stack_it = iter(d_same), iter(d_stacked)
-        d_P = tuple(next(same_it) if key[0] == "same" else next(stack_it) for key in p_keys)
-        dc = dict(zip(act_in, dc, strict=True))
-        d_c0 = tuple(dc.get(j) for j in range(len(entering)))
-        return d_P, None, d_c0
-
-    f.defvjp(f_fwd, f_bwd)
-    return f
+def held(cut: tuple, stacked: dict[int, tuple[Stack, int]]) -> tuple[int, ...]:
+    """The value ids holding ``cut``'s values: a stacked value's Stack id in its place
+    (once)."""
+    out: list[int] = []
+    for v in cut:
+        key = stacked[v][0].id if v in stacked else v
+        if key not in out:
+            out.append(key)
+    return tuple(out)

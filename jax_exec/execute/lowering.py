@@ -16,7 +16,9 @@ The schedule's tree (:func:`jax_exec.execute.tree.parse_tree`) is lowered like a
 - the **loss stage** is a Record with plain autodiff;
 - a **scan run** (consecutive Records of an unrolled scan's repeated blocks,
   :mod:`jax_exec.execute.loops`) runs as one ``lax.scan`` whose residuals are the
-  Records', stacked (``lower(..., loops=False)`` unrolls it).
+  Records', stacked (``lower(..., loops=False)`` unrolls it); the values it emits (the
+  scan's ``ys``) leave it as stacked arrays, which the blocks after it read whole
+  (``recorded(..., unpack=...)``).
 
 So the residuals JAX saves at the top level are the values the schedule holds right
 before its ``Loss`` op, plus the loss stage's own residuals
@@ -32,14 +34,19 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from jax_exec.execute.loop_vjp import looped, run_stacks
 from jax_exec.execute.loops import (
     ScanRun,
     boundary,
+    carry_cut,
+    emits,
+    emitted_stacks,
+    held,
     inner_values,
-    looped,
-    run_stacks,
+    members,
     scan_runs,
     stack_key,
 )
@@ -65,7 +72,7 @@ def _to(space: Any, tree: Any) -> Any:
 
 def recorded(
     fns: BlockFunctions, offload_in: bool = False, offload_out: bool = False,
-    on_host: frozenset[int] = frozenset(),
+    on_host: frozenset[int] = frozenset(), unpack: tuple | None = None,
 ) -> Callable:  # fmt: skip
     """``f(p, g, x) -> (outs, results)`` of a block whose autodiff keeps exactly its
     inputs, outputs and the option's new residuals (module docstring). With
@@ -73,17 +80,42 @@ def recorded(
     residuals (the next node's input buffer), are put in host memory in its forward
     rule and brought back in its backward rule (a ``custom_vjp``'s residuals are out of
     a checkpoint policy's reach); so are the new residuals of indices ``on_host`` (a
-    host-memory variant's: XLA schedules their copy back within the backward)."""
+    host-memory variant's: XLA schedules their copy back within the backward).
+
+    With ``unpack`` (per input of the block, ``(q, None)``: ``x[q]``, or ``(q, i)``:
+    row i of the stacked array ``x[q]``) ``x`` holds loops' stacked outputs
+    (:func:`~jax_exec.execute.loops.emitted_stacks`) in place of some inputs: the block keeps
+    the stacks and slices them inside, so they are saved once, not row by row."""
     lay = fns.layout
     needs_results = any(kind == "result" for kind, _ in fns.recipe.sources)
     host, device = jax.memory.Space.Host, jax.memory.Space.Device
 
+    def inputs(x: tuple) -> tuple:
+        if unpack is None:
+            return x
+        return tuple(x[q] if i is None else x[q][i] for q, i in unpack)
+
+    def packed(x: tuple, d_x: tuple) -> tuple:  # the cotangents of inputs(x), of x
+        if unpack is None:
+            return d_x
+        rows: list[dict] = [{} for _ in x]
+        for (q, i), d in zip(unpack, d_x, strict=True):
+            if d is not None:
+                rows[q][i] = d
+
+        def cotangent(a: Any, found: dict) -> Any:
+            if not found or None in found:
+                return found.get(None)
+            return jnp.stack([found.get(i, jnp.zeros_like(a[0])) for i in range(a.shape[0])])
+
+        return tuple(map(cotangent, x, rows))
+
     @jax.custom_vjp
     def f(p: tuple, g: tuple, x: tuple) -> tuple:
-        return fns.forward(p, g, x)
+        return fns.forward(p, g, inputs(x))
 
     def f_fwd(p: tuple, g: tuple, x: tuple):
-        outs, results, new = fns.record(p, g, x)
+        outs, results, new = fns.record(p, g, inputs(x))
         new = tuple(_to(host, r) if i in on_host else r for i, r in enumerate(new))
         kept = results if needs_results else ()
         saved_x = _to(host, x) if offload_in else x
@@ -99,10 +131,10 @@ def recorded(
         new = tuple(_to(device, r) if i in on_host else r for i, r in enumerate(new))
         d_outs = tuple(d for d, a in zip(cts[0], lay.act_out, strict=True) if a)
         n_act = sum(lay.act_in)
-        d_p, d_act = fns.backward(p, g, x, outs, kept, new, d_outs, (None,) * n_act)
+        d_p, d_act = fns.backward(p, g, inputs(x), outs, kept, new, d_outs, (None,) * n_act)
         it = iter(d_act)
         d_x = tuple(next(it) if a else None for a in lay.act_in)
-        return d_p, None, d_x
+        return d_p, None, packed(x, d_x)
 
     f.defvjp(f_fwd, f_bwd)
     return f
@@ -128,21 +160,38 @@ def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Calla
     chain_ops, offloaded = split_copies(schedule.ops)
     tree = parse_tree(chain_ops, L)
     cuts = model.blocks.cuts
-    loss_block = recorded(model.functions(L, 0))
     loops = loops and not offloaded  # a scan run's residuals stay on the device
     runs = scan_runs(model, schedule) if loops else {}
     run_fns = {k: looped(model, r, options) for k, r in runs.items()}
+    stacked = emitted_stacks(model, runs)  # a value a loop emits is read from its stack only
+    run_stacks_of = {
+        k: tuple(stacked[model.layouts[b].outs[o]][0] for b, o in emits(model, r))
+        for k, r in runs.items()
+    }
+
+    def unpack(k: int) -> tuple | None:
+        ins = model.layouts[k].ins
+        if not stacked.keys() & set(ins):
+            return None
+        keys = held(ins, stacked)
+        return tuple(
+            (keys.index(stacked[v][0].id), stacked[v][1]) if v in stacked else (keys.index(v), None)
+            for v in ins
+        )
+
+    loss_block = recorded(model.functions(L, 0), unpack=unpack(L))
 
     def block(k: int, offload_in: bool, offload_out: bool) -> Callable:
         host = frozenset(model.host_residuals(k, options[k]))
-        return recorded(model.functions(k, options[k]), offload_in, offload_out, host)
+        fns = model.functions(k, options[k])
+        return recorded(fns, offload_in, offload_out, host, unpack(k))
 
     def args_of(k: int, gv: dict, state: dict) -> tuple:
         lay = model.layouts[k]
         return (
             tuple(gv[v] for v in lay.params),
             tuple(gv[v] for v in lay.others),
-            tuple(state[v] for v in lay.ins),
+            tuple(state[v] for v in held(lay.ins, stacked)),
         )
 
     def run_loop(r: ScanRun, gv: dict, stacks: dict, state: dict, results: dict) -> dict:
@@ -150,15 +199,27 @@ def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Calla
             return gv[key[1]] if key[0] == "same" else stacks[key[1]]
 
         p_keys, g_keys = r.keys()
-        c0 = tuple(state[v] for v in cuts[r.start])
+        entering, _, _ = boundary(model, r)
+        c0 = tuple(state[v] for v in entering)
         P, G = tuple(map(operand, p_keys)), tuple(map(operand, g_keys))
-        cn, ys = run_fns[r.start](P, G, c0)
+        cn, ys, em = run_fns[r.start](P, G, c0)
         for t in range(r.length):
             i = t if r.step > 0 else r.length - 1 - t
             for j, per_block in enumerate(ys):
                 lay = model.layouts[r.start + t * r.period + j]
                 results.update(zip(lay.results, (y[i] for y in per_block), strict=True))
-        return dict(zip(cuts[r.blocks.stop], cn, strict=True))
+        made = dict(zip((st.id for st in run_stacks_of[r.start]), em, strict=True))
+        _, leaving, changing = boundary(model, r)
+        last = carry_cut(model, r.blocks.stop, r.scan)  # leaving the last period, alike
+        moved = {
+            v: c
+            for v, c, u, ch in zip(last, cn, leaving, changing, strict=True)
+            if ch and u not in stacked
+        }
+        after = {}
+        for v in held(cuts[r.blocks.stop], stacked):
+            after[v] = made[v] if v in made else moved[v] if v in moved else state[v]
+        return after
 
     def run(node: Any, gv: dict, stacks: dict, state: dict, results: dict, pos: int) -> Any:
         """Runs ``node`` (at chain op ``pos``: an offloaded input where ``pos`` is in
@@ -173,7 +234,7 @@ def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Calla
             return loss
         if isinstance(node, Record) and node.index in runs:
             r = runs[node.index]
-            missing = [v for v in cuts[r.start] if v not in state]
+            missing = [v for v in boundary(model, r)[0] if v not in state]
             if missing:  # expected_residuals assumes the loop: never unroll silently
                 raise RuntimeError(
                     f"scan run at block {r.start}: its entering cut values {missing} are "
@@ -189,7 +250,7 @@ def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Calla
             out_off = pos + 1 in offloaded and isinstance(node.rest, Record | Segment)
             outs, res = block(k, pos in offloaded, out_off)(*args_of(k, gv, state))
             results.update(zip(lay.results, res, strict=True))
-            nxt = {v: state[v] for v in cuts[k + 1] if v in state}
+            nxt = {v: state[v] for v in held(cuts[k + 1], stacked) if v in state}
             nxt.update(zip(lay.outs, outs, strict=True))
             return run(node.rest, gv, stacks, nxt, results, pos + 1)
         if isinstance(node, Segment):
@@ -204,7 +265,7 @@ def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Calla
                 out = run(node.inside, gv, stacks, state, inner, inside_pos)
                 return out, inner
 
-            region_state = {v: state[v] for v in cuts[node.start]}
+            region_state = {v: state[v] for v in held(cuts[node.start], stacked)}
             policy = None if name is None else _offload_policy(name)
             checkpointed = jax.checkpoint(region, policy=policy, prevent_cse=True)
             after_state, res = checkpointed(gv, stacks, region_state)
@@ -241,7 +302,8 @@ def expected_residuals(model: BlockModel, schedule: Schedule, *, loops: bool = T
     parameters that the blocks read. A scan run (:func:`looped`) holds the same
     arrays stacked: its inner carries as one ``(length - 1, ...)`` array per changing
     carry position, its blocks' new residuals and parameter slices as ``(length, ...)``
-    arrays. Compare with :func:`saved_residuals`."""
+    arrays; the values it emits (its ``ys``) as one ``(length, ...)`` array each,
+    wherever they are held after it. Compare with :func:`saved_residuals`."""
     trace = simulate_blocks(model.problem, schedule, record_buffers=True)
     options = schedule_options(model.problem, schedule)
     at = next(i for i, op in enumerate(schedule.ops) if isinstance(op, Loss))
@@ -256,23 +318,28 @@ def expected_residuals(model: BlockModel, schedule: Schedule, *, loops: bool = T
 
     runs = scan_runs(model, schedule) if loops else {}
     looped_blocks = {k for r in runs.values() if r.top for k in r.blocks}
+    stacked = emitted_stacks(model, runs)
+    stack_avals = {st.id: st.aval for st, _ in stacked.values()}
 
     for name in names:
         kind, c = name.rstrip("]").split("[")
         c = int(c)
         if kind == "d":
             continue
-        values.update(model.blocks.cuts[c])
+        values.update(held(model.blocks.cuts[c], stacked))
         if kind == "abar" and c - 1 not in looped_blocks:
             for spec in model.functions(c - 1, options[c - 1]).recipe.new:
                 found[key(spec)] += 1
-    cuts = model.blocks.cuts
     for r in runs.values():
         if not r.top:
             continue
-        for j, changes in enumerate(boundary(model, r)[2]):
-            if changes:
-                inner = [cuts[r.start + t * r.period][j] for t in range(1, r.length)]
+        _, leaving, changing = boundary(model, r)
+        values.update(stacked[v][0].id for vids in members(model, r) for v in vids[:1])
+        for j, changes in enumerate(changing):
+            if changes and leaving[j] not in stacked:  # an emitted one: in its stack
+                inner = [
+                    carry_cut(model, r.start + t * r.period, r.scan)[j] for t in range(1, r.length)
+                ]
                 values.difference_update(inner)
                 found[key(avals[inner[0]], r.length - 1)] += 1
         for k, o in inner_values(model, r):
@@ -283,9 +350,11 @@ def expected_residuals(model: BlockModel, schedule: Schedule, *, loops: bool = T
             for spec in model.functions(k, options[k]).recipe.new:
                 found[key(spec, r.length)] += 1
     for v in values:
-        found[key(avals[v])] += 1
+        found[key(stack_avals[v]) if v in stack_avals else key(avals[v])] += 1
     lay = model.layouts[model.length]  # the loss stage keeps its inputs, output, residuals
-    found.update(key(avals[v]) for v in (*lay.ins, *lay.outs) if v not in values)
+    for v in (*held(lay.ins, stacked), *lay.outs):
+        if v not in values:
+            found[key(stack_avals[v]) if v in stack_avals else key(avals[v])] += 1
     for spec in model.functions(model.length, 0).recipe.new:
         found[key(spec)] += 1
     # A scanned stack's per-iteration parameter slices are computed once per step from

@@ -10,12 +10,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import zoo
 from auto_models import make_scan, mse
 from flax import nnx
 from test_auto_plan import assert_close, reference
 
 from jax_exec import auto
-from jax_exec.execute.loops import boundary, scan_runs
+from jax_exec.execute.loops import boundary, emits, scan_runs
 from jax_exec.execute.lowering import expected_residuals, lower, saved_residuals
 
 
@@ -137,30 +138,73 @@ def test_reverse_scan_and_a_value_passing_through():
 
 
 class Emitting(nnx.Module):
-    """A scan whose iterations emit outputs (``ys``, stacked after the loop)."""
+    """A scan whose iterations emit outputs (``ys``, stacked after the loop): the carry
+    itself (as an RNN's hidden states) and a value made from it."""
 
-    def __init__(self, *, rngs: nnx.Rngs):
-        self.stack = nnx.Param(0.3 * jax.random.normal(rngs.params(), (3, 4, 4)))
+    def __init__(self, depth: int, reverse: bool, *, rngs: nnx.Rngs):
+        self.stack = nnx.Param(0.3 * jax.random.normal(rngs.params(), (depth, 4, 4)))
+        self.reverse = reverse
 
     def __call__(self, x):
         def layer(h, w):
             h = jnp.tanh(h @ w)
-            return h, h.sum(axis=-1)
+            return h, (h, h.sum(axis=-1))
 
-        h, ys = jax.lax.scan(layer, x, self.stack[...])
-        return h + ys.mean(axis=0)[:, None]
+        h, (hs, sums) = jax.lax.scan(layer, x, self.stack[...], reverse=self.reverse)
+        return h + hs.mean(axis=0) * sums.mean(axis=0)[:, None]
 
 
-def test_scan_emitting_outputs_is_planned_unrolled():
-    """JAX >= 0.10 stacks ``ys`` with a ``stack`` primitive; the tracer stacks them
-    with known operations. Such a scan's cuts grow (every ys passes through), so it
-    stays unrolled; the compiled step equals the plain one."""
+def whiles(fn, params, rest, args) -> int:
+    """The ``while`` loops of the compiled step's StableHLO (a loop's forward is one,
+    its backward another; a loop in a checkpointed Segment runs its forward twice)."""
+    step = jax.jit(jax.value_and_grad(fn, has_aux=True))
+    return step.lower(params, rest, args).as_text().count("stablehlo.while")
+
+
+def check_emitting(q, factory, loss_fn, args, ref) -> dict:
+    """check_loops, and the emitted values leave every run as one stacked array each
+    (one ``while`` forward and one backward per run, none for the unrolled step's
+    blocks). The runs, by first block."""
+    check_loops(q, factory, loss_fn, args, ref, looped=True)
+    runs = scan_runs(q.model, q.schedule)
+    assert any(emits(q.model, r) for r in runs.values())
+    _, params, rest = nnx.split(factory(), nnx.Param, ...)
+    unrolled = lower(q.model, q.schedule, loops=False)
+    loops = whiles(q.lowered(), params, rest, args) - whiles(unrolled, params, rest, args)
+    assert loops == sum(2 if r.top else 3 for r in runs.values())
+    return runs
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_scan_emitting_outputs_is_a_loop(reverse):
+    """A scan whose steps emit ys: the unrolled cuts grow (each iteration's ys wait for
+    the stacking after the scan), the loop emits them stacked and the blocks after it
+    read the stack; the compiled step equals the plain one and saves the unrolled
+    bytes."""
     x = jax.random.normal(jax.random.key(1), (2, 4))
     y = jax.random.normal(jax.random.key(2), (2, 4))
 
     def factory():
-        return Emitting(rngs=nnx.Rngs(0))
+        return Emitting(4, reverse, rngs=nnx.Rngs(0))
 
     ref = reference(factory, mse, (x, y))
     p = auto.plan(mse, factory(), x, y, budget="100%", exact=False)
-    check_loops(p, factory, mse, (x, y), ref, looped=False)
+    runs = check_emitting(p, factory, mse, (x, y), ref)
+    assert [r.step for r in runs.values()] == [-1 if reverse else 1]
+
+
+@pytest.mark.parametrize("budget", ["100%", pytest.param("65%", marks=pytest.mark.slow)])
+def test_lstm_steps_are_one_loop(budget):
+    """The zoo's BiLSTM tagger (three ``nnx.RNN`` layers over ``OptimizedLSTMCell``s,
+    whose scans emit every step's carry): each layer's steps are one loop, at store-all
+    and at a budget that recomputes. The first step stays a block of its own (its
+    initial carry is not differentiated: another computation), as does the last where
+    its wiring differs."""
+    case = zoo.case("lstm")
+    ref = reference(case.factory, case.loss_fn, case.args)
+    p = auto.plan(case.loss_fn, case.factory(), *case.args, budget=budget)
+    if budget != "100%":
+        assert p.overhead > 0  # something is recomputed
+    runs = check_emitting(p, case.factory, case.loss_fn, case.args, ref)
+    assert sorted(r.scan for r in runs.values()) == [0, 1, 2]  # one loop per layer
+    assert all(r.length >= 10 for r in runs.values())  # of the 12 steps
