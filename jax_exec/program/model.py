@@ -205,7 +205,10 @@ class BlockModel:
 
     def host_residuals(self, k: int, o: int) -> dict[int, int]:
         """Index in the recording's new residuals -> bytes, of those block k's option o
-        keeps in host memory (empty unless a host-memory variant)."""
+        keeps in host memory (empty unless a host-memory variant: an option's own
+        backward is not traced for it, that is the kernels' work)."""
+        if not self.option(k, o).host:
+            return {}
         sizes = self.phased(k, o).new_bytes()
         return {i: sizes[i] for i in self.host_returns(k, o)}
 
