@@ -329,11 +329,7 @@ def plan(
     report = stderr_progress("jax_exec.plan") if progress is True else progress or None
     if isinstance(max_anchors, bool) or not isinstance(max_anchors, int) or max_anchors < 1:
         raise ValueError(f"max_anchors = {max_anchors!r}: expected an int >= 1")
-    bm = block_model(loss_fn, model, args, has_aux=has_aux, cost_model=cost_model,
-                     max_anchors=max_anchors, ahead=exact)  # fmt: skip
     platform = as_platform(platform)
-    if bm.sharded:
-        _sharded_unsupported(method, solver, activation_tolerance, platform)
     if activation_storages is not None and not activation_tolerance:
         raise ValueError("activation_storages: low-bit storage needs activation_tolerance > 0")
     if activation_tolerance and solver[0] == "graph":
@@ -341,6 +337,10 @@ def plan(
             f"method = {method!r}: low-bit storage measures the compiled step's gradient, "
             f"and a graph schedule has no compiled path"
         )
+    bm = block_model(loss_fn, model, args, has_aux=has_aux, cost_model=cost_model,
+                     max_anchors=max_anchors, ahead=exact)  # fmt: skip
+    if bm.sharded:
+        _sharded_unsupported(method, solver, activation_tolerance, platform)
     if activation_tolerance:  # low-bit residuals (jax_exec/auto/lowbit.py)
         from jax_exec.auto.lowbit import with_lowbit
 

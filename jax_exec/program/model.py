@@ -165,15 +165,11 @@ class BlockModel:
         """A compiled kernel of block k (cached): ``"forward"``, ``"record"`` (option o)
         or ``"loss"`` (the backward runs as phases: :meth:`backward_kernels`). The
         op-by-op runtime runs the very executables the planner read the temporary bytes
-        of (:func:`kernel_of`), so its measured memory is the plan's by construction."""
+        of (:meth:`_build_units`), so its measured memory is the plan's by construction."""
         if kind == "backward":
             raise ValueError("the backward of a block runs as phases: use backward_kernels")
-        key = self.kernel_key(kind, k, o)
-        self.settle()
-        if key not in self._kernels:
-            placed = placement.out_shardings(self, kind, k, o)
-            self._kernels[key] = kernel_of(*self.kernel_source(kind, k, o), out_shardings=placed)
-        return self._kernels[key]
+        self._build_units([(kind, k, o)])
+        return self._kernels[self.kernel_key(kind, k, o)]
 
     def compiled(self, key: tuple) -> Kernel | None:
         """The kernel of this key (:meth:`kernel_key`, a backward phase's with its
@@ -457,7 +453,7 @@ class BlockModel:
     def compile(self, kernels: list[tuple[str, int, int]]) -> int:
         """Make these ``(kind, block, option)`` kernels' figures exact: compile those not
         compiled in this process yet (XLA compiles them in parallel threads,
-        :func:`kernel_of`; a backward is one kernel per phase), for their temporary bytes
+        :func:`traced_kernels`; a backward is one kernel per phase), for their temporary bytes
         and for the op-by-op runtime. Returns how many became known to this solve
         (:attr:`known`), compiled now or before."""
         start = time.perf_counter()
@@ -501,17 +497,12 @@ KERNEL_OPTIONS = {
 _KERNELS: dict[str, Kernel] = {}
 
 
-def kernel_of(fn: Callable, *args: Any, out_shardings: Any = None) -> Kernel:
-    """``jax.jit(fn)`` compiled for ``args`` with :data:`KERNEL_OPTIONS` (cached by the
-    lowered program), its temporary bytes and FLOPs; with ``out_shardings`` (a sharded
-    model's kernel: ``args`` carry their shardings), its outputs placed so (None
-    leaves: where XLA places them) and where they are read back (:func:`kernels_of`)."""
-    return kernels_of([((fn, *args), out_shardings)])[0]
-
-
 def kernels_of(sources: list[tuple], progress: Callable | None = None) -> list[Kernel]:
-    """:func:`kernel_of` of every ``((fn, *args), out_shardings)``
-    (:func:`traced_kernels` of them)."""
+    """``jax.jit(fn)`` of every ``((fn, *args), out_shardings)`` compiled for ``args``
+    with :data:`KERNEL_OPTIONS` (cached by the lowered program), with its temporary
+    bytes and FLOPs (:func:`traced_kernels` of them); with ``out_shardings`` (a sharded
+    model's kernel: ``args`` carry their shardings), its outputs placed so (None leaves:
+    where XLA places them)."""
     named = traced_kernels([lambda: list(enumerate(sources))], progress)
     return [kernel for _, kernel in named]
 
