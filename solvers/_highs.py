@@ -47,30 +47,40 @@ def quiet_highs():
     return h
 
 
+def highs_lp(cost, a, row_lower, row_upper, col_lower, col_upper, integer=None):
+    """The ``highspy.HighsLp`` of ``min cost x  s.t.  row_lower <= a x <= row_upper,
+    col_lower <= x <= col_upper`` (``a``: a scipy sparse matrix; ``integer``: per
+    column, whether it is integral; None: an LP)."""
+    import highspy
+    import numpy as np
+
+    a = a.tocsc()
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = a.shape[1], a.shape[0]
+    lp.col_cost_ = np.asarray(cost, dtype=float)
+    lp.col_lower_ = np.asarray(col_lower, dtype=float)
+    lp.col_upper_ = np.asarray(col_upper, dtype=float)
+    lp.row_lower_ = np.asarray(row_lower, dtype=float)
+    lp.row_upper_ = np.asarray(row_upper, dtype=float)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = lp.num_col_, lp.num_row_
+    lp.a_matrix_.start_ = a.indptr
+    lp.a_matrix_.index_ = a.indices
+    lp.a_matrix_.value_ = a.data
+    if integer is not None:
+        kinds = highspy.HighsVarType.kInteger, highspy.HighsVarType.kContinuous
+        lp.integrality_ = [kinds[0] if i else kinds[1] for i in integer]
+    return lp
+
+
 def binary_model(cost, a, row_lower, row_upper, col_lower, *, node_limit: int, rel_gap: float):
     """A quiet ``highspy.Highs`` holding ``min cost x  s.t.  row_lower <= a x <=
     row_upper, col_lower <= x <= 1, x integer`` (``a``: a scipy sparse matrix), stopped
     after ``node_limit`` branch-and-bound nodes (deterministic) and at relative gap
     ``rel_gap``. Built once, it is solved again after ``changeRowBounds``: a sweep of one
     bound pays HiGHS's set-up once (scipy's ``milp`` rebuilds and checks every call)."""
-    import highspy
-    import numpy as np
-
-    a = a.tocsc()
     n = a.shape[1]
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = n, a.shape[0]
-    lp.col_cost_ = np.asarray(cost, dtype=float)
-    lp.col_lower_ = np.asarray(col_lower, dtype=float)
-    lp.col_upper_ = np.ones(n)
-    lp.row_lower_ = np.asarray(row_lower, dtype=float)
-    lp.row_upper_ = np.asarray(row_upper, dtype=float)
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = n, a.shape[0]
-    lp.a_matrix_.start_ = a.indptr
-    lp.a_matrix_.index_ = a.indices
-    lp.a_matrix_.value_ = a.data
-    lp.integrality_ = [highspy.HighsVarType.kInteger] * n
+    lp = highs_lp(cost, a, row_lower, row_upper, col_lower, [1.0] * n, [True] * n)
     h = quiet_highs()
     # One thread: HiGHS's idle workers spin, which beside XLA compiling the planner's
     # kernels (or on any loaded machine) took these small MILPs 2.6x as long. No

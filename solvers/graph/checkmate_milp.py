@@ -33,7 +33,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from schedir import Compute, Free, Graph, GraphSchedule, InvalidProblem, simulate_graph
-from solvers._highs import quiet_highs
+from solvers._highs import highs_lp, quiet_highs
 from solvers.registry import Infeasible, register
 
 SOLVER = "HIGHS"
@@ -299,22 +299,11 @@ def solve_model(
         cost[-1] = 1.0
     else:
         cost[:nx] = model.cost / scale
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = nx + nu + extra, a.shape[0]
-    lp.col_cost_ = cost
-    lp.col_lower_ = np.zeros(nx + nu + extra)
-    lp.col_upper_ = np.concatenate([np.ones(nx), np.full(nu + extra, inf)])
-    lp.row_lower_ = np.concatenate([model.b_eq, np.full(len(rhs), -inf)])
-    lp.row_upper_ = np.concatenate([model.b_eq, rhs])
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = lp.num_col_, lp.num_row_
-    lp.a_matrix_.start_ = a.indptr
-    lp.a_matrix_.index_ = a.indices
-    lp.a_matrix_.value_ = a.data
-    if integer:
-        lp.integrality_ = [highspy.HighsVarType.kInteger] * nx + [
-            highspy.HighsVarType.kContinuous
-        ] * (nu + extra)
+    upper = np.concatenate([np.ones(nx), np.full(nu + extra, inf)])
+    integral = [True] * nx + [False] * (nu + extra) if integer else None
+    lp = highs_lp(cost, a, np.concatenate([model.b_eq, np.full(len(rhs), -inf)]),
+                  np.concatenate([model.b_eq, rhs]), np.zeros(nx + nu + extra), upper,
+                  integral)  # fmt: skip
     h = quiet_highs()
     h.setOptionValue("presolve", "on" if presolve else "off")
     if time_limit is not None:
