@@ -22,6 +22,10 @@ class Trace:
         buffers: names of the resident buffers after each op (only when asked for).
         host_resident: bytes in host memory after each op (block chains with copy
             ops; empty where nothing is offloaded).
+        serial_makespan: block chains: the time with every host-memory variant's
+            copies charged whole to its recording and its backward (what the block DP
+            minimizes; never below ``makespan``, which overlaps them with compute);
+            None for the other kinds.
     """
 
     makespan: float
@@ -34,6 +38,7 @@ class Trace:
     ops: tuple
     buffers: tuple[frozenset[str], ...] | None = None
     host_resident: tuple[int, ...] = ()
+    serial_makespan: float | None = None
 
 
 @dataclass(frozen=True)
@@ -70,12 +75,17 @@ class TraceRecorder:
         self.end: list[float] = []
         self.buffers: list[frozenset[str]] = []
 
-    def record(self, need: int, resident: int, duration: float, buffers=None) -> None:
+    def record(
+        self, need: int, resident: int, duration: float, buffers=None, not_before: float = 0.0
+    ) -> None:
         """One op: the bytes it needs, the bytes resident after it, its seconds, and
-        (when recording buffers) a callable returning the resident buffer names."""
+        (when recording buffers) a callable returning the resident buffer names; it
+        starts when the previous op ends, or at ``not_before`` if later (it waits for a
+        copy)."""
         self.peak = max(self.peak, need)
         self.op_peak.append(need)
         self.resident.append(resident)
+        self.clock = max(self.clock, not_before)
         self.start.append(self.clock)
         self.clock += duration
         self.end.append(self.clock)

@@ -39,6 +39,20 @@ start). Its ``saved`` counts the device part only; its ``rec_tmp`` includes the 
 held (``abar[k+1]``, on the device or offloaded) its host bytes count in
 ``Trace.host_resident``, once; a whole-buffer copy moves its device part only.
 
+**Its copies overlap compute.** ``copy_out`` seconds of its ``rec_time`` and
+``copy_back`` of its ``bwd_time`` are its copies (:class:`BlockOption`). The times a
+schedule's ops sum to (``Trace.serial_makespan``) charge them whole, what the block DP
+minimizes; ``Trace.makespan`` runs them on the copy engines
+(:class:`~schedir.offload.engines.CopyEngines`, the offload simulator's rule): the
+copy-out starts when the recording's compute ends and runs beside the ops after it;
+the copy-back is issued when the compute op before the backward starts (one op
+ahead, as a ``Prefetch`` placed before it), once the copy-out is done, and the
+backward starts when it is complete (waiting only for what is left). The bytes stay
+those of program order, what the op-by-op runtime (which has no concurrency) measures
+after every op: the residuals leave the device when the recording ends and come back
+in the backward; on a device that overlaps, each copy's device buffer lives from its
+start to its end, up to those bytes more during the ops it overlaps.
+
 :meth:`BlockChain.to_chain` turns a choice of options into a plain
 :class:`~schedir.chain.Chain` whose sizes are the per-buffer sums (and fwd_tmp the
 larger of the plain and recording forward): its simulated peak is never below this
@@ -59,6 +73,7 @@ from schedir.chain.problem import Chain
 from schedir.chain.schedule import as_ops
 from schedir.errors import InvalidProblem, InvalidSchedule
 from schedir.offload.effects import CopyStates
+from schedir.offload.engines import CopyEngines
 from schedir.offload.ops import Evict, Offload, Prefetch, Wait
 from schedir.trace import Trace, TraceRecorder
 
@@ -97,6 +112,9 @@ class BlockOption:
             those bytes (checked by :class:`BlockChain`).
         host: bytes of its saved residuals kept in host memory from the recording
             until the backward brings them back (not in ``saved``; module docstring).
+        copy_out: seconds of ``rec_time`` copying the ``host`` bytes out (on the
+            offload engine, overlapping later ops in ``Trace.makespan``).
+        copy_back: seconds of ``bwd_time`` copying them back (on the prefetch engine).
     """
 
     name: str
@@ -107,12 +125,25 @@ class BlockOption:
     bwd_tmp: int
     bwd_release: int = 0
     host: int = 0
+    copy_out: float = 0.0
+    copy_back: float = 0.0
 
     def __post_init__(self) -> None:
         for f in ("saved", "rec_tmp", "bwd_tmp", "bwd_release", "host"):
             object.__setattr__(self, f, _int(f"option {self.name!r}.{f}", getattr(self, f)))
-        for f in ("rec_time", "bwd_time"):
+        for f in ("rec_time", "bwd_time", "copy_out", "copy_back"):
             object.__setattr__(self, f, _time(f"option {self.name!r}.{f}", getattr(self, f)))
+        for copy, total in (("copy_out", "rec_time"), ("copy_back", "bwd_time")):
+            if getattr(self, copy) > getattr(self, total):
+                raise InvalidProblem(
+                    f"option {self.name!r}.{copy} = {getattr(self, copy)}: a part of its "
+                    f"{total} ({getattr(self, total)}), not more"
+                )
+            if getattr(self, copy) > 0 and self.host == 0:
+                raise InvalidProblem(
+                    f"option {self.name!r}.{copy} = {getattr(self, copy)}: it copies "
+                    f"nothing (host = 0)"
+                )
 
 
 @dataclass(frozen=True)
@@ -378,8 +409,10 @@ def simulate_blocks(problem: BlockChain, schedule_or_ops, *, record_buffers: boo
     ``Wait`` on ``a``, ``abar`` and ``d`` buffers), with the rules of
     :mod:`schedir.offload.effects` in program order: a buffer counts on the device
     from its ``Prefetch`` until its ``Wait`` after an ``Offload``, and its host copy in
-    ``host_resident`` (copies take no time on the compute stream here). An option's
-    ``host`` bytes count in ``host_resident`` while its recording is held.
+    ``host_resident`` (these copies take no time here: the offload simulator times
+    them). An option's ``host`` bytes count in ``host_resident`` while its recording
+    is held, and its copies run on the copy engines (module docstring: ``makespan``
+    overlaps them, ``serial_makespan`` charges them whole).
 
     Raises :class:`InvalidSchedule` naming the op, as the chain simulator does, and
     when the schedule is not a :class:`BlockSchedule` of valid options.
@@ -425,6 +458,7 @@ def simulate_blocks(problem: BlockChain, schedule_or_ops, *, record_buffers: boo
 
     recorder = TraceRecorder(total(resident), record_buffers)
     host_after: list[int] = []
+    copies = _CopyStream()
     for i, op in enumerate(ops):
         if isinstance(op, Offload | Prefetch | Wait | Evict):
             buf = op.key
@@ -462,6 +496,7 @@ def simulate_blocks(problem: BlockChain, schedule_or_ops, *, record_buffers: boo
             except InvalidSchedule as err:
                 raise fail(i, op, str(err)) from None
             resident[buf] = members(buf)
+        option = None
         if isinstance(op, Loss):
             need, dt = total(resident) + problem.loss_tmp, problem.loss_time
         else:
@@ -481,8 +516,46 @@ def simulate_blocks(problem: BlockChain, schedule_or_ops, *, record_buffers: boo
                 raise fail(i, op, str(err)) from None
             del resident[buf]
         done[k] = done[k] or isinstance(op, Loss | B)
-        recorder.record(need, total(resident), dt, lambda: (f"{b[0]}[{b[1]}]" for b in resident))
+        copies.run(recorder, op, option, need, total(resident), dt,
+                   lambda: (f"{b[0]}[{b[1]}]" for b in resident))  # fmt: skip
         host_after.append(host_total())
     check_complete_step(done, len(ops))
     trace = recorder.trace(ops)
-    return dataclasses.replace(trace, host_resident=tuple(host_after))
+    return dataclasses.replace(
+        trace,
+        makespan=max(trace.makespan, copies.last),
+        serial_makespan=copies.serial,
+        host_resident=tuple(host_after),
+    )
+
+
+class _CopyStream:
+    """The copies of host-memory variants on the copy engines, beside the compute ops
+    (module docstring): when each op starts, and the serialized time."""
+
+    def __init__(self) -> None:
+        self.engines = CopyEngines()
+        self.copied_out: dict[int, float] = {}  # stage -> when its copy-out ends
+        self.before = 0.0  # start of the last compute op
+        self.last = 0.0  # end of the last copy
+        self.serial = 0.0
+
+    def run(self, recorder: TraceRecorder, op, option, need, resident, dt, names) -> None:
+        """Record compute op ``op`` (``option``: its stage's, None for the loss) taking
+        ``dt`` seconds, its copies included."""
+        self.serial += dt
+        wait, out = 0.0, 0.0
+        if option is not None and isinstance(op, B) and option.copy_back:
+            ready = max(self.before, self.copied_out.get(op.index, 0.0))
+            wait = self.engines.issue("prefetch", ready, option.copy_back)[1]
+            self.last = max(self.last, wait)
+            dt -= option.copy_back
+        elif option is not None and isinstance(op, F_all):
+            out = option.copy_out
+            dt -= out
+        recorder.record(need, resident, dt, names, not_before=wait)
+        self.before = recorder.start[-1]
+        if out:
+            end = self.engines.issue("offload", recorder.clock, out)[1]
+            self.copied_out[op.index] = end
+            self.last = max(self.last, end)

@@ -25,6 +25,7 @@ from schedir.chain.ops import (
 from schedir.chain.schedule import Schedule
 from schedir.errors import InvalidSchedule
 from schedir.offload.effects import CopyEffect, CopyStates
+from schedir.offload.engines import CopyEngines
 from schedir.offload.ops import Evict, Offload, OffloadSchedule, Prefetch, Wait, is_compute
 from schedir.offload.problem import OffloadProblem
 from schedir.trace import Span
@@ -150,8 +151,8 @@ def run(problem: OffloadProblem, ops: tuple, record_buffers: bool) -> OffloadTra
         seq += 1
 
     tc = 0.0  # compute stream clock
-    engine = {"offload": 0.0, "prefetch": 0.0}
-    engines = {"offload": platform.offload, "prefetch": platform.prefetch}
+    engine = CopyEngines()
+    links = {"offload": platform.offload, "prefetch": platform.prefetch}
     done = [False] * (L + 1)
     res_after, host_after, op_peaks, starts, ends, streams, bufs = [], [], [], [], [], [], []
 
@@ -235,11 +236,9 @@ def run(problem: OffloadProblem, ops: tuple, record_buffers: bool) -> OffloadTra
                 raise fail(i, op, str(err)) from None
             if change.starts is not None:
                 direction = change.starts
-                start = max(tc, engine[direction])
-                end = start + engines[direction].time(size(buf))
+                start, end = engine.issue(direction, tc, links[direction].time(size(buf)))
                 if math.isinf(end):
                     raise fail(i, op, f"the {direction} engine has zero bandwidth")
-                engine[direction] = end
                 copies[buf] = _Copy(direction, start, end, start)
                 key = 2 * i if start == tc else LAST
                 if direction == "offload":
