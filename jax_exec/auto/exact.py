@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -13,7 +14,12 @@ from jax_exec.auto.methods import fixed_options, solve_fixed
 from jax_exec.auto.offload import has_host_link, joint_plans, within_host_memory
 from jax_exec.auto.reference import StoreAll, reference_schedule
 from jax_exec.auto.whole import fallback, small_enough, whole_plan
-from jax_exec.program.model import BlockModel, build_problem, with_host_variants
+from jax_exec.program.model import (
+    BlockModel,
+    build_problem,
+    host_variants_below,
+    with_host_variants,
+)
 from schedir import Platform, Schedule, simulate
 from schedir.blocks.schedule import BlockSchedule
 from schedir.budget import in_units_of, parse_budget
@@ -45,41 +51,41 @@ def solve(
     With a host link, the block DP also solves a copy of ``bm`` whose options have
     their host-memory variants (:func:`jax_exec.program.model.with_host_variants`; the
     whole-graph MILP competes with those variants too) and the faster answer is kept:
-    never slower than without them. ``platform.host_memory`` is checked on the answer
-    (the DP's memory is the device's): an answer holding more in host memory is
-    dropped."""
+    never slower than without them. ``platform.host_memory`` bounds the answer
+    (:func:`_within_host_memory`): never a plan over it."""
+
+    def solve_on(model: BlockModel, whole: int) -> Solved:
+        return _solve_lazily(model, budget, solver, options, exact, whole, platform)
 
     def once(whole: int) -> Solved:
         if solver == ("blocks", "whole_milp") and has_host_link(platform):
             variants = with_host_variants(bm, platform)  # it may leave them all out
-            return _solve_lazily(variants, budget, solver, options, exact, whole, platform)
+            found = solve_on(variants, whole)  # its host row bounds the host bytes
+            if within_host_memory(_host_resident(found), platform):
+                return _report_copies(found)
+            return solve_on(bm, whole)  # pragma: no cover - the MILP's row is exact
         if solver != ("blocks", "block_rotor") or not has_host_link(platform):
-            return _solve_lazily(bm, budget, solver, options, exact, whole, platform)
+            return solve_on(bm, whole)
         try:  # (the MILP runs once, with the variants: it may leave them all out)
-            without = _solve_lazily(bm, budget, solver, options, exact, 0, platform)
-        except solvers.Infeasible:
-            without = None
-        variants = with_host_variants(bm, platform)
+            without, infeasible = solve_on(bm, 0), None
+        except solvers.Infeasible as err:
+            without, infeasible = None, err
         try:
-            found = _solve_lazily(variants, budget, solver, options, exact, whole, platform)
+            found = _within_host_memory(with_host_variants(bm, platform), platform,
+                                        lambda model: solve_on(model, whole))  # fmt: skip
         except solvers.Infeasible:
             if without is None:
-                raise  # its least budget is the lower
+                raise  # its least budget is the lower (or: over host memory)
             return without
-        if not within_host_memory(_host_resident(found), platform):
+        if found is None:  # no variant fits host memory: the plan without them
             if without is None:
-                raise solvers.Infeasible(
-                    solver,
-                    found.budget,
-                    None,
-                    f"host memory: the plan holds more than {platform.host_memory:,} B",
-                ) from None
+                raise infeasible
             return without
         if without is not None and (
             without.schedule.meta["makespan"] <= found.schedule.meta["makespan"]
         ):
             return without
-        return found
+        return _report_copies(found)
 
     if getattr(bm, "tolerance", 0.0) > 0:
         from jax_exec.auto.lowbit import within_tolerance
@@ -243,6 +249,61 @@ def _solve_rounds(
             found = _compiled_only(bm, nbytes, solver, options)
             if found is not None:
                 return _faster(found, best), rounds + 1
+
+
+def _within_host_memory(
+    variants: BlockModel, platform: Platform, solve: Callable[[BlockModel], Solved]
+) -> Solved | None:
+    """``solve`` of ``variants`` (a model with host-memory variants) whose answer fits
+    ``platform.host_memory``: the variants keeping more than it alone are left out
+    first; while the answer holds more in host memory, the variants keeping as many
+    bytes as the largest it uses, or more, are left out and it is solved again
+    (deterministic, at most one solve per distinct size; a rule, not an optimum under
+    both limits: ``meta["host_memory"]`` reports the solves and the cap). None when
+    every variant keeps more than the host memory alone; ``solvers.Infeasible`` when
+    no answer that uses a variant fits it."""
+    limit = platform.host_memory
+    if limit is None:
+        return solve(variants)
+    model, found = host_variants_below(variants, limit + 1), None
+    solves = 0
+    while any(option.host for stage in model.problem.stages for option in stage.options):
+        found, solves = solve(model), solves + 1
+        if within_host_memory(_host_resident(found), platform):
+            found.schedule.meta["host_memory"] = {
+                "limit": limit,
+                "solves": solves,
+                "variants_below": _variant_cap(model),
+            }
+            return found
+        p = found.model.problem
+        used = [p.stages[k].options[o].host for k, o in enumerate(found.schedule.options)]
+        if not any(used):  # pragma: no cover - only variants hold host bytes here
+            break
+        model = host_variants_below(model, max(used))
+    if found is None:
+        return None
+    raise solvers.Infeasible(
+        found.schedule.meta.get("method", "block_rotor"),
+        found.budget,
+        None,
+        f"host memory: every plan with variants holds more than {limit:,} B",
+    )
+
+
+def _variant_cap(model: BlockModel) -> int:
+    """The most bytes a variant of ``model`` keeps in host memory."""
+    return max(option.host for stage in model.problem.stages for option in stage.options)
+
+
+def _report_copies(solved: Solved) -> Solved:
+    """``solved`` whose ``meta["serial_makespan"]`` says the time with its host copies
+    charged whole (the block DP's objective; ``makespan`` overlaps them), where it
+    keeps residuals in host memory."""
+    trace = simulate(solved.model.problem, solved.schedule)
+    if trace.serial_makespan is not None and trace.serial_makespan > trace.makespan:
+        solved.schedule.meta["serial_makespan"] = trace.serial_makespan
+    return solved
 
 
 def _host_resident(solved: Solved) -> tuple[int, ...]:

@@ -199,6 +199,19 @@ class Plan:
                 f"{(o.bwd_tmp - o.bwd_release) / mib:>11.4f}"
             )
         lines += _host_lines(self.model, p, self.options)
+        if "serial_makespan" in meta:
+            lines.append(
+                f"host copies overlap compute on their own engines: step "
+                f"{meta['makespan'] * 1e3:.3g} ms; with the copies charged whole (the block "
+                f"DP's objective, an upper bound) {meta['serial_makespan'] * 1e3:.3g} ms"
+            )
+        if "host_memory" in meta:
+            bound = meta["host_memory"]
+            lines.append(
+                f"host memory {bound['limit']:,} B: variants keeping at most "
+                f"{bound['variants_below']:,} B each, {bound['solves']} solve(s) (a rule, not "
+                f"an optimum under both limits)"
+            )
         if meta.get("offloaded"):
             lines.append(
                 f"offloaded to host memory: {', '.join(meta['offloaded'])} (abar[k]: block "

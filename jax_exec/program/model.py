@@ -583,9 +583,10 @@ def build_problem(model: BlockModel, lower: bool = False) -> BlockChain:
     them (every figure of the problem then bounds the exact one from below, once
     :meth:`BlockModel.trace_options` made the saved bytes exact). A host-memory
     variant (:func:`with_host_variants`) keeps ``host`` bytes out of ``saved``; its
-    recording holds them on the device before their copy out (``rec_tmp``), and the
-    copies each way are charged whole to its recording and its backward at the host
-    link's bandwidths (an upper bound: the copies may overlap compute)."""
+    recording holds them on the device before their copy out (``rec_tmp``), and its
+    copies each way, at the host link's bandwidths, are part of its recording's and its
+    backward's times (``copy_out``, ``copy_back``: the block DP charges them whole, an
+    upper bound; the simulator overlaps them with compute)."""
     from jax_exec.program.options import recompute_cost
 
     program, L = model.program, model.length
@@ -618,6 +619,8 @@ def build_problem(model: BlockModel, lower: bool = False) -> BlockChain:
                     bwd_tmp=bwd_tmp,
                     bwd_release=bwd_release,
                     host=host,
+                    copy_out=out,
+                    copy_back=back,
                 )
             )
         stages.append(
@@ -781,6 +784,26 @@ def with_host_variants(model: BlockModel, platform: Platform) -> BlockModel:
     variants.options = offered("all")
     variants.problem = build_problem(variants)
     return variants
+
+
+def host_variants_below(model: BlockModel, cap: int) -> BlockModel:
+    """``model`` (made by :func:`with_host_variants`) without the host-memory variants
+    that keep ``cap`` bytes or more in host memory (``model`` itself when none does):
+    the options on the device stay."""
+
+    def kept(k: int, o: int) -> bool:
+        return not model.option(k, o).host or sum(model.host_residuals(k, o).values()) < cap
+
+    options = tuple(
+        tuple(option for o, option in enumerate(opts) if kept(k, o))
+        for k, opts in enumerate(model.options)
+    )
+    if options == model.options:
+        return model
+    fewer = dataclasses.replace(model, options=options, problem=None, known=set(),
+                                timings=dict(model.timings))  # fmt: skip
+    fewer.problem = build_problem(fewer)
+    return fewer
 
 
 def _worth(model: BlockModel, k: int, o: int) -> bool:

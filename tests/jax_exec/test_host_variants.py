@@ -32,6 +32,10 @@ def _runs_exactly(case, p, result) -> None:
     trace = simulate_blocks(p.problem, p.schedule)
     assert result.resident_bytes == trace.resident and result.op_peak_bytes == trace.op_peak
     assert result.host_bytes == trace.host_resident and max(trace.host_resident) > 0
+    # the copies overlap compute: never slower than charged whole (the DP's objective)
+    assert p.schedule.meta["makespan"] == trace.makespan <= trace.serial_makespan
+    if p.schedule.meta.get("serial_makespan") is not None:
+        assert p.schedule.meta["serial_makespan"] == trace.serial_makespan > trace.makespan
     found, want = host_residuals(case, p), expected_host(p)
     assert found == want if not p.schedule.meta.get("offloaded") else not want - found
 
@@ -75,6 +79,30 @@ def test_the_whole_graph_milp_keeps_residuals_in_host_memory():
     tight = Platform.host_offload(1e15, host_memory=0)  # no room: no residual in host memory
     q = remat.replan(budget, method="whole_milp", platform=tight)
     assert not _on_host(q) and q.schedule.meta["whole_milp"]["on_host"] == 0
+
+
+def test_host_memory_bounds_the_plan():
+    """VAE near its least budget keeps two blocks' residuals in host memory (65,792 B
+    with unlimited host memory); with 50,000 B of host memory the plan still keeps
+    some there, within it, and says how it was bounded."""
+    case = zoo.case("vae")
+    remat = jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget="100%", exact=False)
+    least = remat.least_budget()
+    budget = least + (remat.store_all_peak - least) // 10
+    free = remat.replan(budget, platform=FAST)
+    assert max(simulate_blocks(free.problem, free.schedule).host_resident) > 50_000
+    bounded = Platform.host_offload(1e15, host_memory=50_000)
+    p = remat.replan(budget, platform=bounded)
+    host = max(simulate_blocks(p.problem, p.schedule).host_resident)
+    assert 0 < host <= 50_000 and p.schedule.meta["peak_memory"] <= budget
+    report = p.schedule.meta["host_memory"]
+    assert report["limit"] == 50_000 and report["solves"] >= 2
+    assert free.overhead <= p.overhead < remat.replan(budget).overhead
+    assert "host memory 50,000 B" in p.summary()
+    none = Platform.host_offload(1e15, host_memory=1_000)  # no variant fits: without them
+    q = remat.replan(budget, platform=none)
+    assert max(simulate_blocks(q.problem, q.schedule).host_resident, default=0) <= 1_000
+    assert q.schedule.options == remat.replan(budget).schedule.options
 
 
 def _relative_error(got, want) -> float:
