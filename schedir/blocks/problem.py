@@ -292,6 +292,24 @@ class BlockChain:
             + self.loss_time
         )
 
+    def compute_only(self) -> BlockChain:
+        """This chain with its options' copies left out of their times (``rec_time``
+        less ``copy_out``, ``bwd_time`` less ``copy_back``): the time of each op when
+        its copies are hidden, a lower bound; the bytes are the same."""
+
+        def hidden(o: BlockOption) -> BlockOption:
+            if not (o.copy_out or o.copy_back):
+                return o
+            return dataclasses.replace(
+                o, rec_time=o.rec_time - o.copy_out, bwd_time=o.bwd_time - o.copy_back,
+                copy_out=0.0, copy_back=0.0,
+            )  # fmt: skip
+
+        stages = tuple(
+            dataclasses.replace(s, options=tuple(hidden(o) for o in s.options)) for s in self.stages
+        )
+        return dataclasses.replace(self, stages=stages)
+
     def check_options(self, options: Sequence[int]) -> tuple[int, ...]:
         """``options`` as a tuple of valid option indices, one per stage."""
         if isinstance(options, str | bytes) or not isinstance(options, Sequence):

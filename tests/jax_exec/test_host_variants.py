@@ -81,6 +81,25 @@ def test_the_whole_graph_milp_keeps_residuals_in_host_memory():
     assert not _on_host(q) and q.schedule.meta["whole_milp"]["on_host"] == 0
 
 
+def test_copies_hidden_by_compute_are_planned():
+    """GNN halfway between its least budget and store-all at NVLink-C2C class (450
+    GB/s): charged whole, the copies make host memory slower than recomputing; the
+    DP solved with them hidden finds a plan whose copies the simulator overlaps with
+    compute, faster than remat alone; it runs op by op to the byte."""
+    case = zoo.case("gnn")
+    remat = jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget="100%")
+    budget = (remat.least_budget() + remat.store_all_peak) // 2
+    p = remat.replan(budget, platform=Platform.host_offload(450e9))
+    meta = p.schedule.meta
+    assert meta["dp_objective"] == "copies hidden"
+    assert any(p.model.option(k, o).host for k, o in enumerate(p.options))
+    assert meta["makespan"] < meta["serial_makespan"]
+    assert p.overhead < remat.replan(budget).overhead
+    assert "the block DP minimized the time with the copies hidden" in p.summary()
+    result = check_plan(case, p, plain(case.factory, case.loss_fn, case.args), "gnn")
+    _runs_exactly(case, p, result)
+
+
 def test_host_memory_bounds_the_plan():
     """VAE near its least budget keeps two blocks' residuals in host memory (65,792 B
     with unlimited host memory); with 50,000 B of host memory the plan still keeps

@@ -80,3 +80,16 @@ def test_copies_are_checked():
         BlockOption("x", 0, 1.0, 0, 1.0, 0, 0, 4, copy_out=-1)
     p = chain(variant(1.0, 2.0))
     assert BlockChain.from_dict(p.to_dict()) == p
+
+
+def test_compute_only_hides_the_copies():
+    """The DP's other bound: the same chain with the copies' time left out."""
+    p = chain(variant(1.0, 3.0))
+    q = p.compute_only()
+    option = q.stages[0].options[0]
+    assert (option.rec_time, option.bwd_time, option.copy_out, option.copy_back) == (1, 2, 0, 0)
+    t, hidden = timeline(p), timeline(q)
+    assert hidden.makespan == hidden.serial_makespan == 7.0 <= t.makespan
+    assert (hidden.resident, hidden.op_peak, hidden.host_resident) == (
+        t.resident, t.op_peak, t.host_resident)  # fmt: skip
+    assert chain(variant(0.0, 0.0)).compute_only() == chain(variant(0.0, 0.0))
