@@ -61,8 +61,8 @@ class SaveOption:
         host: a host-memory variant (offered with a host link only; "": none): the
             same recording and backward, some saved residuals kept in host memory from
             the recording until the backward brings them back (``HOST_VARIANTS``):
-            ``"late"`` those its backward's first phase does not read, back before the
-            first phase that reads one of them
+            ``"late"`` those its backward's first phase does not read, each back before
+            the first phase that reads it
             (:meth:`jax_exec.program.phases.PhasedBackward.late_residuals`); ``"all"``
             every one, those phase 0 reads back at the backward's start.
     """

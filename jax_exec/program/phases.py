@@ -181,12 +181,10 @@ class PhasedBackward:
     def returns(self, host: str) -> dict[int, int]:
         """Index in group ``new`` -> the phase before which it comes back to the device,
         of the residuals the variant ``host`` (``SaveOption.host``) keeps in host memory:
-        ``"late"``, the late residuals (:meth:`late_residuals`), all before the first
-        phase that reads one of them; ``"all"``, those and every other saved residual,
-        back before phase 0."""
-        late = self.late_residuals()
-        first = min(late.values(), default=len(self.phases))
-        back = {i: first for i in late}
+        ``"late"``, the late residuals (:meth:`late_residuals`), each before the first
+        phase that reads it; ``"all"``, those and every other saved residual, back
+        before phase 0."""
+        back = self.late_residuals()
         if host == "all":
             back = {i: back.get(i, 0) for i in self.new_bytes()}
         return back
@@ -194,7 +192,8 @@ class PhasedBackward:
     def late(self) -> tuple[int, int]:
         """``(bytes, phase)`` of the late residuals (:meth:`late_residuals`) and the
         first phase that reads one of them (``len(phases)`` when there are none): a
-        variant brings them all back before that phase."""
+        variant brings the first of them back before that phase, each other one before
+        its own first reader."""
         late = self.late_residuals()
         if not late:
             return 0, len(self.phases)

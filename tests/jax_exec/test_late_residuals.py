@@ -72,7 +72,12 @@ def test_late_residuals_and_their_figures_by_hand():
                 continue
             seen += 1
             assert 1 <= first < len(pb.phases)
-            rows = [(live + temp + host * (j >= first), rel) for j, (live, temp, rel)
+            sizes, late = pb.new_bytes(), pb.late_residuals()  # each back before its reader
+            assert pb.returns("late") == late and min(late.values()) == first
+            back = [sum(sizes[i] for i, phase in late.items() if phase <= j)
+                    for j in range(len(pb.phases))]  # fmt: skip
+            assert back[-1] == host
+            rows = [(live + temp + back[j], rel) for j, (live, temp, rel)
                     in enumerate(zip(pb.live, temps, pb.released, strict=True))]  # fmt: skip
             tmp, release = pb.effective(temps, "late")
             assert tmp == max(need for need, _ in rows) - pb.d_x_bytes
@@ -121,6 +126,7 @@ def test_variants_and_their_figures():
             back_time = sum(FAST.prefetch.time(n) for n in held.values())
             assert variant.rec_time == pytest.approx(full.rec_time + out, rel=1e-12)
             assert variant.bwd_time == pytest.approx(full.bwd_time + back_time, rel=1e-12)
+            assert (variant.copy_out, variant.copy_back) == (out, back_time)  # overlappable
     assert seen["late"] and seen["all"]
     with pytest.raises(ValueError, match="host-memory variant needs a host link"):
         build_problem(dataclasses.replace(variants, host_link=None))
