@@ -78,7 +78,7 @@ def solve(
                 raise  # its least budget is the lower (or: over host memory)
             return without
         if found is not None:
-            found = _hidden_copies(found, platform, exact)
+            found = _hidden_copies(found, platform, exact, options)
         if found is None:  # no variant fits host memory: the plan without them
             if without is None:
                 raise infeasible
@@ -293,7 +293,7 @@ def _within_host_memory(
     )
 
 
-def _hidden_copies(solved: Solved, platform: Platform, exact: bool) -> Solved:
+def _hidden_copies(solved: Solved, platform: Platform, exact: bool, options: dict) -> Solved:
     """``solved`` (the block DP's answer with host-memory variants, their copies
     charged whole), or the DP's answer with the copies' time left out
     (:meth:`schedir.blocks.BlockChain.compute_only`, its kernels compiled with
@@ -302,7 +302,8 @@ def _hidden_copies(solved: Solved, platform: Platform, exact: bool) -> Solved:
     solves both bounds and the simulator judges (``meta["dp_objective"]``)."""
     model = solved.model
     try:
-        schedule = solvers.solve(model.problem.compute_only(), solved.budget, method="block_rotor")
+        schedule = solvers.solve(model.problem.compute_only(), solved.budget,
+                                 method="block_rotor", **options)  # fmt: skip
     except solvers.Infeasible:
         return solved
     if exact and model.compile_used(schedule):
@@ -332,7 +333,9 @@ def _report_copies(solved: Solved) -> Solved:
     charged whole (an upper bound; ``makespan`` overlaps them) and
     ``meta["dp_objective"]`` what the block DP minimized (``"copies charged whole"``,
     or ``"copies hidden"``: :func:`_hidden_copies`), where it keeps residuals in host
-    memory."""
+    memory (a joint plan's time is the offload simulator's: left as it is)."""
+    if solved.schedule.meta.get("offloaded"):
+        return solved
     trace = simulate(solved.model.problem, solved.schedule)
     if trace.serial_makespan is not None and trace.serial_makespan > trace.makespan:
         solved.schedule.meta["serial_makespan"] = trace.serial_makespan
