@@ -52,7 +52,9 @@ def solve(
     their host-memory variants (:func:`jax_exec.program.model.with_host_variants`; the
     whole-graph MILP competes with those variants too) and the faster answer is kept:
     never slower than without them. ``platform.host_memory`` bounds the answer
-    (:func:`_within_host_memory`): never a plan over it."""
+    (:func:`_within_host_memory`): never a plan over it. The DP charges the variants'
+    copies whole; it also solves with them hidden, and the simulator, which overlaps
+    them with compute, picks the faster (:func:`_hidden_copies`)."""
 
     def solve_on(model: BlockModel, whole: int) -> Solved:
         return _solve_lazily(model, budget, solver, options, exact, whole, platform)
