@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax.extend.core import Literal
 
+from jax_exec.auto.lowbit import compressed_node
 from jax_exec.kernels import stage_functions
 from jax_exec.stages.split import Stage, as_stages, spec_bytes
 from schedir import B, F_all, F_ck, F_n, Loss
@@ -185,6 +186,22 @@ class ChunkKernels:
         return self.masks[layout]
 
 
+_STORED: dict = {}
+
+
+def stored_functions(stage: Stage, spec: Any, storage: str | None) -> Any:
+    """The stage's kernels (:func:`jax_exec.kernels.stage_functions`) with its new
+    residuals stored in ``storage`` (:func:`jax_exec.auto.lowbit.compressed_node`;
+    None: themselves), cached per kernels and storage."""
+    fns = stage_functions(stage, spec)
+    if storage is None:
+        return fns
+    key = (id(fns), storage)
+    if key not in _STORED:  # the plain kernels kept alive with their id
+        _STORED[key] = (compressed_node(fns, storage), fns)
+    return _STORED[key][0]
+
+
 def recompute_ops(n: int) -> tuple:
     """The chunk checkpointed whole (``jax.checkpoint`` semantics): its forward keeps
     its input and output only, its backward recomputes it storing everything:
@@ -231,6 +248,10 @@ class ChunkProgram:
     its ``Loss`` (store-all: its input and every stage's ``abar``; a rotor plan: what
     rotor planned), and its backward recomputes what that schedule recomputes.
 
+    ``storages``: per local stage, the low-bit storage of its new residuals (None:
+    full precision; :func:`stored_functions`): its ``F_all`` keeps them compressed,
+    its ``B`` decodes them. Default: every stage in full precision.
+
     A split backward (``Bi`` then ``W``): with ``per_stage`` False the input part
     computes d_i and frees nothing, the weight part reruns the backward for the
     parameter gradients (what the ops' model holds when the problem gives no
@@ -240,10 +261,13 @@ class ChunkProgram:
     """
 
     def __init__(self, stages: Sequence[Stage], i: int, j: int, specs: Sequence,
-                 loss_fn: Callable | None, ops: Sequence):  # fmt: skip
+                 loss_fn: Callable | None, ops: Sequence,
+                 storages: Sequence[str | None] = ()):  # fmt: skip
         self.n = j - i
         self.last = loss_fn is not None
-        self.fns = [stage_functions(stages[k], specs[k]) for k in range(i, j)]
+        storages = tuple(storages) or (None,) * self.n
+        self.fns = [stored_functions(stages[k], specs[k], s)
+                    for k, s in zip(range(i, j), storages, strict=True)]  # fmt: skip
         ops = tuple(ops)
         at = next(k for k, op in enumerate(ops) if isinstance(op, Loss))
         self.forward_ops, self.backward_ops = ops[:at], ops[at + 1 :]

@@ -9,7 +9,8 @@ once with ``jax.device_put``):
   (:class:`~jax_exec.pipeline.chunks.ChunkProgram`, split at its ``Loss``): store-all
   by default, a rotor plan's chain ops when the chunk's plan carries them, the chunk
   checkpointed whole when its backward has ``recompute > 0`` and no plan ops
-  (:func:`chunk_chain_ops`). ``Fwd`` runs the chain ops before the loss and keeps
+  (:func:`chunk_chain_ops`); its residuals in its plan's low-bit ``storage`` if it
+  has one. ``Fwd`` runs the chain ops before the loss and keeps
   their buffers (the stash: exactly what the chain schedule holds there), and on the
   last chunk the micro-batch's target; ``Bwd(part="full")`` runs the loss (the mean
   over micro-batches: scaled by 1/m) or takes d_j, then the ops after it (the
@@ -120,16 +121,19 @@ def unit_problem(schedule: PipelineSchedule, L: int, m: int, training: bool) -> 
 
 def chunk_chain_ops(schedule: PipelineSchedule, i: int, j: int) -> tuple:
     """The chain schedule chunk [i, j) runs (local stages 0..j-i-1, its ``Loss`` the
-    arrival of d_j or the real loss): its plan's ``ops`` (a rotor plan's), else
-    :func:`~jax_exec.pipeline.chunks.recompute_ops` when a backward of the chunk
-    recomputes (``Bwd.recompute > 0`` without plan ops: the chunk checkpointed whole),
-    else :func:`schedir.chain.ops.store_all_ops`."""
+    arrival of d_j or the real loss): its plan's ``ops`` (a rotor plan's), store-all
+    for a store-all plan (whose extra seconds are a low-bit codec's, not
+    recomputation), else :func:`~jax_exec.pipeline.chunks.recompute_ops` when a
+    backward of the chunk recomputes (``Bwd.recompute > 0`` without plan ops: the
+    chunk checkpointed whole), else :func:`schedir.chain.ops.store_all_ops`."""
     plan = schedule.plan(i, j)
     if plan is not None and plan.ops:
         try:
             return check_schedule(plan.ops, j - i)
         except InvalidSchedule as err:
             raise InvalidSchedule(f"plan of chunk {i}:{j}: {err}") from None
+    if plan is not None and plan.kind == "store_all":
+        return store_all_ops(j - i)
     recomputes = any(isinstance(o, Bwd) and (o.first, o.last) == (i, j) and o.recompute > 0
                      for _, lst in schedule.ops for o in lst)  # fmt: skip
     return recompute_ops(j - i) if recomputes else store_all_ops(j - i)
@@ -239,7 +243,10 @@ def run_pipeline(
     def program(i: int, j: int) -> ChunkProgram:
         if (i, j) not in programs:
             ops = chunk_chain_ops(schedule, i, j)
-            programs[i, j] = ChunkProgram(stages, i, j, avals, loss_fn if j == L else None, ops)
+            plan = schedule.plan(i, j)
+            storage = plan.storage if plan is not None else None
+            programs[i, j] = ChunkProgram(stages, i, j, avals, loss_fn if j == L else None, ops,
+                                          (storage,) * (j - i))  # fmt: skip
         return programs[i, j]
 
     def add_grads(i: int, gp) -> None:

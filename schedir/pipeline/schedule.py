@@ -36,6 +36,8 @@ from schedir.pipeline.problem import Mapping
 from schedir.platform import LIMIT
 
 PLAN_KINDS = ("store_all", "rotor", "offload")
+# low-bit storages of a chunk's saved residuals (their codecs: jax_exec.auto.lowbit)
+STORAGES = ("bfloat16", "float8_e4m3fn", "int8")
 # meta keys that once carried structure: refused, so that none is silently ignored
 STRUCTURE = {"plans": "plans", "stash": "plans (ChunkPlan.footprint)",
              "chunks": "plans", "mapping": "mapping", "periodic": "periodic"}  # fmt: skip
@@ -83,6 +85,9 @@ class ChunkPlan:
             (what its chain schedule holds before its ``Loss``, e.g. rotor's
             checkpoints; at most ``footprint``), the rest being the working set of
             its ops; None: the whole footprint all along.
+        storage: the storage of its stages' saved residuals, one of :data:`STORAGES`
+            (low-bit; the footprint and held bytes count them stored); None: full
+            precision.
     """
 
     first: int
@@ -93,6 +98,7 @@ class ChunkPlan:
     extra: float = 0.0
     ops: tuple = ()
     held: int | None = None
+    storage: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("first", "last"):
@@ -126,6 +132,9 @@ class ChunkPlan:
                               or fp is None or h > fp):  # fmt: skip
             raise InvalidSchedule(f"{label}: held = {h!r}: expected bytes (an integer >= 0) "
                                   f"at most the footprint ({fp!r}), or None")  # fmt: skip
+        if self.storage is not None and self.storage not in STORAGES:
+            raise InvalidSchedule(f"{label}: storage = {self.storage!r}: expected one of "
+                                  f"{', '.join(STORAGES)} or None")  # fmt: skip
 
     def to_dict(self) -> dict:
         out = {"chunk": [self.first, self.last], "device": self.device,
@@ -134,6 +143,8 @@ class ChunkPlan:
             out["ops"] = [str(o) for o in self.ops]
         if self.held is not None:
             out["held"] = self.held
+        if self.storage is not None:
+            out["storage"] = self.storage
         return out
 
     @classmethod
@@ -143,7 +154,8 @@ class ChunkPlan:
                                   "'device': ..., ...}")  # fmt: skip
         first, last = d["chunk"]
         return cls(first, last, d.get("device"), d.get("footprint"), d.get("kind"),
-                   d.get("extra", 0.0), tuple(d.get("ops", ())), d.get("held"))  # fmt: skip
+                   d.get("extra", 0.0), tuple(d.get("ops", ())), d.get("held"),
+                   d.get("storage"))  # fmt: skip
 
 
 def _short(value) -> str:
@@ -164,7 +176,8 @@ class PipelineSchedule(Schedule):
         {"format": "schedir.pipeline_schedule", "version": 1,
          "ops": [["gpu0", ["F(0:2,0)", "Send(a2,0,gpu1)"]], ["gpu1", [...]]], "meta": {},
          "plans": [{"chunk": [0, 2], "device": "gpu0", "footprint": 96, "kind": "rotor",
-                    "extra": 0.5, "ops": ["F_ck(0)", ...]}, ...],
+                    "extra": 0.5, "ops": ["F_ck(0)", ...], "held": 64,
+                    "storage": "bfloat16"}, ...],
          "periodic": 2, "release_interval": 0.25}
     """
 

@@ -14,6 +14,13 @@ chunk). Under a budget of b bytes per micro-batch it runs one of (:class:`Plan`)
   memory is bounded, which needs a solve per budget); the extra seconds are
   recomputation and the compute stream's waits for copies.
 
+Low-bit storage (``storages``: per storage name, the chain with every stage's saved
+residuals stored in it and their encoding and decoding in its backward times, as the
+JAX side measures them: ``jax_exec.auto.lowbit``) adds, per storage, its store-all and
+rotor plans on that chain (``Plan.storage``); the chunk's fastest plan within the
+budget is taken over every storage, full precision first on ties. Offload plans stay
+in full precision.
+
 Sizes are rounded up to slots of about 1/``slots`` of the chunk's store-all need (a
 plan feasible in slots is feasible in bytes; ``Plan.exact`` says when the sizes' gcd
 made the table exact). A plan's footprint is the least tabulated budget with its
@@ -77,7 +84,8 @@ class Plan:
     bytes its chain schedule holds between its forward and its backward (before its
     ``Loss``; the target not included), None where the executed schedule is not known
     (offload plans: their host copies are not executed), which counts as the whole
-    footprint."""
+    footprint; ``storage``: the low-bit storage of its saved residuals (None: full
+    precision)."""
 
     time: float
     extra: float
@@ -85,23 +93,27 @@ class Plan:
     kind: str
     exact: bool = True
     held: int | None = None
+    storage: str | None = None
 
 
 @lru_cache(maxsize=16)
-def _shared(chain, target, offload, prefetch, host_memory, slots: int, use_offload: bool):
+def _shared(chain, target, offload, prefetch, host_memory, slots: int, use_offload: bool,
+            storages: tuple):  # fmt: skip
     plat = Platform(host_memory=host_memory, offload=offload, prefetch=prefetch,
                     devices=(Device("plans"),))  # fmt: skip
     return StagePlans(PipelineProblem(chain, (0,) * chain.length, plat, training=True,
-                                      target_bytes=target), slots, use_offload)  # fmt: skip
+                                      target_bytes=target), slots, use_offload,
+                      storages)  # fmt: skip
 
 
-def shared_plans(problem: PipelineProblem, slots: int = 500, offload: bool = True):
-    """One :class:`StagePlans` per chain, target, host link and ``slots`` (plans do not
-    depend on the devices' memories), so that solves of the same model at several
-    memories share their chain solves."""
+def shared_plans(problem: PipelineProblem, slots: int = 500, offload: bool = True,
+                 storages: Sequence[tuple[str, Chain]] = ()):  # fmt: skip
+    """One :class:`StagePlans` per chain, target, host link, ``slots`` and low-bit
+    ``storages`` (plans do not depend on the devices' memories), so that solves of the
+    same model at several memories share their chain solves."""
     p = problem.platform
     return _shared(problem.chain, problem.target_bytes, p.offload, p.prefetch, p.host_memory,
-                   slots, offload)  # fmt: skip
+                   slots, offload, tuple(storages))  # fmt: skip
 
 
 def has_host_link(platform: Platform) -> bool:
@@ -138,11 +150,20 @@ class Curve:
 class StagePlans:
     """Cached plans of the chunks of ``problem``; ``slots``: the tables' resolution
     (sizes rounded up to about 1/``slots`` of a chunk's store-all need, exact when the
-    sizes' gcd gives fewer units)."""
+    sizes' gcd gives fewer units); ``storages``: ``(name, chain)`` per low-bit storage
+    (module docstring; the chains have the problem's stages, inputs and forward
+    times)."""
 
-    def __init__(self, problem: PipelineProblem, slots: int = 500, offload: bool = True):
+    def __init__(self, problem: PipelineProblem, slots: int = 500, offload: bool = True,
+                 storages: Sequence[tuple[str, Chain]] = ()):  # fmt: skip
         self.problem, self.slots = problem, slots
         self.offload = offload and has_host_link(problem.platform)
+        self.chains: dict[str | None, Chain] = {None: problem.chain}
+        for name, chain in storages:
+            if chain.length != problem.length or chain.in_size != problem.chain.in_size:
+                raise ValueError(f"storages: the chain of {name!r} is not the problem's "
+                                 "stages (length and inputs differ)")  # fmt: skip
+            self.chains[name] = chain
         self.exact = True  # every chain answer computed so far was exact
         self.plan = cache(self._plan)
         self.store_all = cache(self._store_all)
@@ -151,37 +172,50 @@ class StagePlans:
         self.rotor_held = cache(self._rotor_held)
         self.budgets = cache(self._budgets)
 
-    def _store_all(self, i: int, j: int) -> Plan:
-        sub = sub_chain(self.problem.chain, i, j)
+    def _store_all(self, i: int, j: int, storage: str | None = None) -> Plan:
+        """Chunk [i, j) storing every activation (in ``storage``; None: full
+        precision); its extra seconds over the full-precision store-all plan."""
+        sub = sub_chain(self.chains[storage], i, j)
         peak = simulate(sub, store_all_ops(sub)).peak_memory
-        return Plan(sub.store_all_time(), 0.0, int(peak), "store_all", held=self.held(i, j))
+        time = sub.store_all_time()
+        extra = 0.0 if storage is None else max(0.0, time - self.store_all(i, j).time)
+        return Plan(time, extra, int(peak), "store_all", held=self.held(i, j, (), storage),
+                    storage=storage)  # fmt: skip
 
-    def _rotor_held(self, i: int, j: int, units: int) -> int | None:
+    def _rotor_held(self, i: int, j: int, units: int, storage: str | None = None) -> int | None:
         """What rotor's schedule of chunk [i, j) at ``units`` slots holds between its
         forward and its backward (None where rotor has no schedule there)."""
-        table = self.curve(i, j, "rotor").table
+        table = self.curve(i, j, "rotor", storage).table
         if not math.isfinite(table.value(units)):
             return None
-        return self.held(i, j, table.ops(units))
+        return self.held(i, j, table.ops(units), storage)
 
-    def _rotor(self, i: int, j: int, seconds: float, footprint: int, exact: bool) -> Plan:
+    def _rotor(self, i: int, j: int, seconds: float, footprint: int, exact: bool,
+               storage: str | None = None) -> Plan:  # fmt: skip
         """A rotor plan of ``footprint`` bytes (a tabulated budget) and its ``held``."""
-        held = self.rotor_held(i, j, footprint // self.curve(i, j, "rotor").slot)
+        held = self.rotor_held(i, j, footprint // self.curve(i, j, "rotor", storage).slot,
+                               storage)  # fmt: skip
         return Plan(seconds, seconds - self.store_all(i, j).time, footprint, "rotor", exact,
-                    held)  # fmt: skip
+                    held, storage)  # fmt: skip
 
     def _budgets(self, i: int, j: int) -> tuple[int, ...]:
         """The budgets (bytes per micro-batch, increasing) at which the fastest plan of
         chunk [i, j) changes: each distinct plan of the tables at its least budget, and
         the store-all peak (:meth:`within` at one of them is that plan)."""
-        out = {self.store_all(i, j).footprint}
-        for kind in ("rotor", "offload") if self.offload else ("rotor",):
-            curve = self.curve(i, j, kind)
+        out = {self.store_all(i, j, s).footprint for s in self.chains}
+        for kind, storage in self._kinds():
+            curve = self.curve(i, j, kind, storage)
             v = curve.values
             first = np.flatnonzero(np.isfinite(v) & np.concatenate([[True], v[1:] < v[:-1]]))
             out.update(int((k + curve.offset) * curve.slot) for k in first)
         top = self.store_all(i, j).footprint
         return tuple(sorted(b for b in out if b <= top))
+
+    def _kinds(self) -> list[tuple[str, str | None]]:
+        """(chain solver, storage) of every tabulated plan: rotor in every storage,
+        offload in full precision."""
+        out = [("rotor", s) for s in self.chains]
+        return out + [("offload", None)] if self.offload else out
 
     def _least(self, i: int, j: int) -> int:
         """The least per-micro-batch bytes of rotor's plans in its table (offloading
@@ -192,9 +226,10 @@ class StagePlans:
             return self.store_all(i, j).footprint
         return min(int((finite[0] + curve.offset) * curve.slot), self.store_all(i, j).footprint)
 
-    def _curve(self, i: int, j: int, kind: str) -> Curve:
-        """The time/memory curve of rotor ("rotor") or rotor_offload ("offload")."""
-        sub = sub_chain(self.problem.chain, i, j)
+    def _curve(self, i: int, j: int, kind: str, storage: str | None = None) -> Curve:
+        """The time/memory curve of rotor ("rotor") or rotor_offload ("offload") on the
+        chain of ``storage``; slots sized on the full-precision store-all need."""
+        sub = sub_chain(self.chains[storage], i, j)
         top = self.store_all(i, j).footprint
         unit = size_unit(sub)
         slot = unit if top // unit <= self.slots else -(-top // self.slots)
@@ -218,17 +253,21 @@ class StagePlans:
         if budget >= base.footprint:
             return base
         best = None
-        kinds = ("rotor", "offload") if self.offload else ("rotor",)
-        for kind in kinds:
-            if kind == "offload" and self.problem.platform.host_memory is not None:
+        # full precision first: a low-bit plan is taken only where it is faster
+        stored = [("store_all", s) for s in self.chains if s is not None]
+        for kind, storage in stored + self._kinds():
+            if kind == "store_all":
+                got = self.store_all(i, j, storage)
+                got = got if got.footprint <= budget else None
+            elif kind == "offload" and self.problem.platform.host_memory is not None:
                 got = self._offload(i, j, budget, base, share_host)  # the host may not hold it
             else:
-                curve = self.curve(i, j, kind)
+                curve = self.curve(i, j, kind, storage)
                 hit = curve.at(budget)
                 if hit is None:
                     got = None
                 elif kind == "rotor":
-                    got = self._rotor(i, j, hit[0], hit[1], curve.exact)
+                    got = self._rotor(i, j, hit[0], hit[1], curve.exact, storage)
                 else:
                     got = Plan(hit[0], hit[0] - base.time, hit[1], kind, curve.exact)
             if got is not None and (best is None or got.time < best.time - 1e-15):
@@ -262,17 +301,17 @@ class StagePlans:
         and for offload plans (their host copies are not executed)."""
         if plan.kind != "rotor":
             return None
-        curve = self.curve(i, j, "rotor")
+        curve = self.curve(i, j, "rotor", plan.storage)
         units = plan.footprint // curve.slot
         if not math.isfinite(curve.table.value(units)):
             return None
         return curve.table.ops(units)
 
-    def held(self, i: int, j: int, ops: Sequence = ()) -> int:
+    def held(self, i: int, j: int, ops: Sequence = (), storage: str | None = None) -> int:
         """Bytes chunk [i, j) holds between its forward and its backward when it runs
-        the chain schedule ``ops`` of its sub-chain (() : store-all): what the schedule
-        holds before its ``Loss``."""
-        sub = sub_chain(self.problem.chain, i, j)
+        the chain schedule ``ops`` of its sub-chain (() : store-all), its residuals in
+        ``storage``: what the schedule holds before its ``Loss``."""
+        sub = sub_chain(self.chains[storage], i, j)
         ops = tuple(ops) or store_all_ops(sub)
         at = next(k for k, op in enumerate(ops) if isinstance(op, Loss))
         trace = simulate(sub, ops)
@@ -291,12 +330,12 @@ class StagePlans:
 
     def chunk_plan(self, chunk: ChunkPlan, plan: Plan) -> ChunkPlan:
         """``chunk`` running ``plan``: its footprint and held bytes (:meth:`reserved`),
-        kind, extra seconds and, for a rotor plan, the chain ops an executor runs
-        (:meth:`chain_ops`)."""
+        kind, storage, extra seconds and, for a rotor plan, the chain ops an executor
+        runs (:meth:`chain_ops`)."""
         footprint, held = self.reserved(chunk.first, chunk.last, plan)
         ops = self.chain_ops(chunk.first, chunk.last, plan) or ()
         return dataclasses.replace(chunk, footprint=footprint, held=held, kind=plan.kind,
-                                   extra=plan.extra, ops=ops)  # fmt: skip
+                                   extra=plan.extra, ops=ops, storage=plan.storage)  # fmt: skip
 
     def chunk_plans(self, chunks: Sequence[ChunkPlan], plans: Sequence[Plan]) -> tuple:
         """The schedule's ``chunks`` (their plans, in order) running ``plans``
