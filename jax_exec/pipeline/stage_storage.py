@@ -101,15 +101,22 @@ class StorageCheck:
     def gradient(self, storages: tuple) -> dict[int, np.ndarray]:
         """Per parameter leaf position, the step's gradient (float64) with block stage
         k's residuals in ``storages[k]``: the runtime's chunk program over every
-        stage, store-all, the micro-batches' gradients summed."""
+        stage, store-all, traced into one jitted step (the same kernels inlined), the
+        micro-batches' gradients summed."""
         L = len(self.stages)
         prog = ChunkProgram(self.stages, 0, L, self.specs, self.loss, store_all_ops(L), storages)
+        scale = 1.0 / len(self.parts)
+
+        @jax.jit  # one compilation of the whole step, not one per stage kernel
+        def step(p: list, r: list, x: tuple) -> list:
+            stash, _ = prog.forward(p, r, x)
+            return prog.backward(p, r, stash, ((), scale)).grads
+
         p = [s.params for s in self.stages]
         r = [s.rest for s in self.stages]
         total: dict[int, np.ndarray] = {}
         for x in self.parts:
-            stash, _ = prog.forward(p, r, x)
-            grads = prog.backward(p, r, stash, ((), 1.0 / len(self.parts))).grads
+            grads = step(p, r, x)
             for positions, g in zip(self.params, grads, strict=True):
                 for j, leaf in zip(positions, jax.tree_util.tree_leaves(g), strict=True):
                     v = np.asarray(leaf, dtype=np.float64)
