@@ -524,7 +524,8 @@ def _schedule(
         return BASELINES[name](problem, devices, cuts=list(cuts))
     try:
         # run() runs one step
-        return plan_pattern(problem, name, devices, cuts, steps=1, storages=storages)
+        return plan_pattern(problem, name, devices, cuts, steps=1, storages=storages,
+                            offload=True)  # fmt: skip
     except Infeasible:
         if cuts is not None:
             why = (f"the cut {tuple(cuts)}: no plan of its {parts} stages (store-all or "
@@ -549,7 +550,7 @@ def _joint(problem: PipelineProblem, storages: Sequence = ()) -> PipelineSchedul
     """The joint planner's schedule of the block problem: no offload (the runtime does
     not execute host copies), judged on one step alone (``run`` runs one)."""
     try:
-        return pipeline_joint(problem, patterns=JOINT_PATTERNS, steps=1, offload=False,
+        return pipeline_joint(problem, patterns=JOINT_PATTERNS, steps=1, offload=True,
                               max_evals=JOINT_EVALS, storages=storages)  # fmt: skip
     except Infeasible:
         raise InvalidSchedule(

@@ -28,9 +28,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from schedir.chain.ops import OP_TYPES, parse_op
+from schedir.chain.ops import OP_TYPES
 from schedir.chain.schedule import Schedule
 from schedir.errors import InvalidProblem, InvalidSchedule
+from schedir.offload.ops import COPY_OP_TYPES, parse_offload_op
 from schedir.pipeline.ops import Bwd, Fwd, PipelineOp, Recv, Send, Wgt, parse_pipeline_op
 from schedir.pipeline.problem import Mapping
 from schedir.platform import LIMIT
@@ -79,7 +80,8 @@ class ChunkPlan:
         extra: seconds at speed 1 it adds per micro-batch over store-all (carried out
             as its backwards' ``Bwd.recompute``).
         ops: the chain schedule of its sub-chain that the executors run (local stages
-            0..last-first-1, its ``Loss`` the arrival of d_last or the real loss);
+            0..last-first-1, its ``Loss`` the arrival of d_last or the real loss; an
+            offload plan's with its copy ops, :mod:`schedir.offload.ops`);
             (): store-all, or the chunk checkpointed whole when its backwards recompute.
         held: bytes of the footprint it holds between its forward and its backward
             (what its chain schedule holds before its ``Loss``, e.g. rotor's
@@ -88,6 +90,9 @@ class ChunkPlan:
         storage: the storage of its stages' saved residuals, one of :data:`STORAGES`
             (low-bit; the footprint and held bytes count them stored); None: full
             precision.
+        host: bytes it holds per micro-batch in host memory between its forward and
+            its backward (an offload plan's offloaded buffers; ``held`` counts the
+            device's only); None: none.
     """
 
     first: int
@@ -99,6 +104,7 @@ class ChunkPlan:
     ops: tuple = ()
     held: int | None = None
     storage: str | None = None
+    host: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("first", "last"):
@@ -122,16 +128,20 @@ class ChunkPlan:
             raise InvalidSchedule(f"{label}: extra = {x!r}: expected seconds in [0, 1e100]")
         if isinstance(self.ops, str) or not isinstance(self.ops, list | tuple):
             raise InvalidSchedule(f"{label}: ops = {self.ops!r}: expected chain ops")
-        ops = tuple(parse_op(o) if isinstance(o, str) else o for o in self.ops)
+        ops = tuple(parse_offload_op(o) if isinstance(o, str) else o for o in self.ops)
         for o in ops:
-            if type(o) not in OP_TYPES.values():
-                raise InvalidSchedule(f"{label}: {o!r} is not a chain op")
+            if type(o) not in OP_TYPES.values() and type(o) not in COPY_OP_TYPES.values():
+                raise InvalidSchedule(f"{label}: {o!r} is not a chain or copy op")
         object.__setattr__(self, "ops", ops)
         h = self.held
         if h is not None and (isinstance(h, bool) or not isinstance(h, int) or h < 0
                               or fp is None or h > fp):  # fmt: skip
             raise InvalidSchedule(f"{label}: held = {h!r}: expected bytes (an integer >= 0) "
                                   f"at most the footprint ({fp!r}), or None")  # fmt: skip
+        hb = self.host
+        if hb is not None and (isinstance(hb, bool) or not isinstance(hb, int) or hb < 0):
+            raise InvalidSchedule(f"{label}: host = {hb!r}: expected bytes (an integer >= 0) "
+                                  "or None")  # fmt: skip
         if self.storage is not None and self.storage not in STORAGES:
             raise InvalidSchedule(f"{label}: storage = {self.storage!r}: expected one of "
                                   f"{', '.join(STORAGES)} or None")  # fmt: skip
@@ -145,6 +155,8 @@ class ChunkPlan:
             out["held"] = self.held
         if self.storage is not None:
             out["storage"] = self.storage
+        if self.host is not None:
+            out["host"] = self.host
         return out
 
     @classmethod
@@ -155,7 +167,7 @@ class ChunkPlan:
         first, last = d["chunk"]
         return cls(first, last, d.get("device"), d.get("footprint"), d.get("kind"),
                    d.get("extra", 0.0), tuple(d.get("ops", ())), d.get("held"),
-                   d.get("storage"))  # fmt: skip
+                   d.get("storage"), d.get("host"))  # fmt: skip
 
 
 def _short(value) -> str:

@@ -338,9 +338,11 @@ def plan_pattern(
     steps: int = 2,
     max_evals: int = 400,
     storages: Sequence[tuple[str, Chain]] = (),
+    offload: bool = False,
 ) -> PipelineSchedule:
     """One fixed-order ``pattern`` (a key of :data:`PATTERNS`) on ``devices``, every
-    chunk running its fastest plan, store-all or rotor (no offload), such that the
+    chunk running its fastest plan, store-all or rotor (with ``offload`` and a host
+    link on the platform, rotor_offload's too), such that the
     bytes its device holds for its micro-batches in flight fit (the module
     docstring's charge), judged by the simulator over ``steps`` repeated steps (1: one
     step alone, its makespan and peaks, as a runtime waiting for each step runs it);
@@ -358,7 +360,7 @@ def plan_pattern(
     if pattern not in PATTERNS:
         raise ValueError(f"pattern = {pattern!r}: expected one of {', '.join(PATTERNS)}")
     devs = list(devices)
-    search = _Search(problem, None, slots, steps, [pattern], max_evals, None, offload=False,
+    search = _Search(problem, None, slots, steps, [pattern], max_evals, None, offload=offload,
                      storages=storages)  # fmt: skip
     parts = len(devs) * CHUNKS_PER_DEVICE[pattern]
     L = problem.length

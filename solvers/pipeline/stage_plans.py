@@ -46,7 +46,7 @@ from functools import cache, lru_cache
 
 import numpy as np
 
-from schedir import Chain, Loss, OffloadProblem, discretize, simulate
+from schedir import Chain, Loss, OffloadProblem, discretize, simulate, simulate_offload
 from schedir.chain.discretize import size_unit
 from schedir.pipeline.problem import PipelineProblem
 from schedir.pipeline.schedule import ChunkPlan
@@ -81,11 +81,12 @@ class Plan:
     the loss included on the last chunk), ``extra`` (seconds over store-all),
     ``footprint`` (bytes: the plan's peak), ``kind`` ("store_all", "rotor",
     "offload"), whether the chain solver's answer was ``exact``, and ``held``: the
-    bytes its chain schedule holds between its forward and its backward (before its
-    ``Loss``; the target not included), None where the executed schedule is not known
-    (offload plans: their host copies are not executed), which counts as the whole
-    footprint; ``storage``: the low-bit storage of its saved residuals (None: full
-    precision)."""
+    device bytes its chain schedule holds between its forward and its backward (before
+    its ``Loss``; the target not included), None where the executed schedule is not
+    known, which counts as the whole footprint; ``storage``: the low-bit storage of
+    its saved residuals (None: full precision); an offload plan's ``host`` bytes
+    (offloaded buffers held in host memory before its ``Loss``) and ``ops`` (its
+    chain and copy ops, rotor_offload's schedule)."""
 
     time: float
     extra: float
@@ -94,6 +95,8 @@ class Plan:
     exact: bool = True
     held: int | None = None
     storage: str | None = None
+    host: int | None = None
+    ops: tuple = field(default=(), compare=False, repr=False)
 
 
 @lru_cache(maxsize=16)
@@ -268,8 +271,11 @@ class StagePlans:
                     got = None
                 elif kind == "rotor":
                     got = self._rotor(i, j, hit[0], hit[1], curve.exact, storage)
+                elif best is not None and hit[0] >= best.time - 1e-15:
+                    got = None  # not faster: its schedule is not read
                 else:
-                    got = Plan(hit[0], hit[0] - base.time, hit[1], kind, curve.exact)
+                    ops = curve.table.ops(hit[1])
+                    got = self._offload_plan(i, j, hit[0], hit[1], curve.exact, ops)
             if got is not None and (best is None or got.time < best.time - 1e-15):
                 best = got
         if best is not None:
@@ -292,13 +298,29 @@ class StagePlans:
         t, exact = s.meta["makespan"], bool(s.meta.get("exact", False))
         if s.meta.get("fallback") == "rotor":
             return self._rotor(i, j, t, int(s.meta["peak_memory"]), exact)
-        return Plan(t, t - base.time, int(s.meta["peak_memory"]), "offload", exact)
+        return self._offload_plan(i, j, t, int(s.meta["peak_memory"]), exact, s.ops)
+
+    def _offload_plan(self, i: int, j: int, seconds: float, footprint: int, exact: bool,
+                      ops: tuple) -> Plan:  # fmt: skip
+        """An offload plan running ``ops`` (chain and copy ops of chunk [i, j)): its
+        device and host bytes before its ``Loss``, from the offload simulator."""
+        plat = self.problem.platform
+        sub = sub_chain(self.problem.chain, i, j)
+        off = OffloadProblem(sub, Platform(offload=plat.offload, prefetch=plat.prefetch))
+        trace = simulate_offload(off, ops)
+        at = next(k for k, op in enumerate(ops) if isinstance(op, Loss))
+        held = int(trace.resident[at - 1]) if at else int(trace.initial_memory)
+        host = int(trace.host_resident[at - 1]) if at else 0
+        return Plan(seconds, seconds - self.store_all(i, j).time, max(footprint, held),
+                    "offload", exact, held, None, host, tuple(ops))  # fmt: skip
 
     def chain_ops(self, i: int, j: int, plan: Plan) -> tuple | None:
         """The chain schedule (ops of :func:`sub_chain` ``(i, j)``, local stages) that
         runs a rotor ``plan``: rotor's table read at the plan's footprint (its peak in
-        bytes is at most the footprint). None for store-all (the executors' default)
-        and for offload plans (their host copies are not executed)."""
+        bytes is at most the footprint); an offload plan's ops (copy ops included).
+        None for store-all (the executors' default)."""
+        if plan.kind == "offload":
+            return plan.ops or None
         if plan.kind != "rotor":
             return None
         curve = self.curve(i, j, "rotor", plan.storage)
@@ -335,7 +357,8 @@ class StagePlans:
         footprint, held = self.reserved(chunk.first, chunk.last, plan)
         ops = self.chain_ops(chunk.first, chunk.last, plan) or ()
         return dataclasses.replace(chunk, footprint=footprint, held=held, kind=plan.kind,
-                                   extra=plan.extra, ops=ops, storage=plan.storage)  # fmt: skip
+                                   extra=plan.extra, ops=ops, storage=plan.storage,
+                                   host=plan.host)  # fmt: skip
 
     def chunk_plans(self, chunks: Sequence[ChunkPlan], plans: Sequence[Plan]) -> tuple:
         """The schedule's ``chunks`` (their plans, in order) running ``plans``
