@@ -1,14 +1,20 @@
-"""Low-bit storage in the per-stage plans of a traced pipeline
-(``plan_pipeline(..., activation_tolerance=)``, jax_exec/pipeline/stage_storage.py).
+"""Low-bit storage and offload in the per-stage plans of a traced pipeline
+(``plan_pipeline(..., activation_tolerance=)``, jax_exec/pipeline/stage_storage.py;
+a platform with a host link: offload plans run by the MPMD runtime).
 
-On 4 host CPU devices (a subprocess, slow): the zoo's decoder LM with device memories
-at 0.7 of its store-all 1F1B plan's largest peak and a tolerance of 5%: chunks keep
-their residuals in bfloat16 or int8 (ZB-H1 fits there only so), loss and gradients
-equal plain ``nnx.value_and_grad`` within the tolerance (relative to the gradient's
-norm), the measured error the plan reports, measured bytes equal the model's after
-every op, predicted peaks within the memories. In this process: without a tolerance
-(or without memories) the plans are today's; the refusals; the tolerance loop
-withdraws the least precise storage; ChunkPlan's storage round-trips through JSON."""
+On 4 host CPU devices (subprocesses, slow), the zoo's decoder LM with device memories
+at 0.7 of its store-all 1F1B plan's largest peak:
+
+- with a tolerance of 5%: chunks keep their residuals in bfloat16 or int8 (ZB-H1 fits
+  there only so), loss and gradients equal plain ``nnx.value_and_grad`` within the
+  tolerance (relative to the gradient's norm), the measured error the plan reports;
+- with a host link: chunks offload activations to host memory (1F1B and the joint
+  planner), loss and gradients equal plain within 1e-5 of the largest leaf;
+
+measured device bytes (and host bytes) equal the model's after every op, predicted
+peaks within the memories. In this process: without a tolerance and without a host
+link the plans are today's; the refusals; the tolerance loop withdraws the least
+precise storage; ChunkPlan's storage and host bytes round-trip through JSON."""
 
 from __future__ import annotations
 
@@ -41,31 +47,79 @@ def relative_error(got, want) -> float:
     return (diff / sum(float(np.sum(w**2)) for w in want)) ** 0.5
 
 
-@pytest.mark.slow
-def test_four_devices_low_bit_chunks_match_plain_within_the_tolerance():
+def four_devices(part: str) -> dict:
+    """The subprocess's report of ``part`` ("lowbit" or "offload")."""
     from xla_env import device_flags
 
     env = dict(os.environ, XLA_FLAGS=device_flags(4), JAX_PLATFORMS="cpu",
                PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS)]))  # fmt: skip
-    proc = subprocess.run([sys.executable, __file__], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=1200)  # fmt: skip
+    proc = subprocess.run([sys.executable, __file__, part], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=1200)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_four_devices_low_bit_chunks_match_plain_within_the_tolerance():
+    report = four_devices("lowbit")
     assert report["checked"] == ["1f1b", "zb_h1"], report
     for name in report["checked"]:
         assert report["storages"][name], report  # some chunk stores low-bit
 
 
-def _child() -> None:  # pragma: no cover - runs in the subprocess
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_traced_pipeline import check_step, decoder_lm_case, memories
+@pytest.mark.slow
+def test_four_devices_offload_chunks_match_plain():
+    report = four_devices("offload")
+    assert report["checked"] == ["1f1b", "joint"], report
+    assert report["offloaded"]["1f1b"], report  # some chunk offloads under 1F1B
 
-    assert len(jax.devices()) == 4
+
+def decoder_lm_at(fraction: float):
+    """The decoder LM, its plain loss and gradients, and the memory at ``fraction`` of
+    its store-all 1F1B plan's largest predicted peak."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_traced_pipeline import decoder_lm_case
+
     case, args = decoder_lm_case()
     model = case.factory()
-    loss, grads = nnx.value_and_grad(case.loss_fn)(model, *args)
+    reference = nnx.value_and_grad(case.loss_fn)(model, *args)
     free = plan_pipeline(case.loss_fn, model, *args, devices=4, microbatches=4)
-    memory = int(0.7 * max(free.predicted.device_peak.values()))
+    return case, args, model, reference, int(fraction * max(free.predicted.device_peak.values()))
+
+
+def _offload_child() -> None:  # pragma: no cover - runs in the subprocess
+    import dataclasses
+
+    from test_traced_pipeline import check_step, memories
+
+    import schedir
+
+    case, args, model, reference, memory = decoder_lm_at(0.7)
+    # a host link fast enough for this small model's copies to beat recomputation
+    link = schedir.CopyEngine(1e14)
+    platform = dataclasses.replace(memories(memory), offload=link, prefetch=link)
+    report: dict = {"checked": [], "offloaded": {}}
+    for name in ("1f1b", "joint"):
+        plan = plan_pipeline(case.loss_fn, model, *args, devices=4, microbatches=4,
+                             platform=platform, schedule=name)  # fmt: skip
+        assert max(plan.predicted.device_peak.values()) <= memory, plan.predicted
+        offloaded = [(p.first, p.last) for p in plan.schedule.plans if p.kind == "offload"]
+        for p in plan.schedule.plans:
+            assert (p.kind == "offload") == bool(p.host), p
+        check_step(plan, model, args, reference, name)
+        r = plan.run(model, *args, block=True).result
+        assert r.op_host_bytes == r.op_model_host_bytes, name  # host memory, every op
+        assert (max(r.op_host_bytes) > 0) == bool(offloaded), name
+        report["checked"].append(name)
+        report["offloaded"][name] = offloaded
+    print(json.dumps(report), flush=True)
+
+
+def _child() -> None:  # pragma: no cover - runs in the subprocess
+    from test_traced_pipeline import check_step, memories
+
+    assert len(jax.devices()) == 4
+    case, args, model, (loss, grads), memory = decoder_lm_at(0.7)
     report: dict = {"checked": [], "storages": {}}
     for name in ("1f1b", "zb_h1"):
         plan = plan_pipeline(case.loss_fn, model, *args, devices=4, microbatches=4,
@@ -118,13 +172,19 @@ def small_case():
     return model, x, two, schedir.Platform.fully_connected(devices, 100e9)
 
 
-def test_without_a_tolerance_the_plans_are_todays():
+def test_without_a_tolerance_and_a_host_link_the_plans_are_todays():
+    from solvers.pipeline.joint import plan_pattern
+
     model, x, two, tight = small_case()
-    today = plan_pipeline(mlp_loss, model, x, devices=two, microbatches=4, platform=tight)
+    plan = plan_pipeline(mlp_loss, model, x, devices=two, microbatches=4, platform=tight)
+    # the per-stage planner's call before low-bit storage and offload were offered
+    today = plan_pattern(plan.problem, "1f1b", ["a", "b"], None, steps=1)
+    assert plan.schedule == today and plan.lowbit is None
+    assert any(p.kind == "rotor" for p in today.plans)  # the memory binds
+    assert all(p.storage is None and p.host is None for p in today.plans)
     zero = plan_pipeline(mlp_loss, model, x, devices=two, microbatches=4, platform=tight,
                          activation_tolerance=0.0)  # fmt: skip
-    assert zero.schedule == today.schedule and zero.lowbit is None
-    assert all(p.storage is None for p in today.schedule.plans)
+    assert zero.schedule == today and zero.lowbit is None
     # a tolerance without device memories: store-all fits, nothing is measured
     free = plan_pipeline(mlp_loss, model, x, devices=two, microbatches=4,
                          activation_tolerance=0.1)  # fmt: skip
@@ -151,13 +211,19 @@ def test_the_tolerance_loop_withdraws_the_least_precise_storage():
     assert got == ("bfloat16",) and err == 0.01 and offered == ["bfloat16"]
 
 
-def test_chunk_plan_storage_round_trips_and_is_checked():
-    plan = ChunkPlan(0, 2, "d0", 96, "store_all", 0.5, (), 64, "int8")
-    s = PipelineSchedule((("d0", ()),), plans=(plan,))
-    assert PipelineSchedule.from_dict(json.loads(json.dumps(s.to_dict()))).plans == (plan,)
+def test_chunk_plan_storage_and_host_round_trip_and_are_checked():
+    low = ChunkPlan(0, 2, "d0", 96, "store_all", 0.5, (), 64, "int8")
+    ops = ("Offload(a[0])", "F_all(0)", "Wait(a[0])", "F_all(1)", "Loss()", "B(1)",
+           "Prefetch(a[0])", "Wait(a[0])", "B(0)")  # fmt: skip
+    off = ChunkPlan(2, 4, "d0", 96, "offload", 0.0, ops, 40, None, 8)
+    s = PipelineSchedule((("d0", ()),), plans=(low, off))
+    assert PipelineSchedule.from_dict(json.loads(json.dumps(s.to_dict()))).plans == (low, off)
     with pytest.raises(InvalidSchedule, match="storage = 'fp4'"):
         ChunkPlan(0, 2, "d0", 96, "store_all", storage="fp4")
+    with pytest.raises(InvalidSchedule, match="host = -1"):
+        ChunkPlan(0, 2, "d0", 96, "offload", host=-1)
 
 
 if __name__ == "__main__":  # pragma: no cover
-    _child()
+    sys.path.insert(0, str(Path(__file__).parent))
+    _offload_child() if sys.argv[1:] == ["offload"] else _child()
