@@ -10,14 +10,17 @@ stages, a chunk of the schedule, cut by :func:`schedir.pipeline.placement.balanc
 (the exact DP over contiguous blocks that minimizes the slowest stage's forward +
 backward seconds, divided by its device's speed; the block model's roofline times).
 With device memories (``platform=``), every chunk runs its fastest activation plan,
-store-all or rotor's rematerialization of its own chain of blocks, within the bytes
-its device gives each of its micro-batches in flight, and the cut minimizes the
-slowest planned stage (:func:`solvers.pipeline.joint.plan_pattern`). The MPMD runtime
+store-all or rotor's rematerialization of its own chain of blocks (with a host link,
+rotor_offload's offload to host memory too; with ``activation_tolerance``, low-bit
+residuals: :mod:`jax_exec.pipeline.stage_storage`), within the bytes its device
+gives each of its micro-batches in flight, and the cut minimizes the slowest planned
+stage (:func:`solvers.pipeline.joint.plan_pattern`). The MPMD runtime
 (:func:`~jax_exec.pipeline.mpmd.run_pipeline`) executes the schedule on the block
 stages, each chunk as the chain schedule of its plan, with a problem profiled from
 the blocks' own kernels, so that the bytes it measures after every op equal the
 model's (a planned chunk holds :attr:`~schedir.pipeline.schedule.ChunkPlan.held`
-between its forward and its backward).
+between its forward and its backward, and an offload plan
+:attr:`~schedir.pipeline.schedule.ChunkPlan.host` bytes in host memory).
 
 Between stages a tuple travels: the values crossing the cut (the residual stream, RoPE
 tables, masks...), then the call arguments later stages read (token ids, labels).
@@ -84,6 +87,7 @@ from schedir.pipeline.schedule import STORAGES, PipelineSchedule
 from schedir.pipeline.simulate import simulate_pipeline
 from schedir.platform import Device, Platform
 from solvers.pipeline.joint import pipeline_joint, plan_pattern
+from solvers.pipeline.stage_plans import has_host_link
 from solvers.registry import Infeasible
 
 # chunks (virtual stages) per device of each schedule
@@ -353,7 +357,8 @@ def plan_pipeline(
             devices, in order, one per pipeline device; one-chunk schedules and
             ``"joint"`` only): the
             cut divides each stage's time by its device's speed; with memories, each
-            chunk runs the fastest plan (store-all or rotor) within the bytes per
+            chunk runs the fastest plan (store-all, rotor, with a host link
+            rotor_offload's, low-bit with a tolerance) within the bytes per
             micro-batch its device leaves (its parameters, messages and micro-batches
             in flight under the schedule), the cut minimizes the slowest planned
             stage and the simulator checks the peaks (module docstring); the links
@@ -528,12 +533,14 @@ def _schedule(
                             offload=True)  # fmt: skip
     except Infeasible:
         if cuts is not None:
-            why = (f"the cut {tuple(cuts)}: no plan of its {parts} stages (store-all or "
-                   f"rotor's rematerialization) under {name} fits the devices' memory")  # fmt: skip
+            why = (f"the cut {tuple(cuts)}: no plan of its {parts} stages (store-all, "
+                   f"rotor's rematerialization{_more(problem, storages)}) under {name} "
+                   f"fits the devices' memory")  # fmt: skip
         else:
             why = (f"no cut of the traced model's {problem.length} blocks into {parts} "
-                   f"stages, each storing or rematerializing its activations (rotor) under "
-                   f"{name}, fits the devices' memory")  # fmt: skip
+                   f"stages, each storing or rematerializing its activations (rotor"
+                   f"{_more(problem, storages)}) under {name}, fits the devices' "
+                   "memory")  # fmt: skip
         raise InvalidSchedule(why) from None
 
 
@@ -547,17 +554,25 @@ JOINT_EVALS = 1000
 
 
 def _joint(problem: PipelineProblem, storages: Sequence = ()) -> PipelineSchedule:
-    """The joint planner's schedule of the block problem: no offload (the runtime does
-    not execute host copies), judged on one step alone (``run`` runs one)."""
+    """The joint planner's schedule of the block problem (offload plans where the
+    platform has a host link, low-bit ones of ``storages``), judged on one step alone
+    (``run`` runs one)."""
     try:
         return pipeline_joint(problem, patterns=JOINT_PATTERNS, steps=1, offload=True,
                               max_evals=JOINT_EVALS, storages=storages)  # fmt: skip
     except Infeasible:
         raise InvalidSchedule(
             f"the joint planner found no cut of the traced model's {problem.length} "
-            f"blocks, schedule and per-stage plans (store-all or rotor) that fit the "
+            f"blocks, schedule and per-stage plans (store-all or rotor"
+            f"{_more(problem, storages)}) that fit the "
             f"devices' memory"
         ) from None
+
+
+def _more(problem: PipelineProblem, storages: Sequence) -> str:
+    """The other plans an error message names: offload, low-bit storages."""
+    more = ", offload" if has_host_link(problem.platform) else ""
+    return more + "".join(f", {name}" for name, _ in storages)
 
 
 def has_memories(platform: Platform) -> bool:

@@ -30,7 +30,8 @@ A pipeline schedule carries a plan as the chunk's
 :class:`~schedir.pipeline.schedule.ChunkPlan` (:meth:`StagePlans.chunk_plan`: its
 footprint, reserved from its forward's start to its backward's end, of which it holds
 ``held`` between them, :func:`schedir.pipeline.ops.effect`; its kind; a rotor plan's
-chain ops) and its extra seconds as ``Bwd.recompute`` (speed 1). The plan of
+chain ops, an offload plan's chain and copy ops and the ``host`` bytes it keeps in
+host memory between them; a low-bit plan's storage) and its extra seconds as ``Bwd.recompute`` (speed 1). The plan of
 a chunk is computed on the chunk alone: its copies do not contend with other
 micro-batches' (one op at a time runs on a device) and host memory is split evenly
 among the micro-batches in flight of all devices.
