@@ -544,10 +544,10 @@ def _schedule(
         raise InvalidSchedule(why) from None
 
 
-# the joint planner's patterns for traced stages: not the V-shape, whose turn (two
-# adjacent chunks on one device) the footprints count twice (the activation between
-# them is in the held bytes of both, the runtime holds it once)
-JOINT_PATTERNS = ("1f1b", "zb_h1", "zb_h2", "list")
+# the joint planner's patterns for traced stages (the V-shape's turn, two adjacent
+# chunks on one device, counts the activation between them once:
+# solvers.pipeline.stage_plans.StagePlans.chunk_plans)
+JOINT_PATTERNS = ("1f1b", "zb_h1", "zb_h2", "v_shape", "list")
 # simulated candidates of its search: 400 (its default) left the 8-device U-Net of the
 # experiment (paper_experiments/traced_pipelines.py) 8% slower; it used about 800
 JOINT_EVALS = 1000

@@ -197,8 +197,7 @@ class _Search:
         weight-gradient data, messages); the working set of the op running, its
         footprint less its held bytes, comes off the cap first."""
         pb = self.problem
-        sized = [self.plans.chunk_plan(ChunkPlan(a, b, u), p)
-                 for (a, b, u), p in zip(chunks, plans, strict=True)]  # fmt: skip
+        sized = self.plans.chunk_plans([ChunkPlan(a, b, u) for a, b, u in chunks], plans)
         # a W's working set is outside footprints that do not say what they hold
         wgt = max(pb.chain.bwd_tmp[: pb.length]) if pb.wgrad_fraction is not None else 0
         caps = {}
@@ -222,8 +221,8 @@ class _Search:
         (None: the pattern as published, every chunk on its own accounting)."""
         s = PATTERNS[pattern](self.problem, list(devs), cuts=list(cuts), recompute=rec)
         if plans is not None:
-            s = s.with_plans(self.plans.chunk_plan(ChunkPlan(a, b, u), p)
-                             for (a, b, u), p in zip(chunks, plans, strict=True))  # fmt: skip
+            s = s.with_plans(self.plans.chunk_plans([ChunkPlan(a, b, u) for a, b, u in chunks],
+                                                    plans))  # fmt: skip
         return s
 
     def _fixed(self, dev, chunks) -> float:

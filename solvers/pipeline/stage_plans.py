@@ -31,9 +31,12 @@ A pipeline schedule carries a plan as the chunk's
 footprint, reserved from its forward's start to its backward's end, of which it holds
 ``held`` between them, :func:`schedir.pipeline.ops.effect`; its kind; a rotor plan's
 chain ops, an offload plan's chain and copy ops and the ``host`` bytes it keeps in
-host memory between them; a low-bit plan's storage) and its extra seconds as ``Bwd.recompute`` (speed 1). The plan of
-a chunk is computed on the chunk alone: its copies do not contend with other
-micro-batches' (one op at a time runs on a device) and host memory is split evenly
+host memory between them; a low-bit plan's storage) and its extra seconds as
+``Bwd.recompute`` (speed 1); a chunk whose input the chunk before it makes on the
+same device (the V-shape's turn) counts that input once (:meth:`StagePlans.
+chunk_plans`). The plan of a chunk is computed on the chunk alone: its copies do not
+contend with other micro-batches' (one op at a time runs on a device) and host
+memory is split evenly
 among the micro-batches in flight of all devices.
 """
 
@@ -49,6 +52,8 @@ import numpy as np
 
 from schedir import Chain, Loss, OffloadProblem, discretize, simulate, simulate_offload
 from schedir.chain.discretize import size_unit
+from schedir.chain.ops import buffer_moves
+from schedir.offload.ops import Evict, Offload, Prefetch, Wait
 from schedir.pipeline.problem import PipelineProblem
 from schedir.pipeline.schedule import ChunkPlan
 from schedir.platform import Device, Platform
@@ -351,20 +356,46 @@ class StagePlans:
         held = plan.held + target
         return max(plan.footprint, held), held
 
-    def chunk_plan(self, chunk: ChunkPlan, plan: Plan) -> ChunkPlan:
+    def chunk_plan(self, chunk: ChunkPlan, plan: Plan, local_input: bool = False) -> ChunkPlan:
         """``chunk`` running ``plan``: its footprint and held bytes (:meth:`reserved`),
         kind, storage, extra seconds and, for a rotor plan, the chain ops an executor
-        runs (:meth:`chain_ops`)."""
-        footprint, held = self.reserved(chunk.first, chunk.last, plan)
-        ops = self.chain_ops(chunk.first, chunk.last, plan) or ()
+        runs (:meth:`chain_ops`). ``local_input``: the chunk's input is the output of
+        the chunk before it on the same device (the V-shape's turn), whose stash holds
+        it until after this chunk's backward: where the plan keeps its input on the
+        device until its ``Loss`` (:meth:`holds_input`), it is counted there only, not
+        twice (the runtime holds one array)."""
+        i, j = chunk.first, chunk.last
+        footprint, held = self.reserved(i, j, plan)
+        ops = self.chain_ops(i, j, plan) or ()
+        if local_input and held is not None and self.holds_input(i, j, ops):
+            x = self.problem.chain.in_size[i]
+            footprint, held = footprint - x, held - x
         return dataclasses.replace(chunk, footprint=footprint, held=held, kind=plan.kind,
                                    extra=plan.extra, ops=ops, storage=plan.storage,
                                    host=plan.host)  # fmt: skip
 
+    def holds_input(self, i: int, j: int, ops: Sequence = ()) -> bool:
+        """Whether chunk [i, j) running the chain schedule ``ops`` (() : store-all; copy
+        ops included) keeps its input ``a[0]`` on the device up to its ``Loss``."""
+        ops = tuple(ops) or store_all_ops(sub_chain(self.problem.chain, i, j))
+        resident = {("a", 0)}
+        for op in ops:
+            if isinstance(op, Loss):
+                return ("a", 0) in resident
+            if isinstance(op, Offload | Prefetch):
+                (resident.discard if isinstance(op, Offload) else resident.add)(op.key)
+            elif not isinstance(op, Wait | Evict):
+                _, adds, frees = buffer_moves(op, j - i, resident)
+                resident = (resident - set(frees)) | set(adds)
+        return False
+
     def chunk_plans(self, chunks: Sequence[ChunkPlan], plans: Sequence[Plan]) -> tuple:
         """The schedule's ``chunks`` (their plans, in order) running ``plans``
-        (:meth:`chunk_plan`)."""
-        return tuple(self.chunk_plan(c, p) for c, p in zip(chunks, plans, strict=True))
+        (:meth:`chunk_plan`; a chunk whose input the chunk before it makes on the same
+        device counts it once)."""
+        made = {(c.last, c.device) for c in chunks}
+        return tuple(self.chunk_plan(c, p, (c.first, c.device) in made)
+                     for c, p in zip(chunks, plans, strict=True))  # fmt: skip
 
     def within(self, i: int, j: int, budget: float, share_host: int = 1) -> Plan | None:
         """:meth:`plan` for a real-valued budget (floored; inf: store-all)."""

@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import schedir
 from jax_exec.auto.lowbit import tolerated
 from jax_exec.parallel import plan_pipeline
 from schedir import InvalidSchedule
@@ -91,8 +92,6 @@ def _offload_child() -> None:  # pragma: no cover - runs in the subprocess
     import dataclasses
 
     from test_traced_pipeline import check_step, memories
-
-    import schedir
 
     case, args, model, reference, memory = decoder_lm_at(0.7)
     # a host link fast enough for this small model's copies to beat recomputation
@@ -161,8 +160,6 @@ def mlp_loss(model, x):
 
 
 def small_case():
-    import schedir
-
     model = MLP(rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(0), (8, 8))
     two = jax.devices()[:2] if len(jax.devices()) >= 2 else jax.devices() * 2
@@ -189,6 +186,39 @@ def test_without_a_tolerance_and_a_host_link_the_plans_are_todays():
     free = plan_pipeline(mlp_loss, model, x, devices=two, microbatches=4,
                          activation_tolerance=0.1)  # fmt: skip
     assert free.lowbit is None and free.storage_check is None
+
+
+def test_the_v_shape_turn_counts_its_activation_once():
+    """The V-shape with per-chunk plans (footprints and held bytes): the chunk after
+    the turn reads the activation the chunk before it holds on the same device, counted
+    once, so the runtime's measured bytes equal the plans' after every op; the joint
+    planner takes the V-shape among its patterns."""
+    import dataclasses
+
+    from jax_exec.pipeline.traced import JOINT_PATTERNS, _chunk_cuts, _predicted
+    from solvers.pipeline.joint import plan_pattern
+
+    model = MLP(depth=8, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(0), (8, 8))
+    two = jax.devices()[:2] if len(jax.devices()) >= 2 else jax.devices() * 2
+    free = plan_pipeline(mlp_loss, model, x, devices=two, microbatches=4, schedule="v_shape")
+    memory = int(1.5 * max(free.predicted.device_peak.values()))  # store-all plans
+    devices = [schedir.Device(f"d{u}", memory=memory) for u in range(2)]
+    problem = dataclasses.replace(
+        free.problem, platform=schedir.Platform.fully_connected(devices, 100e9)
+    )
+    v = plan_pattern(problem, "v_shape", ["d0", "d1"], steps=1)
+    turn = [p for p in v.plans if p.device == "d1"]
+    assert len(turn) == 2 and all(p.held is not None for p in turn), v.plans
+    plan = dataclasses.replace(free, schedule=v, cuts=_chunk_cuts(v), problem=problem,
+                               predicted=_predicted(problem, v))  # fmt: skip
+    step = plan.run(model, x, block=True)
+    r = step.result
+    assert r.op_device_bytes == r.op_model_bytes
+    loss, grads = nnx.value_and_grad(mlp_loss)(model, x)
+    assert abs(float(step.loss) - float(loss)) < 1e-5
+    assert relative_error(step.grads, grads) < 1e-5
+    assert "v_shape" in JOINT_PATTERNS
 
 
 def test_refusals_name_the_field():
