@@ -36,8 +36,7 @@ host memory between them; a low-bit plan's storage) and its extra seconds as
 same device (the V-shape's turn) counts that input once (:meth:`StagePlans.
 chunk_plans`). The plan of a chunk is computed on the chunk alone: its copies do not
 contend with other micro-batches' (one op at a time runs on a device) and host
-memory is split evenly
-among the micro-batches in flight of all devices.
+memory is split evenly among the micro-batches in flight of all devices.
 """
 
 from __future__ import annotations
