@@ -116,10 +116,7 @@ class ChunkPlan:
         label = f"plan of chunk {self.first}:{self.last}"
         if not isinstance(self.device, str) or not self.device:
             raise InvalidSchedule(f"{label}: device = {self.device!r}: expected a device name")
-        fp = self.footprint
-        if fp is not None and (isinstance(fp, bool) or not isinstance(fp, int) or fp < 0):
-            raise InvalidSchedule(f"{label}: footprint = {fp!r}: expected bytes (an integer "
-                                  ">= 0) or None")  # fmt: skip
+        fp = _bytes_or_none(label, "footprint", self.footprint)
         if self.kind is not None and self.kind not in PLAN_KINDS:
             raise InvalidSchedule(f"{label}: kind = {self.kind!r}: expected one of "
                                   f"{', '.join(PLAN_KINDS)} or None")  # fmt: skip
@@ -127,7 +124,7 @@ class ChunkPlan:
         if isinstance(x, bool) or not isinstance(x, numbers.Real) or not 0 <= x <= LIMIT:
             raise InvalidSchedule(f"{label}: extra = {x!r}: expected seconds in [0, 1e100]")
         if isinstance(self.ops, str) or not isinstance(self.ops, list | tuple):
-            raise InvalidSchedule(f"{label}: ops = {self.ops!r}: expected chain ops")
+            raise InvalidSchedule(f"{label}: ops = {self.ops!r}: expected chain or copy ops")
         ops = tuple(parse_offload_op(o) if isinstance(o, str) else o for o in self.ops)
         for o in ops:
             if type(o) not in OP_TYPES.values() and type(o) not in COPY_OP_TYPES.values():
@@ -138,10 +135,7 @@ class ChunkPlan:
                               or fp is None or h > fp):  # fmt: skip
             raise InvalidSchedule(f"{label}: held = {h!r}: expected bytes (an integer >= 0) "
                                   f"at most the footprint ({fp!r}), or None")  # fmt: skip
-        hb = self.host
-        if hb is not None and (isinstance(hb, bool) or not isinstance(hb, int) or hb < 0):
-            raise InvalidSchedule(f"{label}: host = {hb!r}: expected bytes (an integer >= 0) "
-                                  "or None")  # fmt: skip
+        _bytes_or_none(label, "host", self.host)
         if self.storage is not None and self.storage not in STORAGES:
             raise InvalidSchedule(f"{label}: storage = {self.storage!r}: expected one of "
                                   f"{', '.join(STORAGES)} or None")  # fmt: skip
@@ -168,6 +162,14 @@ class ChunkPlan:
         return cls(first, last, d.get("device"), d.get("footprint"), d.get("kind"),
                    d.get("extra", 0.0), tuple(d.get("ops", ())), d.get("held"),
                    d.get("storage"), d.get("host"))  # fmt: skip
+
+
+def _bytes_or_none(label: str, name: str, value) -> int | None:
+    """``value`` if it is bytes (an integer >= 0) or None, else InvalidSchedule."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise InvalidSchedule(f"{label}: {name} = {value!r}: expected bytes (an integer >= 0) "
+                              "or None")  # fmt: skip
+    return value
 
 
 def _short(value) -> str:
