@@ -146,6 +146,9 @@ def _child() -> None:  # pragma: no cover - runs in the subprocess
 
 
 class MLP(nnx.Module):
+    """Residual tanh blocks (test_traced_pipeline's MLP has none): rotor's recomputation
+    saves memory on them."""
+
     def __init__(self, width: int = 8, depth: int = 4, *, rngs: nnx.Rngs) -> None:
         self.layers = nnx.List([nnx.Linear(width, width, rngs=rngs) for _ in range(depth)])
 
