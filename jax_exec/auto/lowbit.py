@@ -351,21 +351,31 @@ def measured_error(model: LowBitModel, schedule: Schedule) -> float:
     return model.cached(key, lambda: gradient_error(model, schedule, model.args, model.reference))
 
 
-def with_lowbit(
-    model: BlockModel, args: tuple, tolerance: float, storages: tuple[str, ...] | None = None
-) -> LowBitModel:
-    """``model`` with the low-bit options of the ``storages`` (default
-    :data:`STORAGES`) whose store-all gradient error is within ``tolerance`` (module
-    docstring)."""
+def offered_storages(tolerance: Any, storages: Any = None) -> tuple[str, ...]:
+    """The storages ``activation_tolerance`` and ``activation_storages`` offer (none
+    without a tolerance; default :data:`STORAGES`), or a ValueError naming the field."""
     if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not tolerance >= 0:
         raise ValueError(f"activation_tolerance = {tolerance!r}: expected a number >= 0")
-    storages = STORAGES if storages is None else storages
+    if storages is None:
+        return STORAGES if tolerance else ()
+    if not tolerance:
+        raise ValueError("activation_storages: low-bit storage needs activation_tolerance > 0")
     if isinstance(storages, str) or not hasattr(storages, "__iter__"):
         raise ValueError(f"activation_storages = {storages!r}: expected a tuple of {STORAGES}")
     storages = tuple(storages)
     bad = [s for s in storages if s not in STORAGES]
     if bad:
         raise ValueError(f"activation_storages: {bad[0]!r} unknown; expected some of {STORAGES}")
+    return storages
+
+
+def with_lowbit(
+    model: BlockModel, args: tuple, tolerance: float, storages: tuple[str, ...] | None = None
+) -> LowBitModel:
+    """``model`` with the low-bit options of the ``storages`` (default
+    :data:`STORAGES`) whose store-all gradient error is within ``tolerance`` (module
+    docstring)."""
+    storages = offered_storages(tolerance, storages)
     values = {f.name: getattr(model, f.name) for f in fields(BlockModel)}
     lbm = LowBitModel(**values, tolerance=float(tolerance), args=tuple(args))
     reference = reference_gradient(lbm, args)

@@ -57,7 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_exec.auto.lowbit import tolerated
+from jax_exec.auto.lowbit import offered_storages, tolerated
 from jax_exec.distributed import is_local, transfer_tree
 from jax_exec.execute.result import RunResult
 from jax_exec.kernels import loss_kernel, node_functions, node_kernels
@@ -83,7 +83,7 @@ from schedir.pipeline.baselines import BASELINES
 from schedir.pipeline.ops import Bwd, Fwd
 from schedir.pipeline.placement import balanced_cuts
 from schedir.pipeline.problem import PipelineProblem
-from schedir.pipeline.schedule import STORAGES, PipelineSchedule
+from schedir.pipeline.schedule import PipelineSchedule
 from schedir.pipeline.simulate import simulate_pipeline
 from schedir.platform import Device, Platform
 from solvers.pipeline.joint import pipeline_joint, plan_pattern
@@ -389,7 +389,7 @@ def plan_pipeline(
         TypeError: a model whose state changes during the call (dropout, BatchNorm
             statistics), not an NNX model, a non-scalar loss.
     """
-    storages = _checked_storages(activation_tolerance, activation_storages)
+    storages = offered_storages(activation_tolerance, activation_storages)
     if schedule == "auto":
         kw = dict(devices=devices, microbatches=microbatches, cost_model=cost_model,
                   bandwidth=bandwidth, working_sets=working_sets, platform=platform,
@@ -464,23 +464,6 @@ def plan_pipeline(
         lowbit=lowbit,
         storage_check=check,
     )
-
-
-def _checked_storages(tolerance: Any, storages: Sequence[str] | None) -> tuple[str, ...]:
-    """The storages offered (none without a tolerance), or a ValueError naming the
-    field."""
-    if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not tolerance >= 0:
-        raise ValueError(f"activation_tolerance = {tolerance!r}: expected a number >= 0")
-    if storages is None:
-        return STORAGES if tolerance else ()
-    if not tolerance:
-        raise ValueError("activation_storages: low-bit storage needs activation_tolerance > 0")
-    if isinstance(storages, str) or not hasattr(storages, "__iter__"):
-        raise ValueError(f"activation_storages = {storages!r}: expected a tuple of {STORAGES}")
-    bad = [s for s in storages if s not in STORAGES]
-    if bad:
-        raise ValueError(f"activation_storages: {bad[0]!r} unknown; expected some of {STORAGES}")
-    return tuple(s for s in STORAGES if s in storages)
 
 
 def _planned(problem: PipelineProblem, name: str, devices: list[str],
