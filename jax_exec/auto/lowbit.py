@@ -44,13 +44,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_exec.execute.lowering import lower
+from jax_exec.kernels import NodeFunctions
+from jax_exec.kernels import Recipe as NodeRecipe
 from jax_exec.program.kernels import BlockFunctions, Recipe, SaveOption, block_functions
 from jax_exec.program.model import BlockModel, build_problem
 from schedir import B, F_all, Loss, Schedule
 from schedir.blocks.schedule import BlockSchedule
+from schedir.pipeline.schedule import STORAGES
 from solvers.blocks.policies import policy_schedule
 
-STORAGES = ("bfloat16", "float8_e4m3fn", "int8")
 _LEVELS = {"float8_e4m3fn": 448.0, "int8": 127.0}  # the largest stored magnitude
 
 
@@ -121,36 +123,84 @@ def decode(parts: tuple, dtype: Any, storage: str) -> jax.Array:
     return (parts[0].astype(jnp.float32) * parts[1]).astype(dtype)
 
 
+@dataclass(frozen=True)
+class ResidualCodec:
+    """Residuals of ``specs`` stored in ``storage`` (module docstring): ``which`` are
+    compressed, ``stored`` the shapes kept (each compressed one as its parts)."""
+
+    specs: tuple
+    storage: str
+    which: tuple[bool, ...]
+    stored: tuple
+
+    def pack(self, residuals: tuple) -> tuple:
+        out = []
+        for r, c in zip(residuals, self.which, strict=True):
+            out.extend(encode(r, self.storage) if c else (r,))
+        return tuple(out)
+
+    def unpack(self, stored: tuple) -> tuple:
+        it, width = iter(stored), len(_parts(jax.ShapeDtypeStruct((), jnp.float32), self.storage))
+        return tuple(
+            decode(tuple(next(it) for _ in range(width)), s.dtype, self.storage) if c else next(it)
+            for s, c in zip(self.specs, self.which, strict=True)
+        )
+
+    @property
+    def moved_bytes(self) -> int:
+        """Bytes the encoder and decoder move (:meth:`LowBitModel.codec_seconds`): the
+        encoder reads each compressed residual (twice with a scale: its maximum first)
+        and writes it compressed; the decoder reads it compressed (its output fuses into
+        the backward's consumers)."""
+        reads = 1 if self.storage == "bfloat16" else 2
+        return sum(reads * _nbytes(s) + 2 * sum(_nbytes(p) for p in _parts(s, self.storage))
+                   for s, c in zip(self.specs, self.which, strict=True) if c)  # fmt: skip
+
+
+def residual_codec(specs: tuple, storage: str) -> ResidualCodec:
+    """The codec of residuals ``specs`` in ``storage``: the compressible ones
+    (:func:`compressible`) replaced by their parts."""
+    which = tuple(compressible(s, storage) for s in specs)
+    stored = tuple(part for s, c in zip(specs, which, strict=True)
+                   for part in (_parts(s, storage) if c else (s,)))  # fmt: skip
+    return ResidualCodec(tuple(specs), storage, which, stored)
+
+
 def compressed(fns: BlockFunctions, storage: str) -> BlockFunctions:
     """``fns`` with its new residuals stored in ``storage`` (module docstring)."""
-    specs = fns.recipe.new
-    which = tuple(compressible(s, storage) for s in specs)
-    new = tuple(
-        part
-        for s, c in zip(specs, which, strict=True)
-        for part in (_parts(s, storage) if c else (s,))
-    )
-    width = len(_parts(specs[0], storage)) if specs else 1
+    codec = residual_codec(fns.recipe.new, storage)
 
     def record(p: tuple, g: tuple, x: tuple) -> tuple:
         outs, results, residuals = fns.record(p, g, x)
-        stored = []
-        for r, c in zip(residuals, which, strict=True):
-            stored.extend(encode(r, storage) if c else (r,))
-        return outs, results, tuple(stored)
+        return outs, results, codec.pack(residuals)
 
     def backward(p, g, x, outs, results, stored, d_outs, d_through) -> tuple:
-        it = iter(stored)
-        residuals = []
-        for s, c in zip(specs, which, strict=True):
-            if c:
-                residuals.append(decode(tuple(next(it) for _ in range(width)), s.dtype, storage))
-            else:
-                residuals.append(next(it))
-        return fns.backward(p, g, x, outs, results, tuple(residuals), d_outs, d_through)
+        residuals = codec.unpack(stored)
+        return fns.backward(p, g, x, outs, results, residuals, d_outs, d_through)
 
-    recipe = Recipe(fns.recipe.treedef, fns.recipe.sources, new, fns.recipe.consts)
+    recipe = Recipe(fns.recipe.treedef, fns.recipe.sources, codec.stored, fns.recipe.consts)
     return BlockFunctions(fns.forward, record, backward, recipe, fns.layout)
+
+
+def compressed_node(fns: NodeFunctions, storage: str) -> NodeFunctions:
+    """A chain stage's kernels (:func:`jax_exec.kernels.node_functions`) with its new
+    residuals stored in ``storage``: ``rec`` and ``res`` return them compressed,
+    ``bwd`` decodes them first (a pipeline chunk's low-bit storage,
+    :mod:`jax_exec.pipeline.chunks`)."""
+    codec = residual_codec(fns.recipe.new, storage)
+
+    def rec(params: Any, rest: Any, ins: tuple) -> tuple:
+        out, new = fns.rec(params, rest, ins)
+        return out, codec.pack(new)
+
+    def res(params: Any, rest: Any, ins: tuple) -> tuple:
+        return codec.pack(fns.res(params, rest, ins))
+
+    def bwd(params: Any, rest: Any, ins: tuple, out: Any, stored: tuple, cots: tuple) -> tuple:
+        return fns.bwd(params, rest, ins, out, codec.unpack(stored), cots)
+
+    recipe = NodeRecipe(fns.recipe.treedef, fns.recipe.sources, codec.stored, fns.recipe.consts)
+    return NodeFunctions(fns.fwd, jax.jit(rec), jax.jit(res), jax.jit(bwd), recipe, fns.out)
 
 
 @dataclass
@@ -196,19 +246,12 @@ class LowBitModel(BlockModel):
 
     def codec_seconds(self, k: int, option: SaveOption) -> float:
         """Roofline seconds of encoding and decoding ``option``'s residuals, memory
-        bound: the encoder reads each residual (twice with a scale: its maximum first)
-        and writes it compressed; the decoder reads it compressed (its output fuses into
-        the backward's consumers, as the cost model's cheap elementwise work does)."""
+        bound (:attr:`ResidualCodec.moved_bytes`; the decoder's output fuses into the
+        backward's consumers, as the cost model's cheap elementwise work does)."""
         if not isinstance(option, LowBitOption):
             return 0.0
         base = self.option_functions(k, option.base).recipe.new
-        moved = 0
-        for s in base:
-            if compressible(s, option.storage):
-                small = sum(_nbytes(p) for p in _parts(s, option.storage))
-                reads = 1 if option.storage == "bfloat16" else 2
-                moved += reads * _nbytes(s) + 2 * small
-        return moved / self.cost_model.bytes_per_second
+        return residual_codec(base, option.storage).moved_bytes / self.cost_model.bytes_per_second
 
 
 def residual_bytes(model: BlockModel, schedule: Schedule) -> int:
@@ -308,21 +351,31 @@ def measured_error(model: LowBitModel, schedule: Schedule) -> float:
     return model.cached(key, lambda: gradient_error(model, schedule, model.args, model.reference))
 
 
-def with_lowbit(
-    model: BlockModel, args: tuple, tolerance: float, storages: tuple[str, ...] | None = None
-) -> LowBitModel:
-    """``model`` with the low-bit options of the ``storages`` (default
-    :data:`STORAGES`) whose store-all gradient error is within ``tolerance`` (module
-    docstring)."""
+def offered_storages(tolerance: Any, storages: Any = None) -> tuple[str, ...]:
+    """The storages ``activation_tolerance`` and ``activation_storages`` offer (none
+    without a tolerance; default :data:`STORAGES`), or a ValueError naming the field."""
     if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not tolerance >= 0:
         raise ValueError(f"activation_tolerance = {tolerance!r}: expected a number >= 0")
-    storages = STORAGES if storages is None else storages
+    if storages is None:
+        return STORAGES if tolerance else ()
+    if not tolerance:
+        raise ValueError("activation_storages: low-bit storage needs activation_tolerance > 0")
     if isinstance(storages, str) or not hasattr(storages, "__iter__"):
         raise ValueError(f"activation_storages = {storages!r}: expected a tuple of {STORAGES}")
     storages = tuple(storages)
     bad = [s for s in storages if s not in STORAGES]
     if bad:
         raise ValueError(f"activation_storages: {bad[0]!r} unknown; expected some of {STORAGES}")
+    return storages
+
+
+def with_lowbit(
+    model: BlockModel, args: tuple, tolerance: float, storages: tuple[str, ...] | None = None
+) -> LowBitModel:
+    """``model`` with the low-bit options of the ``storages`` (default
+    :data:`STORAGES`) whose store-all gradient error is within ``tolerance`` (module
+    docstring)."""
+    storages = offered_storages(tolerance, storages)
     values = {f.name: getattr(model, f.name) for f in fields(BlockModel)}
     lbm = LowBitModel(**values, tolerance=float(tolerance), args=tuple(args))
     reference = reference_gradient(lbm, args)
@@ -340,25 +393,46 @@ def with_lowbit(
     return lbm
 
 
+def tolerated(
+    solve: Callable[[], Any],
+    used: Callable[[Any], set],
+    error: Callable[[Any], float],
+    tolerance: float,
+    withdraw: Callable[[str], None],
+) -> tuple[Any, float]:
+    """``(answer, its gradient error)``: ``solve()`` until the ``error`` of its answer
+    is within ``tolerance``, ``withdraw``-ing the least precise storage the answer
+    ``used`` each time it is not (an answer using none has error 0, not measured)."""
+    while True:
+        got = solve()
+        storages = used(got)
+        err = error(got) if storages else 0.0
+        if err <= tolerance or not storages:
+            return got, err
+        withdraw(max(storages, key=STORAGES.index))
+
+
 def within_tolerance(model: LowBitModel, solve: Callable[[], Any]) -> Any:
     """``solve()`` until the schedule's measured gradient error is within the model's
     tolerance, withdrawing the least precise storage the schedule uses each time it is
-    not (module docstring); the report in ``schedule.meta["lowbit"]``. The schedule is
+    not (:func:`tolerated`); the report in ``schedule.meta["lowbit"]``. The schedule is
     of the solve's model (``solved.model``: ``model``, or a copy with more options)."""
-    order = {s: i for i, s in enumerate(STORAGES)}
-    while True:
-        solved = solve()
-        schedule, solved_model = solved.schedule, solved.model
-        options = schedule.options
-        used = {storage_of(solved_model, k, o) for k, o in enumerate(options)} - {None}
-        error = measured_error(solved_model, schedule) if used else 0.0
-        if error <= model.tolerance or not used:
-            schedule.meta["lowbit"] = lowbit_report(solved_model, options, error)
-            return solved
+
+    def used(solved: Any) -> set:
+        options = solved.schedule.options
+        return {storage_of(solved.model, k, o) for k, o in enumerate(options)} - {None}
+
+    def withdraw(storage: str) -> None:
         kept = {storage_of(model, k, o) for k in range(model.length)
-                for o in range(len(model.options[k]))} - {None}  # fmt: skip
-        kept.discard(max(used, key=order.get))
+                for o in range(len(model.options[k]))} - {None, storage}  # fmt: skip
         _set_storages(model, tuple(s for s in STORAGES if s in kept))
+
+    def error(solved: Any) -> float:
+        return measured_error(solved.model, solved.schedule)
+
+    solved, err = tolerated(solve, used, error, model.tolerance, withdraw)
+    solved.schedule.meta["lowbit"] = lowbit_report(solved.model, solved.schedule.options, err)
+    return solved
 
 
 def lowbit_report(model: LowBitModel, options: list, error: float) -> dict:

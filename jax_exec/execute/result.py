@@ -63,6 +63,9 @@ class RunResult:
             measured on its device right after the op (what ``device_peaks`` maxes).
         op_model_bytes: MPMD pipeline runs: per ``op_log`` entry, what the ops' effects
             say the same live buffers of that device weigh (the problem's sizes).
+        op_host_bytes, op_model_host_bytes: MPMD pipeline runs: per ``op_log`` entry,
+            the bytes its device holds in host memory (offloaded buffers), measured and
+            as the chunks' plans say (``ChunkPlan.host``).
         placement: multi-device runs: device name -> JAX device.
         makespan: dynamic runs: seconds from the first task's start to the last
             task's end.
@@ -103,6 +106,8 @@ class RunResult:
     op_log: tuple = ()
     op_device_bytes: tuple[int, ...] = ()
     op_model_bytes: tuple[int, ...] = ()
+    op_host_bytes: tuple[int, ...] = ()
+    op_model_host_bytes: tuple[int, ...] = ()
     placement: dict = field(default_factory=dict)
     makespan: float = 0.0
     predicted: Any = None

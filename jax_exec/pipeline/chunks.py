@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,10 +25,14 @@ import jax
 import jax.numpy as jnp
 from jax.extend.core import Literal
 
+from jax_exec.auto.lowbit import compressed_node
+from jax_exec.execute.buffers import HOST
 from jax_exec.kernels import stage_functions
 from jax_exec.stages.split import Stage, as_stages, spec_bytes
 from schedir import B, F_all, F_ck, F_n, Loss
 from schedir.chain.ops import buffer_moves
+from schedir.offload.effects import CopyEffect, CopyStates
+from schedir.offload.ops import COPY_OP_TYPES
 
 
 def split_microbatches(tree: Any, m: int) -> list:
@@ -185,6 +190,22 @@ class ChunkKernels:
         return self.masks[layout]
 
 
+_STORED: dict = {}
+
+
+def stored_functions(stage: Stage, spec: Any, storage: str | None) -> Any:
+    """The stage's kernels (:func:`jax_exec.kernels.stage_functions`) with its new
+    residuals stored in ``storage`` (:func:`jax_exec.auto.lowbit.compressed_node`;
+    None: themselves), cached per kernels and storage."""
+    fns = stage_functions(stage, spec)
+    if storage is None:
+        return fns
+    key = (id(fns), storage)
+    if key not in _STORED:  # the plain kernels kept alive with their id
+        _STORED[key] = (compressed_node(fns, storage), fns)
+    return _STORED[key][0]
+
+
 def recompute_ops(n: int) -> tuple:
     """The chunk checkpointed whole (``jax.checkpoint`` semantics): its forward keeps
     its input and output only, its backward recomputes it storing everything:
@@ -231,6 +252,10 @@ class ChunkProgram:
     its ``Loss`` (store-all: its input and every stage's ``abar``; a rotor plan: what
     rotor planned), and its backward recomputes what that schedule recomputes.
 
+    ``storages``: per local stage, the low-bit storage of its new residuals (None:
+    full precision; :func:`stored_functions`): its ``F_all`` keeps them compressed,
+    its ``B`` decodes them. Default: every stage in full precision.
+
     A split backward (``Bi`` then ``W``): with ``per_stage`` False the input part
     computes d_i and frees nothing, the weight part reruns the backward for the
     parameter gradients (what the ops' model holds when the problem gives no
@@ -240,11 +265,15 @@ class ChunkProgram:
     """
 
     def __init__(self, stages: Sequence[Stage], i: int, j: int, specs: Sequence,
-                 loss_fn: Callable | None, ops: Sequence):  # fmt: skip
+                 loss_fn: Callable | None, ops: Sequence,
+                 storages: Sequence[str | None] = ()):  # fmt: skip
         self.n = j - i
         self.last = loss_fn is not None
-        self.fns = [stage_functions(stages[k], specs[k]) for k in range(i, j)]
+        storages = tuple(storages) or (None,) * self.n
+        self.fns = [stored_functions(stages[k], specs[k], s)
+                    for k, s in zip(range(i, j), storages, strict=True)]  # fmt: skip
         ops = tuple(ops)
+        self.copies = any(type(op) in COPY_OP_TYPES.values() for op in ops)
         at = next(k for k, op in enumerate(ops) if isinstance(op, Loss))
         self.forward_ops, self.backward_ops = ops[:at], ops[at + 1 :]
         self.loss_grad = _loss_grad(loss_fn) if self.last else None
@@ -252,7 +281,9 @@ class ChunkProgram:
 
     def forward(self, p: list, r: list, a: jax.Array) -> tuple[dict, jax.Array | None]:
         """(the stash: chain buffer name -> arrays, the chunk output a_j or None)."""
-        table = {("a", 0): (a,)}
+        table: dict = {("a", 0): (a,)}
+        if self.copies:  # where each buffer is (schedir.offload.effects' rules)
+            table[COPIES] = CopyStates({("a", 0): "dev"})
         for op in self.forward_ops:
             self._run(op, p, r, table, None)
         if self.last:
@@ -265,7 +296,10 @@ class ChunkProgram:
         after it (:class:`ChunkBackward`: with ``part`` "full" the parameter gradients,
         with "input" the weight part's data)."""
         table = dict(stash)  # the stash itself stays intact (a weight part may reread it)
+        if self.copies:
+            table[COPIES] = copy.deepcopy(stash[COPIES])
         reads, (out,), frees = buffer_moves(Loss(), self.n, table)
+        self._moved(table, reads, out, frees)
         loss = None
         if self.last:
             y, scale = seed
@@ -297,7 +331,11 @@ class ChunkProgram:
         return grads
 
     def _run(self, op, p, r, table, grads, mode="full", kept=None) -> None:
+        if type(op) in COPY_OP_TYPES.values():
+            _copy(table, table[COPIES].effect(op))
+            return
         reads, (out,), frees = buffer_moves(op, self.n, table)
+        self._moved(table, reads, out, frees)
         a = table[reads[-1]][0]  # the stage input: a[k], or abar[k] (which holds a_k)
         fns = self.fns[getattr(op, "index", 0)]
         if isinstance(op, B):
@@ -321,6 +359,51 @@ class ChunkProgram:
         table[out] = tuple(v for v in made if getattr(v, "dtype", None) != jax.dtypes.float0)
         for name in frees:
             del table[name]
+
+    def _moved(self, table: dict, reads: tuple, out: Any, frees: tuple) -> None:
+        """A compute op's reads (settling the prefetches among them), output and frees
+        in the chunk's copy states, when it has copy ops."""
+        states = table.get(COPIES)
+        if states is None:
+            return
+        for change in states.reads(reads):
+            _copy(table, change)
+        for name in frees:
+            states.free(name)
+        states.add(out)
+
+
+# the stash key of a chunk's copy states (CopyStates), when its plan has copy ops
+COPIES = ("copies",)
+
+
+def _copy(table: dict, change: CopyEffect) -> None:
+    """Carry out one copy effect (:class:`schedir.offload.effects.CopyEffect`, the
+    rules the offload simulator reads) on a chunk's buffers: a buffer's host copy is
+    held under ``("host", buffer)``, made by ``jax.device_put`` to the device's
+    ``pinned_host`` memory and brought back to its default memory."""
+    name, on_host = change.buffer, ("host", change.buffer)
+    if change.starts == "offload":  # the device arrays stay until the Wait
+        table[on_host] = _moved_to(table[name], HOST)
+    elif change.starts == "prefetch":  # the device arrays count from now on
+        table[name] = _moved_to(table[on_host], "device")
+    elif change.device_drop:  # an offload waited for
+        jax.block_until_ready(table[on_host])
+        del table[name]
+    elif change.waits_for == "prefetch":
+        jax.block_until_ready(table[name])
+        if change.host_drop:
+            del table[on_host]
+
+
+def _moved_to(tree: Any, kind: str) -> Any:
+    """``tree``'s arrays copied to the memory ``kind`` of their device."""
+
+    def move(a: jax.Array) -> jax.Array:
+        device = next(iter(a.devices()))
+        return jax.device_put(a, jax.sharding.SingleDeviceSharding(device, memory_kind=kind))
+
+    return jax.tree_util.tree_map(move, tree)
 
 
 class _StageParts:

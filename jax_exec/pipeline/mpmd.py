@@ -9,7 +9,8 @@ once with ``jax.device_put``):
   (:class:`~jax_exec.pipeline.chunks.ChunkProgram`, split at its ``Loss``): store-all
   by default, a rotor plan's chain ops when the chunk's plan carries them, the chunk
   checkpointed whole when its backward has ``recompute > 0`` and no plan ops
-  (:func:`chunk_chain_ops`). ``Fwd`` runs the chain ops before the loss and keeps
+  (:func:`chunk_chain_ops`); its residuals in its plan's low-bit ``storage`` if it
+  has one. ``Fwd`` runs the chain ops before the loss and keeps
   their buffers (the stash: exactly what the chain schedule holds there), and on the
   last chunk the micro-batch's target; ``Bwd(part="full")`` runs the loss (the mean
   over micro-batches: scaled by 1/m) or takes d_j, then the ops after it (the
@@ -56,8 +57,9 @@ import jax
 import jax.numpy as jnp
 
 from jax_exec.distributed import is_local, transfer_tree
+from jax_exec.execute.buffers import in_host
 from jax_exec.execute.result import RunResult
-from jax_exec.execute.tree import check_schedule
+from jax_exec.execute.tree import check_schedule, unit_chain
 from jax_exec.pipeline.chunks import (  # the dynamic runtime imports these two from here too
     ChunkKernels,
     ChunkProgram,
@@ -67,9 +69,10 @@ from jax_exec.pipeline.chunks import (  # the dynamic runtime imports these two 
     split_microbatches,
 )
 from jax_exec.stages.split import Stage
-from schedir import Chain
+from schedir import Chain, CopyEngine, OffloadProblem, simulate_offload
 from schedir.chain.ops import store_all_ops
 from schedir.errors import InvalidSchedule
+from schedir.offload.ops import COPY_OP_TYPES
 from schedir.pipeline.ops import Bwd, Fwd, Send, Wgt, effect
 from schedir.pipeline.problem import PipelineProblem
 from schedir.pipeline.schedule import PipelineSchedule
@@ -120,16 +123,24 @@ def unit_problem(schedule: PipelineSchedule, L: int, m: int, training: bool) -> 
 
 def chunk_chain_ops(schedule: PipelineSchedule, i: int, j: int) -> tuple:
     """The chain schedule chunk [i, j) runs (local stages 0..j-i-1, its ``Loss`` the
-    arrival of d_j or the real loss): its plan's ``ops`` (a rotor plan's), else
-    :func:`~jax_exec.pipeline.chunks.recompute_ops` when a backward of the chunk
-    recomputes (``Bwd.recompute > 0`` without plan ops: the chunk checkpointed whole),
-    else :func:`schedir.chain.ops.store_all_ops`."""
+    arrival of d_j or the real loss): its plan's ``ops`` (a rotor plan's), store-all
+    for a store-all plan (whose extra seconds are a low-bit codec's, not
+    recomputation), else :func:`~jax_exec.pipeline.chunks.recompute_ops` when a
+    backward of the chunk recomputes (``Bwd.recompute > 0`` without plan ops: the
+    chunk checkpointed whole), else :func:`schedir.chain.ops.store_all_ops`."""
     plan = schedule.plan(i, j)
     if plan is not None and plan.ops:
         try:
+            if any(type(op) in COPY_OP_TYPES.values() for op in plan.ops):  # offload
+                link = CopyEngine(1.0)
+                problem = OffloadProblem(unit_chain(j - i), Platform(offload=link, prefetch=link))
+                simulate_offload(problem, plan.ops)
+                return plan.ops
             return check_schedule(plan.ops, j - i)
         except InvalidSchedule as err:
             raise InvalidSchedule(f"plan of chunk {i}:{j}: {err}") from None
+    if plan is not None and plan.kind == "store_all":
+        return store_all_ops(j - i)
     recomputes = any(isinstance(o, Bwd) and (o.first, o.last) == (i, j) and o.recompute > 0
                      for _, lst in schedule.ops for o in lst)  # fmt: skip
     return recompute_ops(j - i) if recomputes else store_all_ops(j - i)
@@ -222,7 +233,11 @@ def run_pipeline(
     ran = [False] * L
     loss = None
     outputs: dict = {}
-    log, measured, modelled = [], [], []
+    log, measured, modelled, host_measured, host_modelled = [], [], [], [], []
+    # host bytes a chunk's plan keeps per micro-batch (offloaded buffers), with its
+    # stash or, for a split backward that frees nothing early, its weight data
+    host_of = {(p.first, p.last): p.host for p in schedule.plans if p.host}
+    kept = ("s",) if per_stage else ("s", "w")
     peaks = dict.fromkeys(sorted(local, key=list(ops).index), 0)
     t0 = time.perf_counter()
 
@@ -239,7 +254,10 @@ def run_pipeline(
     def program(i: int, j: int) -> ChunkProgram:
         if (i, j) not in programs:
             ops = chunk_chain_ops(schedule, i, j)
-            programs[i, j] = ChunkProgram(stages, i, j, avals, loss_fn if j == L else None, ops)
+            plan = schedule.plan(i, j)
+            storage = plan.storage if plan is not None else None
+            programs[i, j] = ChunkProgram(stages, i, j, avals, loss_fn if j == L else None, ops,
+                                          (storage,) * (j - i))  # fmt: skip
         return programs[i, j]
 
     def add_grads(i: int, gp) -> None:
@@ -339,8 +357,12 @@ def run_pipeline(
                 progressed = True
                 if dev in local:
                     log.append((dev, str(op), start, time.perf_counter() - t0))
-                    measured.append(_held_bytes(dev, store, params_on))
+                    device_bytes, host_bytes = _held_bytes(dev, store, params_on)
+                    measured.append(device_bytes)
                     modelled.append(sum(v for key, v in sizes.items() if key[0] == dev))
+                    host_measured.append(host_bytes)
+                    host_modelled.append(sum(host_of.get(key[2], 0) for key in sizes
+                                             if key[0] == dev and key[1] in kept))  # fmt: skip
                     peaks[dev] = max(peaks[dev], measured[-1])
         if not progressed:
             stuck = {d: str(ops[d][heads[d]]) for d in ops if heads[d] < len(ops[d])}
@@ -360,6 +382,8 @@ def run_pipeline(
         op_log=tuple(log),
         op_device_bytes=tuple(measured),
         op_model_bytes=tuple(modelled),
+        op_host_bytes=tuple(host_measured),
+        op_model_host_bytes=tuple(host_modelled),
         total_time=time.perf_counter() - t0,
         placement=place,
         device_peaks=peaks,
@@ -378,9 +402,10 @@ def _activation_avals(stages: Sequence[Stage], x0: Any) -> list:
     return avals
 
 
-def _held_bytes(dev: str, store: dict, params_on: dict) -> int:
+def _held_bytes(dev: str, store: dict, params_on: dict) -> tuple[int, int]:
     """Bytes of the distinct arrays held under ``dev``'s keys (activations, gradients,
-    vjp closures' residuals, weight-gradient data), minus its parameters and state."""
+    vjp closures' residuals, weight-gradient data), minus its parameters and state:
+    (in the device's memory, in its host memory)."""
     params = {id(leaf) for (d, _), held in params_on.items() if d == dev
               for leaf in jax.tree_util.tree_leaves(held)}  # fmt: skip
     seen = {}
@@ -389,4 +414,5 @@ def _held_bytes(dev: str, store: dict, params_on: dict) -> int:
             for a in jax.tree_util.tree_leaves(value):
                 if hasattr(a, "nbytes") and id(a) not in params:
                     seen[id(a)] = a
-    return sum(int(a.nbytes) for a in seen.values())
+    host = sum(int(a.nbytes) for a in seen.values() if in_host(a))
+    return sum(int(a.nbytes) for a in seen.values()) - host, host

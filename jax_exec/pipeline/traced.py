@@ -10,14 +10,17 @@ stages, a chunk of the schedule, cut by :func:`schedir.pipeline.placement.balanc
 (the exact DP over contiguous blocks that minimizes the slowest stage's forward +
 backward seconds, divided by its device's speed; the block model's roofline times).
 With device memories (``platform=``), every chunk runs its fastest activation plan,
-store-all or rotor's rematerialization of its own chain of blocks, within the bytes
-its device gives each of its micro-batches in flight, and the cut minimizes the
-slowest planned stage (:func:`solvers.pipeline.joint.plan_pattern`). The MPMD runtime
+store-all or rotor's rematerialization of its own chain of blocks (with a host link,
+rotor_offload's offload to host memory too; with ``activation_tolerance``, low-bit
+residuals: :mod:`jax_exec.pipeline.stage_storage`), within the bytes its device
+gives each of its micro-batches in flight, and the cut minimizes the slowest planned
+stage (:func:`solvers.pipeline.joint.plan_pattern`). The MPMD runtime
 (:func:`~jax_exec.pipeline.mpmd.run_pipeline`) executes the schedule on the block
 stages, each chunk as the chain schedule of its plan, with a problem profiled from
 the blocks' own kernels, so that the bytes it measures after every op equal the
 model's (a planned chunk holds :attr:`~schedir.pipeline.schedule.ChunkPlan.held`
-between its forward and its backward).
+between its forward and its backward, and an offload plan
+:attr:`~schedir.pipeline.schedule.ChunkPlan.host` bytes in host memory).
 
 Between stages a tuple travels: the values crossing the cut (the residual stream, RoPE
 tables, masks...), then the call arguments later stages read (token ids, labels).
@@ -46,7 +49,7 @@ the first stage that reads it (across processes through
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jax
@@ -54,6 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jax_exec.auto.lowbit import offered_storages, tolerated
 from jax_exec.distributed import is_local, transfer_tree
 from jax_exec.execute.result import RunResult
 from jax_exec.kernels import loss_kernel, node_functions, node_kernels
@@ -68,6 +72,7 @@ from jax_exec.pipeline.program_stages import (
     program_stage,
     stage_slices,
 )
+from jax_exec.pipeline.stage_storage import LowBitReport, StorageCheck, stage_storages
 from jax_exec.program.analysis import CostModel
 from jax_exec.program.model import BlockModel, program_model, stage_times
 from jax_exec.program.trace import Program, graph_difference, trace
@@ -82,6 +87,7 @@ from schedir.pipeline.schedule import PipelineSchedule
 from schedir.pipeline.simulate import simulate_pipeline
 from schedir.platform import Device, Platform
 from solvers.pipeline.joint import pipeline_joint, plan_pattern
+from solvers.pipeline.stage_plans import has_host_link
 from solvers.registry import Infeasible
 
 # chunks (virtual stages) per device of each schedule
@@ -151,6 +157,11 @@ class PipelinePlan:
         model: the :class:`~jax_exec.program.model.BlockModel` of one micro-batch.
         alternatives: with ``schedule="auto"``, ``(schedule, simulated step seconds)``
             of every schedule tried.
+        lowbit: with ``activation_tolerance``, the chunks' storages and the measured
+            gradient error (:class:`~jax_exec.pipeline.stage_storage.LowBitReport`);
+            else None.
+        storage_check: what plans the storages and measures the error again
+            (``with_schedule``); None without a tolerance.
     """
 
     cuts: tuple[int, ...]
@@ -165,6 +176,8 @@ class PipelinePlan:
     loss_scale: float
     model: BlockModel
     alternatives: tuple[tuple[str, float], ...] = ()
+    lowbit: LowBitReport | None = None
+    storage_check: StorageCheck | None = field(default=None, compare=False, repr=False)
 
     @property
     def program(self) -> Program:
@@ -236,10 +249,9 @@ class PipelinePlan:
                 f"{self.schedule_name!r}: plan again"
             )
         names = [dev for dev, _ in self.schedule.ops]
-        sched = _schedule(self.problem, schedule, names, self.cuts)
-        return replace(
-            self, schedule_name=schedule, schedule=sched, predicted=_predicted(self.problem, sched)
-        )
+        sched, lowbit = _planned(self.problem, schedule, names, self.cuts, self.storage_check)
+        return replace(self, schedule_name=schedule, schedule=sched, lowbit=lowbit,
+                       predicted=_predicted(self.problem, sched))  # fmt: skip
 
     def inputs(self, args: Sequence[Any]) -> tuple:
         """The first stage's input: the argument leaves it carries, encoded."""
@@ -261,7 +273,7 @@ class PipelinePlan:
                     f"{planned.dtype}{list(want)}: plan again"
                 )
             by_id[vid] = leaf
-        return tuple(encode(jnp.asarray(by_id[v])) for v in self.slices[0].ins)
+        return first_input(program, self.slices[0], by_id)
 
     def _grads(self, model: nnx.Module, grads: Sequence, device_of: dict) -> Any:
         """Per parameter leaf, the sum of its block stages' gradients (``grads``, one
@@ -297,6 +309,12 @@ class PipelinePlan:
         return jax.tree_util.tree_unflatten(treedef, out)
 
 
+def first_input(program: Program, first: StageSlice, by_id: dict) -> tuple:
+    """The first stage's input: the argument leaves it carries (value id -> leaf),
+    encoded."""
+    return tuple(encode(jnp.asarray(by_id[v])) for v in first.ins)
+
+
 def plan_pipeline(
     loss_fn: Callable[..., jax.Array],
     model: nnx.Module,
@@ -309,6 +327,8 @@ def plan_pipeline(
     working_sets: bool = False,
     platform: Platform | None = None,
     cuts: Sequence[int] | None = None,
+    activation_tolerance: float = 0.0,
+    activation_storages: Sequence[str] | None = None,
 ) -> PipelinePlan:
     """Plan a pipeline of ``loss_fn(model, *args)`` (module docstring).
 
@@ -337,7 +357,8 @@ def plan_pipeline(
             devices, in order, one per pipeline device; one-chunk schedules and
             ``"joint"`` only): the
             cut divides each stage's time by its device's speed; with memories, each
-            chunk runs the fastest plan (store-all or rotor) within the bytes per
+            chunk runs the fastest plan (store-all, rotor, with a host link
+            rotor_offload's, low-bit with a tolerance) within the bytes per
             micro-batch its device leaves (its parameters, messages and micro-batches
             in flight under the schedule), the cut minimizes the slowest planned
             stage and the simulator checks the peaks (module docstring); the links
@@ -350,6 +371,16 @@ def plan_pipeline(
             ``S`` = devices x chunks per device of the schedule; with ``"auto"``,
             one-chunk schedules only; not with ``"joint"``, which chooses its own),
             instead of the balanced cut.
+        activation_tolerance: the gradient's relative error allowed to low-bit
+            storage (as ``jax_exec.plan``'s, docs/auto.md "Low-bit storage"): with
+            device memories, a chunk's plan may keep its residuals in bfloat16,
+            float8 or int8 with a scale where that is faster (store-all instead of
+            rotor, or a cheaper rotor plan) and the measured error of the plan's
+            storages, on the given batch, stays within it
+            (:mod:`jax_exec.pipeline.stage_storage`; :attr:`PipelinePlan.lowbit`).
+            0: full precision.
+        activation_storages: the storages offered (default all of
+            :data:`schedir.pipeline.schedule.STORAGES`); needs a tolerance.
 
     Raises:
         ValueError: an argument without the batch axis, a batch not divisible into
@@ -358,10 +389,12 @@ def plan_pipeline(
         TypeError: a model whose state changes during the call (dropout, BatchNorm
             statistics), not an NNX model, a non-scalar loss.
     """
+    storages = offered_storages(activation_tolerance, activation_storages)
     if schedule == "auto":
         kw = dict(devices=devices, microbatches=microbatches, cost_model=cost_model,
                   bandwidth=bandwidth, working_sets=working_sets, platform=platform,
-                  cuts=cuts)  # fmt: skip
+                  cuts=cuts, activation_tolerance=activation_tolerance,
+                  activation_storages=activation_storages)  # fmt: skip
         return _best_schedule(loss_fn, model, args, kw)
     if schedule not in BASELINES and schedule != JOINT:
         known = ", ".join(["auto", JOINT, *sorted(BASELINES)])
@@ -405,7 +438,16 @@ def plan_pipeline(
     problem = _stage_problem(bm, slices, stages, platform, microbatches, working_sets)
     if cuts is not None:
         cuts = _checked_cuts(cuts, parts, L)
-    sched = _schedule(problem, schedule, names, cuts)
+    check = None
+    if storages and has_memories(platform):  # without memories store-all fits
+        leaves = jax.tree_util.tree_leaves(tuple(args))
+        x = first_input(traced.program, slices[0], dict(zip(traced.program.arg_ids, leaves,
+                                                            strict=True)))  # fmt: skip
+        specs = [carried_spec(traced.program, s) for s in slices]
+        check = StorageCheck(stages, specs, [s.params for s in slices], x, microbatches,
+                             take_loss, float(activation_tolerance), storages, problem.chain,
+                             bm.cost_model.bytes_per_second)  # fmt: skip
+    sched, lowbit = _planned(problem, schedule, names, cuts, check)
     by_name = dict(zip(names, devs, strict=True))
     return PipelinePlan(
         _chunk_cuts(sched),
@@ -419,20 +461,49 @@ def plan_pipeline(
         batch,
         scale,
         bm,
+        lowbit=lowbit,
+        storage_check=check,
     )
 
 
+def _planned(problem: PipelineProblem, name: str, devices: list[str],
+             cuts: Sequence[int] | None, check: StorageCheck | None):  # fmt: skip
+    """(:func:`_schedule`, its :class:`LowBitReport`): with a storage ``check``, the
+    chunks' plans may store low-bit, replanned without the least precise storage used
+    while the measured gradient error exceeds the tolerance
+    (:func:`jax_exec.auto.lowbit.tolerated`)."""
+    if check is None:
+        return _schedule(problem, name, devices, cuts), None
+    kept = list(check.kept)
+
+    def solve() -> PipelineSchedule:
+        return _schedule(problem, name, devices, cuts, check.storage_chains(kept))
+
+    def used(s: PipelineSchedule) -> set:
+        return {p.storage for p in s.plans} - {None}
+
+    def error(s: PipelineSchedule) -> float:
+        return check.error(stage_storages(s, problem.length))
+
+    sched, err = tolerated(solve, used, error, check.tolerance, kept.remove)
+    return sched, check.report(sched, err)
+
+
 def _schedule(
-    problem: PipelineProblem, name: str, devices: list[str], cuts: Sequence[int] | None
+    problem: PipelineProblem,
+    name: str,
+    devices: list[str],
+    cuts: Sequence[int] | None,
+    storages: Sequence = (),
 ) -> PipelineSchedule:
     """``name`` on the block problem: without device memories on ``cuts`` or the
     balanced cut (each stage's time divided by its device's speed), every chunk storing
-    its activations; with memories, every chunk's fastest plan (store-all or rotor)
-    within what its device gives each of its micro-batches in flight, on ``cuts`` or
-    on the cut of least slowest planned stage (:func:`solvers.pipeline.joint.
-    plan_pattern`)."""
+    its activations; with memories, every chunk's fastest plan (store-all or rotor, in
+    full precision or one of the low-bit ``storages``: ``(name, chain)``) within what
+    its device gives each of its micro-batches in flight, on ``cuts`` or on the cut of
+    least slowest planned stage (:func:`solvers.pipeline.joint.plan_pattern`)."""
     if name == JOINT:
-        return _joint(problem)
+        return _joint(problem, storages)
     parts = len(devices) * CHUNKS_PER_DEVICE.get(name, 1)
     if not has_memories(problem.platform):
         if cuts is None:
@@ -440,39 +511,51 @@ def _schedule(
             cuts = balanced_cuts(problem, parts, speeds)
         return BASELINES[name](problem, devices, cuts=list(cuts))
     try:
-        return plan_pattern(problem, name, devices, cuts, steps=1)  # run() runs one step
+        # run() runs one step
+        return plan_pattern(problem, name, devices, cuts, steps=1, storages=storages,
+                            offload=True)  # fmt: skip
     except Infeasible:
         if cuts is not None:
-            why = (f"the cut {tuple(cuts)}: no plan of its {parts} stages (store-all or "
-                   f"rotor's rematerialization) under {name} fits the devices' memory")  # fmt: skip
+            why = (f"the cut {tuple(cuts)}: no plan of its {parts} stages (store-all, "
+                   f"rotor's rematerialization{_more(problem, storages)}) under {name} "
+                   f"fits the devices' memory")  # fmt: skip
         else:
             why = (f"no cut of the traced model's {problem.length} blocks into {parts} "
-                   f"stages, each storing or rematerializing its activations (rotor) under "
-                   f"{name}, fits the devices' memory")  # fmt: skip
+                   f"stages, each storing or rematerializing its activations (rotor"
+                   f"{_more(problem, storages)}) under {name}, fits the devices' "
+                   "memory")  # fmt: skip
         raise InvalidSchedule(why) from None
 
 
-# the joint planner's patterns for traced stages: not the V-shape, whose turn (two
-# adjacent chunks on one device) the footprints count twice (the activation between
-# them is in the held bytes of both, the runtime holds it once)
-JOINT_PATTERNS = ("1f1b", "zb_h1", "zb_h2", "list")
+# the joint planner's patterns for traced stages (the V-shape's turn, two adjacent
+# chunks on one device, counts the activation between them once:
+# solvers.pipeline.stage_plans.StagePlans.chunk_plans)
+JOINT_PATTERNS = ("1f1b", "zb_h1", "zb_h2", "v_shape", "list")
 # simulated candidates of its search: 400 (its default) left the 8-device U-Net of the
 # experiment (paper_experiments/traced_pipelines.py) 8% slower; it used about 800
 JOINT_EVALS = 1000
 
 
-def _joint(problem: PipelineProblem) -> PipelineSchedule:
-    """The joint planner's schedule of the block problem: no offload (the runtime does
-    not execute host copies), judged on one step alone (``run`` runs one)."""
+def _joint(problem: PipelineProblem, storages: Sequence = ()) -> PipelineSchedule:
+    """The joint planner's schedule of the block problem (offload plans where the
+    platform has a host link, low-bit ones of ``storages``), judged on one step alone
+    (``run`` runs one)."""
     try:
-        return pipeline_joint(problem, patterns=JOINT_PATTERNS, steps=1, offload=False,
-                              max_evals=JOINT_EVALS)  # fmt: skip
+        return pipeline_joint(problem, patterns=JOINT_PATTERNS, steps=1, offload=True,
+                              max_evals=JOINT_EVALS, storages=storages)  # fmt: skip
     except Infeasible:
         raise InvalidSchedule(
             f"the joint planner found no cut of the traced model's {problem.length} "
-            f"blocks, schedule and per-stage plans (store-all or rotor) that fit the "
+            f"blocks, schedule and per-stage plans (store-all or rotor"
+            f"{_more(problem, storages)}) that fit the "
             f"devices' memory"
         ) from None
+
+
+def _more(problem: PipelineProblem, storages: Sequence) -> str:
+    """The other plans an error message names: offload, low-bit storages."""
+    more = ", offload" if has_host_link(problem.platform) else ""
+    return more + "".join(f", {name}" for name, _ in storages)
 
 
 def has_memories(platform: Platform) -> bool:

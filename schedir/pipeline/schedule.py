@@ -28,14 +28,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from schedir.chain.ops import OP_TYPES, parse_op
+from schedir.chain.ops import OP_TYPES
 from schedir.chain.schedule import Schedule
 from schedir.errors import InvalidProblem, InvalidSchedule
+from schedir.offload.ops import COPY_OP_TYPES, parse_offload_op
 from schedir.pipeline.ops import Bwd, Fwd, PipelineOp, Recv, Send, Wgt, parse_pipeline_op
 from schedir.pipeline.problem import Mapping
 from schedir.platform import LIMIT
 
 PLAN_KINDS = ("store_all", "rotor", "offload")
+# low-bit storages of a chunk's saved residuals (their codecs: jax_exec.auto.lowbit)
+STORAGES = ("bfloat16", "float8_e4m3fn", "int8")
 # meta keys that once carried structure: refused, so that none is silently ignored
 STRUCTURE = {"plans": "plans", "stash": "plans (ChunkPlan.footprint)",
              "chunks": "plans", "mapping": "mapping", "periodic": "periodic"}  # fmt: skip
@@ -77,12 +80,19 @@ class ChunkPlan:
         extra: seconds at speed 1 it adds per micro-batch over store-all (carried out
             as its backwards' ``Bwd.recompute``).
         ops: the chain schedule of its sub-chain that the executors run (local stages
-            0..last-first-1, its ``Loss`` the arrival of d_last or the real loss);
+            0..last-first-1, its ``Loss`` the arrival of d_last or the real loss; an
+            offload plan's with its copy ops, :mod:`schedir.offload.ops`);
             (): store-all, or the chunk checkpointed whole when its backwards recompute.
         held: bytes of the footprint it holds between its forward and its backward
             (what its chain schedule holds before its ``Loss``, e.g. rotor's
             checkpoints; at most ``footprint``), the rest being the working set of
             its ops; None: the whole footprint all along.
+        storage: the storage of its stages' saved residuals, one of :data:`STORAGES`
+            (low-bit; the footprint and held bytes count them stored); None: full
+            precision.
+        host: bytes it holds per micro-batch in host memory between its forward and
+            its backward (an offload plan's offloaded buffers; ``held`` counts the
+            device's only); None: none.
     """
 
     first: int
@@ -93,6 +103,8 @@ class ChunkPlan:
     extra: float = 0.0
     ops: tuple = ()
     held: int | None = None
+    storage: str | None = None
+    host: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("first", "last"):
@@ -104,10 +116,7 @@ class ChunkPlan:
         label = f"plan of chunk {self.first}:{self.last}"
         if not isinstance(self.device, str) or not self.device:
             raise InvalidSchedule(f"{label}: device = {self.device!r}: expected a device name")
-        fp = self.footprint
-        if fp is not None and (isinstance(fp, bool) or not isinstance(fp, int) or fp < 0):
-            raise InvalidSchedule(f"{label}: footprint = {fp!r}: expected bytes (an integer "
-                                  ">= 0) or None")  # fmt: skip
+        fp = _bytes_or_none(label, "footprint", self.footprint)
         if self.kind is not None and self.kind not in PLAN_KINDS:
             raise InvalidSchedule(f"{label}: kind = {self.kind!r}: expected one of "
                                   f"{', '.join(PLAN_KINDS)} or None")  # fmt: skip
@@ -115,17 +124,21 @@ class ChunkPlan:
         if isinstance(x, bool) or not isinstance(x, numbers.Real) or not 0 <= x <= LIMIT:
             raise InvalidSchedule(f"{label}: extra = {x!r}: expected seconds in [0, 1e100]")
         if isinstance(self.ops, str) or not isinstance(self.ops, list | tuple):
-            raise InvalidSchedule(f"{label}: ops = {self.ops!r}: expected chain ops")
-        ops = tuple(parse_op(o) if isinstance(o, str) else o for o in self.ops)
+            raise InvalidSchedule(f"{label}: ops = {self.ops!r}: expected chain or copy ops")
+        ops = tuple(parse_offload_op(o) if isinstance(o, str) else o for o in self.ops)
         for o in ops:
-            if type(o) not in OP_TYPES.values():
-                raise InvalidSchedule(f"{label}: {o!r} is not a chain op")
+            if type(o) not in OP_TYPES.values() and type(o) not in COPY_OP_TYPES.values():
+                raise InvalidSchedule(f"{label}: {o!r} is not a chain or copy op")
         object.__setattr__(self, "ops", ops)
         h = self.held
         if h is not None and (isinstance(h, bool) or not isinstance(h, int) or h < 0
                               or fp is None or h > fp):  # fmt: skip
             raise InvalidSchedule(f"{label}: held = {h!r}: expected bytes (an integer >= 0) "
                                   f"at most the footprint ({fp!r}), or None")  # fmt: skip
+        _bytes_or_none(label, "host", self.host)
+        if self.storage is not None and self.storage not in STORAGES:
+            raise InvalidSchedule(f"{label}: storage = {self.storage!r}: expected one of "
+                                  f"{', '.join(STORAGES)} or None")  # fmt: skip
 
     def to_dict(self) -> dict:
         out = {"chunk": [self.first, self.last], "device": self.device,
@@ -134,6 +147,10 @@ class ChunkPlan:
             out["ops"] = [str(o) for o in self.ops]
         if self.held is not None:
             out["held"] = self.held
+        if self.storage is not None:
+            out["storage"] = self.storage
+        if self.host is not None:
+            out["host"] = self.host
         return out
 
     @classmethod
@@ -143,7 +160,16 @@ class ChunkPlan:
                                   "'device': ..., ...}")  # fmt: skip
         first, last = d["chunk"]
         return cls(first, last, d.get("device"), d.get("footprint"), d.get("kind"),
-                   d.get("extra", 0.0), tuple(d.get("ops", ())), d.get("held"))  # fmt: skip
+                   d.get("extra", 0.0), tuple(d.get("ops", ())), d.get("held"),
+                   d.get("storage"), d.get("host"))  # fmt: skip
+
+
+def _bytes_or_none(label: str, name: str, value) -> int | None:
+    """``value`` if it is bytes (an integer >= 0) or None, else InvalidSchedule."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise InvalidSchedule(f"{label}: {name} = {value!r}: expected bytes (an integer >= 0) "
+                              "or None")  # fmt: skip
+    return value
 
 
 def _short(value) -> str:
@@ -164,7 +190,8 @@ class PipelineSchedule(Schedule):
         {"format": "schedir.pipeline_schedule", "version": 1,
          "ops": [["gpu0", ["F(0:2,0)", "Send(a2,0,gpu1)"]], ["gpu1", [...]]], "meta": {},
          "plans": [{"chunk": [0, 2], "device": "gpu0", "footprint": 96, "kind": "rotor",
-                    "extra": 0.5, "ops": ["F_ck(0)", ...]}, ...],
+                    "extra": 0.5, "ops": ["F_ck(0)", ...], "held": 64,
+                    "storage": "bfloat16"}, ...],
          "periodic": 2, "release_interval": 0.25}
     """
 

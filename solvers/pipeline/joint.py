@@ -40,6 +40,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from schedir.chain.problem import Chain
 from schedir.errors import InvalidSchedule
 from schedir.pipeline.baselines import gpipe, one_f_one_b, v_shape, zb_h1, zb_h2
 from schedir.pipeline.listsched import list_schedule
@@ -88,11 +89,11 @@ class Candidate:
 
 class _Search:
     def __init__(self, problem, budget, slots, steps, patterns, max_evals, progress, walk=4,
-                 offload=True):  # fmt: skip
+                 offload=True, storages=()):  # fmt: skip
         self.problem, self.budget, self.steps = problem, budget, steps
         self.patterns, self.max_evals, self.progress = patterns, max_evals, progress
         self.walk = walk
-        self.plans = shared_plans(problem, slots, offload)
+        self.plans = shared_plans(problem, slots, offload, storages)
         self.best: Candidate | None = None
         self.evals = 0
         self.seen: set = set()
@@ -196,8 +197,7 @@ class _Search:
         weight-gradient data, messages); the working set of the op running, its
         footprint less its held bytes, comes off the cap first."""
         pb = self.problem
-        sized = [self.plans.chunk_plan(ChunkPlan(a, b, u), p)
-                 for (a, b, u), p in zip(chunks, plans, strict=True)]  # fmt: skip
+        sized = self.plans.chunk_plans([ChunkPlan(a, b, u) for a, b, u in chunks], plans)
         # a W's working set is outside footprints that do not say what they hold
         wgt = max(pb.chain.bwd_tmp[: pb.length]) if pb.wgrad_fraction is not None else 0
         caps = {}
@@ -221,8 +221,8 @@ class _Search:
         (None: the pattern as published, every chunk on its own accounting)."""
         s = PATTERNS[pattern](self.problem, list(devs), cuts=list(cuts), recompute=rec)
         if plans is not None:
-            s = s.with_plans(self.plans.chunk_plan(ChunkPlan(a, b, u), p)
-                             for (a, b, u), p in zip(chunks, plans, strict=True))  # fmt: skip
+            s = s.with_plans(self.plans.chunk_plans([ChunkPlan(a, b, u) for a, b, u in chunks],
+                                                    plans))  # fmt: skip
         return s
 
     def _fixed(self, dev, chunks) -> float:
@@ -336,9 +336,12 @@ def plan_pattern(
     slots: int = 500,
     steps: int = 2,
     max_evals: int = 400,
+    storages: Sequence[tuple[str, Chain]] = (),
+    offload: bool = False,
 ) -> PipelineSchedule:
     """One fixed-order ``pattern`` (a key of :data:`PATTERNS`) on ``devices``, every
-    chunk running its fastest plan, store-all or rotor (no offload), such that the
+    chunk running its fastest plan, store-all or rotor (with ``offload`` and a host
+    link on the platform, rotor_offload's too), such that the
     bytes its device holds for its micro-batches in flight fit (the module
     docstring's charge), judged by the simulator over ``steps`` repeated steps (1: one
     step alone, its makespan and peaks, as a runtime waiting for each step runs it);
@@ -349,12 +352,15 @@ def plan_pattern(
     or on the balanced cut and on the even one (as many blocks per chunk as can be).
     The chunks' plans carry their footprints, kinds, extra seconds and rotor ops, and
     :attr:`~schedir.pipeline.schedule.ChunkPlan.held` (what their chain schedules
-    hold between forward and backward, :meth:`StagePlans.held`). Raises
+    hold between forward and backward, :meth:`StagePlans.held`). ``storages``: the
+    low-bit storages a chunk's plan may keep its residuals in, ``(name, chain)``
+    (:class:`~solvers.pipeline.stage_plans.StagePlans`). Raises
     :class:`~solvers.registry.Infeasible` when no candidate fits."""
     if pattern not in PATTERNS:
         raise ValueError(f"pattern = {pattern!r}: expected one of {', '.join(PATTERNS)}")
     devs = list(devices)
-    search = _Search(problem, None, slots, steps, [pattern], max_evals, None, offload=False)
+    search = _Search(problem, None, slots, steps, [pattern], max_evals, None, offload=offload,
+                     storages=storages)  # fmt: skip
     parts = len(devs) * CHUNKS_PER_DEVICE[pattern]
     L = problem.length
     fixed = (
@@ -454,6 +460,7 @@ def pipeline_joint(
     max_evals: int = 400,
     walk: int = 4,
     offload: bool = True,
+    storages: Sequence[tuple[str, Chain]] = (),
     progress=None,
 ) -> PipelineSchedule:
     """The fastest schedule found (module docstring); ``budget`` bytes bound every
@@ -462,7 +469,9 @@ def pipeline_joint(
     waiting for each step runs it); ``max_evals`` bounds the simulated candidates;
     ``walk`` the list schedules of lower memories simulated per list candidate
     (``_Search._walk``); ``offload``: whether chunks may offload activations over the
-    platform's host link (else store-all or rotor only)."""
+    platform's host link (else store-all or rotor only); ``storages``: low-bit storages
+    of the chunks' residuals, ``(name, chain)`` per storage
+    (:class:`~solvers.pipeline.stage_plans.StagePlans`)."""
     if not problem.training:
         raise ValueError("pipeline_joint needs a training problem (training=True)")
     if isinstance(patterns, str):  # "1f1b,zb_h1" from the command line
@@ -475,7 +484,7 @@ def pipeline_joint(
     if isinstance(walk, bool) or not isinstance(walk, int) or walk < 1:
         raise ValueError(f"pipeline_joint: walk = {walk!r}: expected an integer >= 1")
     search = _Search(problem, budget, slots, steps, list(patterns), max_evals, progress, walk,
-                     offload)  # fmt: skip
+                     offload, storages)  # fmt: skip
     L = problem.length
     orders = device_orders(problem)
     for n, devs in enumerate(orders):
