@@ -18,6 +18,7 @@ instead of ``n`` times.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,18 +141,35 @@ def _scan_of(model: BlockModel, k: int) -> int | None:
 
 @dataclass(frozen=True)
 class _ScanValues:
-    """What an unrolled scan's values do after it: ``ys`` (its per-iteration outputs),
+    """What unrolled scan ``scan``'s values do after it: ``ys`` (its per-iteration outputs),
     ``final`` (its final carry), ``after`` (values read after its last iteration),
-    ``last_inside`` (value -> the last equation inside the scan reading it) and
+    ``last_inside`` (value -> the last equation inside the scan reading it),
     ``invariant`` (values made before the scan that every iteration reads: its ``xs``
-    and closed-over values)."""
+    and closed-over values) and ``carried`` (value -> the first carry position it is
+    in, in any iteration)."""
 
+    scan: int
     end: int
     ys: frozenset
     final: frozenset
     after: frozenset
     last_inside: dict
     invariant: frozenset
+    carried: dict
+
+    def order(self, model: BlockModel, v: int) -> tuple:
+        """Sort key of value v in a carried cut (:func:`carry_cut`), alike for the
+        values in the same place in every iteration: values made before the scan, by
+        id, then the carries, by position (an initial carry made before the scan, too),
+        then the values made inside an iteration, by where in it."""
+        if v in self.carried:
+            return (1, self.carried[v], 0)
+        made = model.program.producer.get(v, -1)
+        starts = model.program.scans[self.scan].starts
+        if made < starts[0]:
+            return (0, v, 0)
+        t = bisect.bisect_right(starts, made) - 1
+        return (2, made - starts[t], model.program.eqns[made].outs.index(v))
 
 
 def _scan_values(model: BlockModel, s: int) -> _ScanValues:
@@ -177,7 +195,12 @@ def _scan_values(model: BlockModel, s: int) -> _ScanValues:
             for v, i in last_inside.items()
             if producer.get(v, begin) < begin <= info.starts[-2] <= i
         )
-        return _ScanValues(end, ys, final, frozenset(after), last_inside, invariant)
+        carried: dict = {}
+        for carry in info.carries:
+            for j, r in enumerate(carry):
+                if not isinstance(r, Lit):
+                    carried.setdefault(r, j)
+        return _ScanValues(s, end, ys, final, frozenset(after), last_inside, invariant, carried)
 
     return model.cached(("scan values", s), compute)
 
@@ -195,7 +218,8 @@ def carry_cut(model: BlockModel, j: int, s: int) -> tuple:
     after the scan (the stacking of ``ys``), so that an unrolled scan's cuts grow by
     one iteration's ``ys`` per iteration while the loop carries the rest. The cut at the
     scan's end also holds the scan's invariant values (as every cut inside it does), so
-    that its last iteration is wired like the others."""
+    that its last iteration is wired like the others; the values are in the same order
+    in every iteration (:meth:`_ScanValues.order`), so that its first one is too."""
     sv = _scan_values(model, s)
     at = model.blocks.blocks[j].start
     kept = {
@@ -205,7 +229,7 @@ def carry_cut(model: BlockModel, j: int, s: int) -> tuple:
     }
     if at >= sv.end:
         kept |= sv.invariant
-    return tuple(sorted(kept))
+    return tuple(sorted(kept, key=lambda v: sv.order(model, v)))
 
 
 def _pattern(model: BlockModel, k: int) -> tuple | None:

@@ -271,16 +271,40 @@ def _canonical(value: Any) -> Any:
 
 
 def active_values(program: Program, eqn_infos_diff: dict | None = None) -> set[int]:
-    """Value ids that depend on a floating-point parameter through differentiable ops."""
+    """Value ids that depend on a floating-point parameter through differentiable ops,
+    and the initial carries of unrolled scans whose later carries in the same position
+    do (:func:`_scan_carries`)."""
     active = set(program.param_like)
-    for eqn in program.eqns:
-        if eqn.name == "stop_gradient":
-            continue
-        if any(not isinstance(r, Lit) and r in active for r in eqn.ins):
-            for vid in eqn.outs:
-                if jax.numpy.issubdtype(program.avals[vid].dtype, jax.numpy.inexact):
-                    active.add(vid)
-    return active
+    while True:
+        for eqn in program.eqns:
+            if eqn.name == "stop_gradient":
+                continue
+            if any(not isinstance(r, Lit) and r in active for r in eqn.ins):
+                for vid in eqn.outs:
+                    if jax.numpy.issubdtype(program.avals[vid].dtype, jax.numpy.inexact):
+                        active.add(vid)
+        carries = _scan_carries(program, active)
+        if carries <= active:
+            return active
+        active |= carries
+
+
+def _scan_carries(program: Program, active: set[int]) -> set[int]:
+    """The initial carries (values, inexact) of unrolled scans in a position where a
+    later iteration's carry is active. Differentiated like the later ones (a zero
+    cotangent for a constant initial state), the first iteration is the same block as
+    the others, so the compiled path's loop starts at it (jax_exec.execute.loops)."""
+    found = set()
+    for scan in program.scans:
+        for j, first in enumerate(scan.carries[0]):
+            if (
+                not isinstance(first, Lit)
+                and first not in active
+                and jax.numpy.issubdtype(program.avals[first].dtype, jax.numpy.inexact)
+                and any(c[j] in active for c in scan.carries[1:] if not isinstance(c[j], Lit))
+            ):
+                found.add(first)
+    return found
 
 
 _CACHE: dict[Any, EqnInfo] = {}

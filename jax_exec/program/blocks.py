@@ -16,6 +16,7 @@ of a transformer) get equal :attr:`Block.key` and share options and kernels.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,9 +174,29 @@ def find_cuts(
     tail = range(found[-1] + 1, last_heavy + 1)
     if tail:
         cuts.append(min(tail, key=lambda p: (crossing[p], -p)))
+    found_cuts = set(cuts)
     for scan in program.scans:  # every iteration of an unrolled scan is cut alike
-        cuts.extend(p for p in scan.starts if p <= last_heavy)
-    return sorted(p for p in set(cuts) if 0 < p < n)
+        found_cuts = _cut_alike(found_cuts, scan.starts, last_heavy)
+    return sorted(p for p in found_cuts if 0 < p < n)
+
+
+def _cut_alike(cuts: set[int], starts: tuple[int, ...], last_heavy: int) -> set[int]:
+    """``cuts`` with an unrolled scan's iterations (``starts``: where each starts, then
+    where the last ends) cut alike: at each iteration's start, and inside it at the
+    offsets from its start that most of its iterations have (the first such set on
+    ties). The crossing bytes differ at a scan's ends (the values before it, the
+    stacking after it), so its first or last iteration can get a cut of its own: it
+    would make that iteration another block, outside the loop the compiled path keeps
+    the others in (jax_exec.execute.loops). Iterations past the last heavy equation
+    (the loss stage's) are left as they are."""
+    spans = [(a, b) for a, b in zip(starts[:-1], starts[1:], strict=True) if b <= last_heavy + 1]
+    if not spans:
+        return cuts | {p for p in starts if p <= last_heavy}
+    inside = [frozenset(p - a for p in cuts if a < p < b) for a, b in spans]
+    offsets = Counter(inside).most_common(1)[0][0]
+    kept = {p for p in cuts if not any(a < p < b for a, b in spans)}
+    kept.update(a + o for a, _ in spans for o in offsets)
+    return kept | {p for p in starts if p <= last_heavy}
 
 
 def build_blocks(program: Program, analysis: Analysis, positions: list[int]) -> Blocks:
