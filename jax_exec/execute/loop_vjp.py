@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_exec.execute.loops import ScanRun, boundary, emits, inner_values, stack_key
+from jax_exec.execute.rounding import unrounded
 from jax_exec.program.model import BlockModel
 
 
@@ -83,7 +84,7 @@ def looped(model: BlockModel, run: ScanRun, options: tuple) -> Callable:
             p, g = operands(P, G, r, i)
             x = tuple(state[v] for v in layouts[r].ins)
             if record:
-                outs, res, new = fns[r].record(p, g, x)
+                outs, res, new = unrounded(fns[r].record)(p, g, x)
                 news.append(new)
             else:
                 outs, res = fns[r].forward(p, g, x)

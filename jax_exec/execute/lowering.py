@@ -50,6 +50,7 @@ from jax_exec.execute.loops import (
     scan_runs,
     stack_key,
 )
+from jax_exec.execute.rounding import unrounded
 from jax_exec.execute.tree import (
     Empty,
     LossNode,
@@ -115,7 +116,7 @@ def recorded(
         return fns.forward(p, g, inputs(x))
 
     def f_fwd(p: tuple, g: tuple, x: tuple):
-        outs, results, new = fns.record(p, g, inputs(x))
+        outs, results, new = unrounded(fns.record)(p, g, inputs(x))
         new = tuple(_to(host, r) if i in on_host else r for i, r in enumerate(new))
         kept = results if needs_results else ()
         saved_x = _to(host, x) if offload_in else x
