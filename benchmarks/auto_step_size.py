@@ -1,10 +1,11 @@
 """The size of the planned step against the plain step's, over the model zoo (tests/zoo):
 the number of StableHLO operations of ``jax.jit(jax.value_and_grad(plan.lowered()))``
 lowered, over plain ``jax.jit(nnx.value_and_grad)``'s, at store-all, 65% and the least
-budget; with ``--time``, also the XLA compile seconds' ratio (one run each; noisy on a
-loaded machine, where the op counts are not: they are deterministic).
+budget, and the optimized HLO instructions XLA compiles; also the XLA compile seconds'
+ratio (one run each: noisy on a loaded machine, where the counts are not: they are
+deterministic).
 
-    python benchmarks/auto_step_size.py [--families a,b] [--budgets 100%,65%,least] [--time]
+    python benchmarks/auto_step_size.py [--families a,b] [--budgets 100%,65%,least]
 """
 
 from __future__ import annotations
@@ -42,12 +43,9 @@ def instructions(compiled) -> int:
     return sum(1 for line in compiled.as_text().splitlines() if HLO.match(line))
 
 
-def measure(step, args, timed: bool) -> tuple[int, int, float]:
-    """``(StableHLO ops, optimized HLO instructions, compile seconds)`` (the last two
-    with ``timed``, else 0 and nan)."""
+def measure(step, args) -> tuple[int, int, float]:
+    """``(StableHLO ops, optimized HLO instructions, compile seconds)``."""
     lowered = jax.jit(step).lower(*args)
-    if not timed:
-        return ops(lowered), 0, float("nan")
     start = time.perf_counter()
     compiled = lowered.compile()
     seconds = time.perf_counter() - start
@@ -89,7 +87,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", default="", help="comma-separated zoo families")
     parser.add_argument("--budgets", default="100%,65%,least")
-    parser.add_argument("--time", action="store_true", help="also XLA compile seconds")
     ns = parser.parse_args(argv)
     families = ns.families.split(",") if ns.families else sorted(zoo.FAMILIES)
     print(f"{'family':>12} {'budget':>10} {'blocks':>6} {'looped':>6} {'ops':>7} {'plain':>7} "
@@ -99,11 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         case = zoo.case(name)
         _, params, rest = nnx.split(case.factory(), nnx.Param, ...)
         args = (params, rest, case.args)
-        plain, plain_h, plain_s = measure(plain_step(case.factory, case.loss_fn), args, ns.time)
+        plain, plain_h, plain_s = measure(plain_step(case.factory, case.loss_fn), args)
         for label, p in plans(case, ns.budgets.split(",")):
             looped = sum(len(r.blocks) for r in scan_runs(p.model, p.schedule).values())
             step = jax.value_and_grad(p.lowered(), has_aux=True)
-            n, h, s = measure(step, args, ns.time)
+            n, h, s = measure(step, args)
             print(f"{name:>12} {label:>10} {p.model.length:>6} {looped:>6} {n:>7} {plain:>7} "
                   f"{n / plain:>6.2f} {h:>6} {plain_h:>6} {h / max(plain_h, 1):>6.2f} "
                   f"{s / plain_s:>7.2f}x {p.overhead:>+9.1%}", flush=True)  # fmt: skip
