@@ -23,7 +23,7 @@ from jax_exec.program.model import (
 from schedir import Platform, Schedule, simulate
 from schedir.blocks.schedule import BlockSchedule
 from schedir.budget import in_units_of, parse_budget
-from solvers.blocks.policies import policy_schedule
+from solvers.blocks.policies import POLICIES, policy_schedule
 from solvers.blocks.rotor import least_memory, least_memory_ops
 
 
@@ -248,11 +248,36 @@ def _solve_rounds(
         else:  # every figure of this answer is exact (or estimates are asked for)
             best = _faster(best, _priced(bm, schedule))
         if not compiled or (rounds >= MAX_ROUNDS and best is not None):
-            return best, rounds
+            return _policies(bm, nbytes, best, exact, solver), rounds
         if rounds >= MAX_ROUNDS:  # estimates keep misleading: what is compiled only
             found = _compiled_only(bm, nbytes, solver, options)
             if found is not None:
-                return _faster(found, best), rounds + 1
+                return _policies(bm, nbytes, _faster(found, best), exact, solver), rounds + 1
+
+
+def _policies(bm: BlockModel, nbytes: int, best: Priced, exact: bool, solver: str) -> Priced:
+    """``best``, or the schedule of a JAX policy on every block where it fits and is
+    faster: the block DP rounds sizes up to its slots, so a policy's exact peak may fit
+    where the DP found no such schedule. A policy's time needs no kernel: only one that
+    would be faster and whose peak, as known, fits has its kernels compiled (its peak is
+    then exact)."""
+    if solver != "block_rotor":
+        return best
+    for policy in POLICIES:
+        try:
+            schedule = policy_schedule(bm.problem, policy)
+        except solvers.Infeasible:  # a block without that option
+            continue
+        guess = simulate(bm.problem, schedule)  # its time is exact, its peak estimated
+        if guess.makespan >= best.makespan or guess.peak_memory > nbytes:
+            continue
+        if exact and bm.compile_used(schedule):
+            bm.problem = build_problem(bm)
+        meta = dict(schedule.meta, method=solver, exact=exact)
+        priced = _priced(bm, replace(schedule, meta=meta))
+        if priced.peak <= nbytes:
+            best = _faster(best, priced)
+    return best
 
 
 def _within_host_memory(

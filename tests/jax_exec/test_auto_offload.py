@@ -49,7 +49,7 @@ def test_never_slower_than_remat_only_and_unchanged_without_a_host_link():
         for platform in (None, Platform(), "pcie4"):
             p = jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget=budget,
                               platform=platform)  # fmt: skip
-            assert p.overhead <= remat.overhead
+            assert p.overhead <= remat.overhead + 1e-12  # float rounding (2e-16 seen)
             if platform is None or platform == Platform():  # no host link: today's plan
                 assert (p.schedule.ops, p.options, p.problem) == (
                     remat.schedule.ops,
