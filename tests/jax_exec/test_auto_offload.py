@@ -31,14 +31,19 @@ def test_joint_plans_offload_and_run_exactly_on_both_paths(family, budget):
     case = zoo.case(family)
     remat = jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget=budget)
     joint = jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget=budget, platform=FAST)
-    assert joint.schedule.meta["offloaded"], f"{family}: no offload at {budget}"
+    # whole buffers offloaded (rotor_offload), or residuals in host memory (host-memory
+    # variants: with so fast a link their copies hide under compute, so they often win)
+    variants = any(joint.problem.stages[k].options[o].host for k, o in enumerate(joint.options))
+    assert joint.schedule.meta.get("offloaded") or variants, f"{family}: no offload at {budget}"
     assert joint.overhead < remat.overhead  # faster, predicted
     assert joint.schedule.meta["peak_memory"] <= joint.budget == remat.budget
     reference = plain(case.factory, case.loss_fn, case.args)
     result = check_plan(case, joint, reference, family)
     trace = simulate_blocks(joint.problem, joint.schedule)
     assert result.resident_bytes == trace.resident and result.host_bytes == trace.host_resident
-    assert max(result.host_bytes) == joint.schedule.meta["host_peak"] > 0
+    assert max(result.host_bytes) == max(trace.host_resident) > 0
+    if joint.schedule.meta.get("offloaded"):
+        assert max(result.host_bytes) == joint.schedule.meta["host_peak"]
     assert host_residuals(case, joint)  # the offloaded residuals live in pinned_host memory
 
 
