@@ -146,7 +146,7 @@ def test_late_residuals_lower_the_least_budget_of_bert_only_a_little():
 
 @pytest.mark.parametrize("family", ["vae",  # the default run; the others: -m slow
                                     *(pytest.param(f, marks=pytest.mark.slow)
-                                      for f in ("bert", "audio", "ssm"))])  # fmt: skip
+                                      for f in ("bert", "audio"))])  # fmt: skip
 def test_late_residuals_lower_the_least_budget_and_run_exactly(family):
     case = zoo.case(family)
     remat = jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget="100%")
