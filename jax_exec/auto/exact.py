@@ -107,18 +107,20 @@ MAX_ROUNDS = 3
 @dataclass(frozen=True)
 class Priced:
     """A schedule and its figures on the block model's problem (exact where its kernels
-    are compiled): ``peak`` bytes, ``makespan`` seconds."""
+    are compiled): ``peak`` bytes, ``makespan`` seconds, ``host_resident`` bytes in host
+    memory after every op."""
 
     schedule: BlockSchedule
     peak: int
     makespan: float
+    host_resident: tuple[int, ...] = ()
 
 
 def _priced(bm: BlockModel, schedule: BlockSchedule) -> Priced:
     """``schedule`` priced by ``bm.problem`` (its ``meta`` reports the figures too)."""
     trace = simulate(bm.problem, schedule)
     schedule.meta.update(peak_memory=trace.peak_memory, makespan=trace.makespan)
-    return Priced(schedule, trace.peak_memory, trace.makespan)
+    return Priced(schedule, trace.peak_memory, trace.makespan, trace.host_resident)
 
 
 def _faster(best: Priced | None, other: Priced | None) -> Priced | None:
@@ -336,10 +338,9 @@ def _hidden_copies(solved: Solved, platform: Platform, exact: bool, options: dic
     if exact and model.compile_used(schedule):
         model.problem = build_problem(model)
     priced = _priced(model, BlockSchedule(schedule.ops, dict(schedule.meta), schedule.options))
-    host = simulate(model.problem, priced.schedule).host_resident
     if (
         priced.peak <= solved.budget
-        and within_host_memory(host, platform)
+        and within_host_memory(priced.host_resident, platform)
         and priced.makespan < solved.schedule.meta["makespan"]
     ):
         meta = priced.schedule.meta
