@@ -57,11 +57,17 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_exec.auto.lowbit import offered_storages, tolerated
+from jax_exec.auto.lowbit import offered_storages
 from jax_exec.distributed import is_local, transfer_tree
 from jax_exec.execute.result import RunResult
 from jax_exec.kernels import loss_kernel, node_functions, node_kernels
-from jax_exec.pipeline.chunks import split_microbatches
+from jax_exec.pipeline.arguments import (
+    batch_size,
+    checked_cuts,
+    loss_scale,
+    pipeline_devices,
+    refuse_state_changes,
+)
 from jax_exec.pipeline.dynamic_training import run_dynamic_training
 from jax_exec.pipeline.mpmd import run_pipeline
 from jax_exec.pipeline.program_stages import (
@@ -72,7 +78,18 @@ from jax_exec.pipeline.program_stages import (
     program_stage,
     stage_slices,
 )
-from jax_exec.pipeline.stage_storage import LowBitReport, StorageCheck, stage_storages
+from jax_exec.pipeline.schedules import (
+    AUTO_SCHEDULES,
+    CHUNKS_PER_DEVICE,
+    JOINT,
+    Predicted,
+    chunk_cuts,
+    has_memories,
+    planned,
+    platform_devices,
+    predicted_figures,
+)
+from jax_exec.pipeline.stage_storage import LowBitReport, StorageCheck
 from jax_exec.program.analysis import CostModel
 from jax_exec.program.model import BlockModel, program_model, stage_times
 from jax_exec.program.trace import Program, graph_difference, trace
@@ -80,44 +97,16 @@ from jax_exec.stages.program import plain_options
 from jax_exec.stages.split import Stage, spec_bytes
 from schedir import Chain, InvalidSchedule
 from schedir.pipeline.baselines import BASELINES
-from schedir.pipeline.ops import Bwd, Fwd
-from schedir.pipeline.placement import balanced_cuts
+from schedir.pipeline.ops import Fwd
 from schedir.pipeline.problem import PipelineProblem
 from schedir.pipeline.schedule import PipelineSchedule
-from schedir.pipeline.simulate import simulate_pipeline
 from schedir.platform import Device, Platform
-from solvers.pipeline.joint import pipeline_joint, plan_pattern
-from solvers.pipeline.stage_plans import has_host_link
-from solvers.registry import Infeasible
-
-# chunks (virtual stages) per device of each schedule
-CHUNKS_PER_DEVICE = {"interleaved_1f1b": 2, "v_shape": 2}
 
 
 def take_loss(out: jax.Array, target: Any) -> jax.Array:
     """The runtime's loss function: the last stage already computed the loss."""
     del target
     return out
-
-
-@dataclass(frozen=True)
-class Predicted:
-    """The plan's figures (roofline seconds, nominal links: estimates; bytes exact).
-
-    Attributes:
-        stage_seconds: per pipeline stage, forward + backward seconds of one
-            micro-batch on its device (the loss in the last), with its plan's
-            recomputation.
-        makespan: the schedule's simulated step, seconds.
-        bubble: the idle share of the devices over the step.
-        device_peak: per device, the simulated peak bytes (parameters, activations,
-            working sets).
-    """
-
-    stage_seconds: tuple[float, ...]
-    makespan: float
-    bubble: float
-    device_peak: dict
 
 
 @dataclass(frozen=True)
@@ -249,9 +238,9 @@ class PipelinePlan:
                 f"{self.schedule_name!r}: plan again"
             )
         names = [dev for dev, _ in self.schedule.ops]
-        sched, lowbit = _planned(self.problem, schedule, names, self.cuts, self.storage_check)
+        sched, lowbit = planned(self.problem, schedule, names, self.cuts, self.storage_check)
         return replace(self, schedule_name=schedule, schedule=sched, lowbit=lowbit,
-                       predicted=_predicted(self.problem, sched))  # fmt: skip
+                       predicted=predicted_figures(self.problem, sched))  # fmt: skip
 
     def inputs(self, args: Sequence[Any]) -> tuple:
         """The first stage's input: the argument leaves it carries, encoded."""
@@ -343,10 +332,12 @@ def plan_pipeline(
         schedule: a key of :data:`schedir.pipeline.baselines.BASELINES` ("1f1b",
             "gpipe", "zb_h1", "zb_h2", "interleaved_1f1b", "v_shape"), ``"joint"``:
             the joint planner's search (:func:`solvers.pipeline.joint.pipeline_joint`:
-            the cut, the pattern among :data:`JOINT_PATTERNS`, list scheduling under
+            the cut, the pattern among
+            :data:`~jax_exec.pipeline.schedules.JOINT_PATTERNS`, list scheduling under
             the memories included, and every chunk's plan, for the shortest step
-            alone), or ``"auto"``: each of them (:data:`AUTO_SCHEDULES`; the
-            two-chunk ones on a cut of their own where the model has the blocks; with
+            alone), or ``"auto"``: each of them
+            (:data:`~jax_exec.pipeline.schedules.AUTO_SCHEDULES`; the two-chunk ones
+            on a cut of their own where the model has the blocks; with
             a ``platform``, each one-chunk schedule on its own cut within the
             memories), keeping the shortest simulated step whose predicted peaks fit
             the platform's memories (ties: the earlier in that order);
@@ -402,9 +393,9 @@ def plan_pipeline(
     if schedule == JOINT and cuts is not None:
         raise ValueError(f"cuts = {cuts!r} with schedule = {JOINT!r}: the joint planner "
                          "chooses the cut (cut by hand with a schedule of BASELINES)")  # fmt: skip
-    devs = _devices(devices)
+    devs = pipeline_devices(devices)
     parts = len(devs) * CHUNKS_PER_DEVICE.get(schedule, 1)
-    batch = _batch_size(args, microbatches)
+    batch = batch_size(args, microbatches)
     small = jax.tree_util.tree_map(
         lambda a: jax.ShapeDtypeStruct(
             (batch // microbatches, *np.shape(a)[1:]), jnp.result_type(a)
@@ -412,7 +403,7 @@ def plan_pipeline(
         tuple(args),
     )
     traced = trace(loss_fn, model, small)
-    _refuse_state_changes(model, traced.program)
+    refuse_state_changes(model, traced.program)
     bm = program_model(traced, cost_model=cost_model, options=plain_options)
     L = bm.length
     if parts > L:
@@ -421,7 +412,7 @@ def plan_pipeline(
             f"at most {L} pipeline stages, asked for {parts} ({len(devs)} devices x "
             f"{parts // len(devs)} chunks of {schedule})"
         )
-    scale = _loss_scale(traced, args, microbatches)
+    scale = loss_scale(traced, args, microbatches)
     # one stage per block (the last with the loss block): a pipeline stage is a
     # contiguous interval of them, a chunk of the schedule
     slices = tuple(stage_slices(bm, range(L + 1)))
@@ -434,10 +425,10 @@ def plan_pipeline(
         names = [f"d{k}" for k in range(len(devs))]
         platform = Platform.fully_connected([Device(n) for n in names], bandwidth)
     else:
-        names = _platform_devices(platform, len(devs), schedule)
+        names = platform_devices(platform, len(devs), schedule)
     problem = _stage_problem(bm, slices, stages, platform, microbatches, working_sets)
     if cuts is not None:
-        cuts = _checked_cuts(cuts, parts, L)
+        cuts = checked_cuts(cuts, parts, L)
     check = None
     if storages and has_memories(platform):  # without memories store-all fits
         leaves = jax.tree_util.tree_leaves(tuple(args))
@@ -447,15 +438,15 @@ def plan_pipeline(
         check = StorageCheck(stages, specs, [s.params for s in slices], x, microbatches,
                              take_loss, float(activation_tolerance), storages, problem.chain,
                              bm.cost_model.bytes_per_second)  # fmt: skip
-    sched, lowbit = _planned(problem, schedule, names, cuts, check)
+    sched, lowbit = planned(problem, schedule, names, cuts, check)
     by_name = dict(zip(names, devs, strict=True))
     return PipelinePlan(
-        _chunk_cuts(sched),
+        chunk_cuts(sched),
         slices,
         schedule,
         sched,
         problem,
-        _predicted(problem, sched),
+        predicted_figures(problem, sched),
         tuple(by_name[dev] for dev, _ in sched.ops),  # the joint planner may reorder
         microbatches,
         batch,
@@ -464,115 +455,6 @@ def plan_pipeline(
         lowbit=lowbit,
         storage_check=check,
     )
-
-
-def _planned(problem: PipelineProblem, name: str, devices: list[str],
-             cuts: Sequence[int] | None, check: StorageCheck | None):  # fmt: skip
-    """(:func:`_schedule`, its :class:`LowBitReport`): with a storage ``check``, the
-    chunks' plans may store low-bit, replanned without the least precise storage used
-    while the measured gradient error exceeds the tolerance
-    (:func:`jax_exec.auto.lowbit.tolerated`)."""
-    if check is None:
-        return _schedule(problem, name, devices, cuts), None
-    kept = list(check.kept)
-
-    def solve() -> PipelineSchedule:
-        return _schedule(problem, name, devices, cuts, check.storage_chains(kept))
-
-    def used(s: PipelineSchedule) -> set:
-        return {p.storage for p in s.plans} - {None}
-
-    def error(s: PipelineSchedule) -> float:
-        return check.error(stage_storages(s, problem.length))
-
-    sched, err = tolerated(solve, used, error, check.tolerance, kept.remove)
-    return sched, check.report(sched, err)
-
-
-def _schedule(
-    problem: PipelineProblem,
-    name: str,
-    devices: list[str],
-    cuts: Sequence[int] | None,
-    storages: Sequence = (),
-) -> PipelineSchedule:
-    """``name`` on the block problem: without device memories on ``cuts`` or the
-    balanced cut (each stage's time divided by its device's speed), every chunk storing
-    its activations; with memories, every chunk's fastest plan (store-all or rotor, in
-    full precision or one of the low-bit ``storages``: ``(name, chain)``) within what
-    its device gives each of its micro-batches in flight, on ``cuts`` or on the cut of
-    least slowest planned stage (:func:`solvers.pipeline.joint.plan_pattern`)."""
-    if name == JOINT:
-        return _joint(problem, storages)
-    parts = len(devices) * CHUNKS_PER_DEVICE.get(name, 1)
-    if not has_memories(problem.platform):
-        if cuts is None:
-            speeds = devices if parts == len(devices) else None
-            cuts = balanced_cuts(problem, parts, speeds)
-        return BASELINES[name](problem, devices, cuts=list(cuts))
-    try:
-        # run() runs one step
-        return plan_pattern(problem, name, devices, cuts, steps=1, storages=storages,
-                            offload=True)  # fmt: skip
-    except Infeasible:
-        if cuts is not None:
-            why = (f"the cut {tuple(cuts)}: no plan of its {parts} stages (store-all, "
-                   f"rotor's rematerialization{_more(problem, storages)}) under {name} "
-                   f"fits the devices' memory")  # fmt: skip
-        else:
-            why = (f"no cut of the traced model's {problem.length} blocks into {parts} "
-                   f"stages, each storing or rematerializing its activations (rotor"
-                   f"{_more(problem, storages)}) under {name}, fits the devices' "
-                   "memory")  # fmt: skip
-        raise InvalidSchedule(why) from None
-
-
-# the joint planner's patterns for traced stages (the V-shape's turn, two adjacent
-# chunks on one device, counts the activation between them once:
-# solvers.pipeline.stage_plans.StagePlans.chunk_plans)
-JOINT_PATTERNS = ("1f1b", "zb_h1", "zb_h2", "v_shape", "list")
-# simulated candidates of its search: 400 (its default) left the 8-device U-Net of the
-# experiment (paper_experiments/traced_pipelines.py) 8% slower; it used about 800
-JOINT_EVALS = 1000
-
-
-def _joint(problem: PipelineProblem, storages: Sequence = ()) -> PipelineSchedule:
-    """The joint planner's schedule of the block problem (offload plans where the
-    platform has a host link, low-bit ones of ``storages``), judged on one step alone
-    (``run`` runs one)."""
-    try:
-        return pipeline_joint(problem, patterns=JOINT_PATTERNS, steps=1, offload=True,
-                              max_evals=JOINT_EVALS, storages=storages)  # fmt: skip
-    except Infeasible:
-        raise InvalidSchedule(
-            f"the joint planner found no cut of the traced model's {problem.length} "
-            f"blocks, schedule and per-stage plans (store-all or rotor"
-            f"{_more(problem, storages)}) that fit the "
-            f"devices' memory"
-        ) from None
-
-
-def _more(problem: PipelineProblem, storages: Sequence) -> str:
-    """The other plans an error message names: offload, low-bit storages."""
-    more = ", offload" if has_host_link(problem.platform) else ""
-    return more + "".join(f", {name}" for name, _ in storages)
-
-
-def has_memories(platform: Platform) -> bool:
-    return any(d.memory is not None for d in platform.devices)
-
-
-def _chunk_cuts(schedule: PipelineSchedule) -> tuple[int, ...]:
-    """The chunk boundaries of a schedule, in stage order."""
-    firsts = {op.first for _, ops in schedule.ops for op in ops if isinstance(op, Fwd)}
-    lasts = {op.last for _, ops in schedule.ops for op in ops if isinstance(op, Fwd)}
-    return tuple(sorted(firsts | lasts))
-
-
-# the joint planner's search as a schedule (solvers.pipeline.joint.pipeline_joint)
-JOINT = "joint"
-# schedule="auto" tries these, in this order (ties keep the earlier)
-AUTO_SCHEDULES = ("1f1b", "zb_h1", "zb_h2", "gpipe", "interleaved_1f1b", "v_shape", JOINT)
 
 
 def _best_schedule(loss_fn: Callable, model: nnx.Module, args: tuple, kw: dict) -> PipelinePlan:
@@ -609,97 +491,6 @@ def _best_schedule(loss_fn: Callable, model: nnx.Module, args: tuple, kw: dict) 
     best = min(found, key=lambda p: (not fits(p), p.predicted.makespan))
     steps = tuple((p.schedule_name, p.predicted.makespan) for p in found)
     return replace(best, alternatives=steps)
-
-
-def _checked_cuts(cuts: Sequence[int], parts: int, L: int) -> tuple[int, ...]:
-    """Hand cuts as a tuple, or a ``ValueError`` naming the field."""
-    cuts = tuple(cuts)
-    ok = (
-        all(isinstance(c, int) and not isinstance(c, bool) for c in cuts)
-        and len(cuts) == parts + 1
-        and cuts[0] == 0
-        and cuts[-1] == L
-        and all(a < b for a, b in zip(cuts[:-1], cuts[1:], strict=True))
-    )
-    if not ok:
-        raise ValueError(
-            f"cuts = {cuts!r}: expected {parts + 1} increasing block indices from 0 to {L} "
-            f"({parts} stages of the traced model's {L} blocks)"
-        )
-    return cuts
-
-
-def _devices(devices: int | Sequence) -> list:
-    if isinstance(devices, int) and not isinstance(devices, bool):
-        have = jax.devices()
-        if not 1 <= devices <= len(have):
-            raise ValueError(f"devices = {devices}: this job has {len(have)} devices")
-        return list(have[:devices])
-    devs = list(devices)
-    if not devs or not all(isinstance(d, jax.Device) for d in devs):
-        raise ValueError(f"devices = {devices!r}: expected a count or a list of JAX devices")
-    return devs
-
-
-def _batch_size(args: tuple, m: int) -> int:
-    """The common leading size of every argument leaf, divisible by ``m``."""
-    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-        raise ValueError(f"microbatches = {m!r}: expected an integer >= 1")
-    flat = jax.tree_util.tree_flatten_with_path(tuple(args))[0]
-    if not flat:
-        raise ValueError("args: the batch is empty (no arrays to split into micro-batches)")
-    batch = None
-    for path, leaf in flat:
-        shape = np.shape(leaf)
-        where = f"args{jax.tree_util.keystr(path)}"
-        if not hasattr(leaf, "dtype"):
-            raise ValueError(
-                f"{where} is a {type(leaf).__name__}: every argument leaf must "
-                f"be an array with the batch on axis 0"
-            )
-        if batch is None:
-            batch = shape[0] if shape else None
-        if not shape or shape[0] != batch:
-            raise ValueError(
-                f"{where} has shape {list(shape)}: every argument leaf is split into "
-                f"micro-batches along axis 0, so it needs the batch size "
-                f"{batch} there (pass values without the batch axis inside the model or "
-                f"loss_fn's closure)"
-            )
-    if batch % m:
-        raise ValueError(f"the batch of {batch} is not divisible into {m} micro-batches")
-    return int(batch)
-
-
-def _refuse_state_changes(model: nnx.Module, program: Program) -> None:
-    """A TypeError naming the first state variable that the call writes."""
-    rest = nnx.split(model, nnx.Param, ...)[2]
-    flat = jax.tree_util.tree_flatten_with_path(rest)[0]
-    for (path, _), before, after in zip(flat, program.rest_ids, program.new_rest, strict=True):
-        if before != after:
-            where = jax.tree_util.keystr(path)
-            raise TypeError(
-                f"the model changes its state {where} during loss_fn (dropout drawing "
-                f"from nnx.Rngs, BatchNorm statistics in training mode...): it differs "
-                f"under micro-batching, so pipelines refuse it. Use model.eval() "
-                f"(deterministic dropout, running averages) or remove the layer"
-            )
-
-
-# the schedules whose cut may follow a platform (one chunk per device)
-ONE_CHUNK = ("1f1b", "zb_h1", "zb_h2", "gpipe")
-
-
-def _platform_devices(platform: Platform, n: int, schedule: str) -> list[str]:
-    """The names of the platform's first ``n`` devices, one per pipeline device."""
-    if schedule not in (*ONE_CHUNK, JOINT):
-        raise ValueError(
-            f"platform= with schedule = {schedule!r}: the cut over a platform takes one chunk "
-            f"per device ({', '.join(ONE_CHUNK)}) or the joint planner's ({JOINT!r})"
-        )
-    if len(platform.devices) < n:
-        raise ValueError(f"platform has {len(platform.devices)} devices, the plan {n}")
-    return [d.name for d in platform.devices[:n]]
 
 
 def _model_leaves(plan: PipelinePlan, model: nnx.Module) -> tuple[list, dict]:
@@ -752,41 +543,6 @@ def _stage_problem(
         tuple(st.name for st in stages) + ("loss",),
     )
     return PipelineProblem(chain, weights, platform, m, True)
-
-
-def _predicted(problem: PipelineProblem, schedule: PipelineSchedule) -> Predicted:
-    speed = {d.name: d.speed for d in problem.platform.devices}
-    device_of = {(op.first, op.last): dev
-                 for dev, ops in schedule.ops for op in ops if isinstance(op, Fwd)}  # fmt: skip
-    extra = {(op.first, op.last): op.recompute
-             for _, ops in schedule.ops for op in ops if isinstance(op, Bwd)}  # fmt: skip
-    seconds = tuple((problem.work(i, j) + extra[i, j]) / speed[device_of[i, j]]
-                    for i, j in sorted(device_of))  # fmt: skip
-    trace_ = simulate_pipeline(problem, schedule)
-    devices = len(schedule.ops)
-    busy = problem.microbatches * sum(seconds)
-    bubble = 1.0 - busy / (devices * trace_.makespan) if trace_.makespan > 0 else 0.0
-    return Predicted(seconds, trace_.makespan, bubble, dict(trace_.device_peak))
-
-
-def _loss_scale(traced: Any, args: tuple, m: int) -> float:
-    """1 when the batch's loss is the mean of the micro-batches' losses, ``m`` when it is
-    their sum; a ValueError when it is neither (micro-batching would change it)."""
-    loss = jax.jit(lambda p, r, a: traced.pure(p, r, a)[0])
-    whole = float(loss(traced.params, traced.rest, tuple(args)))
-    parts = [float(loss(traced.params, traced.rest, a)) for a in split_microbatches(tuple(args), m)]
-    mean, total = sum(parts) / m, sum(parts)
-    tol = 1e-4 * max(1.0, abs(whole))
-    if abs(whole - mean) <= tol:
-        return 1.0
-    if abs(whole - total) <= tol:
-        return float(m)
-    raise ValueError(
-        f"the loss of the batch ({whole:.6g}) is neither the mean ({mean:.6g}) nor the sum "
-        f"({total:.6g}) of its {m} micro-batches' losses: loss_fn mixes the items of the "
-        f"batch (batch statistics, a normalization over the whole batch...), which "
-        f"micro-batching changes"
-    )
 
 
 def _block_devices(schedule: PipelineSchedule, placement: dict) -> dict[int, Any]:

@@ -12,8 +12,8 @@ budgets."""
 from __future__ import annotations
 
 import dataclasses
-from functools import partial
 from collections import Counter
+from functools import partial
 
 import jax
 import pytest

@@ -198,7 +198,7 @@ def test_the_v_shape_turn_counts_its_activation_once():
     planner takes the V-shape among its patterns."""
     import dataclasses
 
-    from jax_exec.pipeline.traced import JOINT_PATTERNS, _chunk_cuts, _predicted
+    from jax_exec.pipeline.schedules import JOINT_PATTERNS, chunk_cuts, predicted_figures
     from solvers.pipeline.joint import plan_pattern
 
     model = MLP(depth=8, rngs=nnx.Rngs(0))
@@ -213,8 +213,8 @@ def test_the_v_shape_turn_counts_its_activation_once():
     v = plan_pattern(problem, "v_shape", ["d0", "d1"], steps=1)
     turn = [p for p in v.plans if p.device == "d1"]
     assert len(turn) == 2 and all(p.held is not None for p in turn), v.plans
-    plan = dataclasses.replace(free, schedule=v, cuts=_chunk_cuts(v), problem=problem,
-                               predicted=_predicted(problem, v))  # fmt: skip
+    plan = dataclasses.replace(free, schedule=v, cuts=chunk_cuts(v), problem=problem,
+                               predicted=predicted_figures(problem, v))  # fmt: skip
     step = plan.run(model, x, block=True)
     r = step.result
     assert r.op_device_bytes == r.op_model_bytes
