@@ -37,6 +37,7 @@ from jax_exec.program.kernels import (
     Layout,
     SaveOption,
     block_functions,
+    checkpointed_body,
     layout,
     loss_function,
 )
@@ -140,8 +141,12 @@ class BlockModel:
         option = self.option(k, o).on_device()
         key = (self.identity(k), option)
         if key not in self._functions:
+            body = self._functions.setdefault(
+                (self.identity(k), "body"),
+                checkpointed_body(self.program, block, self.layouts[k]),
+            )  # one per block, for JAX's caches: kernels.checkpointed_body
             self._functions[key] = block_functions(
-                self.program, block, self.layouts[k], option, self.specs(k)
+                self.program, block, self.layouts[k], option, self.specs(k), body
             )
         return self._functions[key]
 
