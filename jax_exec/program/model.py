@@ -393,10 +393,10 @@ class BlockModel:
         if self.sharded:
             self.compile(self.every_kernel())
         else:  # the forward kernels compile (XLA holds no GIL) while the options are traced
-            self.settle()
             for k in range(self.length):
                 self.functions(k, 0)  # traced here first: the background thread only reads them
             forwards = [("forward", k, 0) for k in range(self.length)]
+            # (after any kernels compiled ahead: one background thread runs them in turn)
             self.ahead = _in_background(dataclasses.replace(self, ahead=None), forwards)
         for k in range(self.length):
             for o in range(len(self.options[k])):
