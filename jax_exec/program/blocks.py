@@ -247,14 +247,14 @@ def build_blocks(program: Program, analysis: Analysis, positions: list[int]) -> 
         results = tuple(v for v in produced if v in outputs)
         kinds = tuple(_global_kind(program, g) for g in gls)
         act = tuple(v in analysis.active for v in ins)
-        key = (
+        key = BlockKey((
             tuple(wiring),
             kinds,
             act,
             tuple(local[v] for v in outs),
             tuple(local[v] for v in results),
             is_loss,
-        )
+        ))  # fmt: skip
         blocks.append(Block(b, start, stop, tuple(ins), tuple(gls), outs, results, key))
         if not is_loss:
             crossing = sorted(
@@ -264,6 +264,19 @@ def build_blocks(program: Program, analysis: Analysis, positions: list[int]) -> 
             )
             cuts.append(tuple(crossing))
     return Blocks(tuple(blocks), tuple(cuts), tuple(positions))
+
+
+class BlockKey(tuple):
+    """A block's key: a tuple, equal by value, whose hash is computed once. It holds
+    every equation of the block, and the planner looks kernels, phases and options up
+    by it (:meth:`jax_exec.program.model.BlockModel.identity`) thousands of times per
+    solve: rehashing it each time took most of the time of a problem's build."""
+
+    def __hash__(self) -> int:
+        cached = self.__dict__.get("hash")
+        if cached is None:
+            cached = self.__dict__["hash"] = tuple.__hash__(self)
+        return cached
 
 
 def _global_kind(program: Program, vid: int) -> tuple:

@@ -245,26 +245,52 @@ def _sources_text(sources: tuple) -> str:
     return ", ".join(f"{kind} {j}" for kind, j in sources)
 
 
+def checkpointed_body(program: Program, block: Block, lay: Layout) -> Callable:
+    """``body(pd, g, xd, rest) -> (active outs, (outs, results))``: the block (its
+    values named) with its differentiated inputs ``xd`` apart from the others
+    (``rest``), as the options that are a policy wrap it in ``jax.checkpoint``. One
+    function for all the options of a block: ``jax.checkpoint`` caches the traced
+    block by the function and JAX caches its JVP by that jaxpr, so every option after
+    the first traces only its own partial evaluation and transposition (the options
+    are all traced to bound the least budget, :meth:`BlockModel.trace_options`)."""
+    fn = block_function(program, block, lay, naming=True)
+
+    def body(pd: tuple, g: tuple, xd: tuple, rest: tuple) -> tuple:
+        active, other = iter(xd), iter(rest)
+        xs = tuple(next(active) if a else next(other) for a in lay.act_in)
+        outs, results = fn(pd, g, xs)
+        return _split(outs, lay.act_out), (outs, results)
+
+    return body
+
+
 def block_functions(
-    program: Program, block: Block, lay: Layout, option: SaveOption, specs: tuple
-) -> BlockFunctions:
-    """The functions of ``block`` under ``option`` (``specs``: shapes of p, g, x)."""
+    program: Program, block: Block, lay: Layout, option: SaveOption, specs: tuple,
+    body: Callable | None = None,
+) -> BlockFunctions:  # fmt: skip
+    """The functions of ``block`` under ``option`` (``specs``: shapes of p, g, x;
+    ``body``: the block's :func:`checkpointed_body`, shared by its options)."""
     fn = block_function(program, block, lay, naming=option.kind != "everything")
     policy = _policy(option, lay)
     found: dict[str, Any] = {}
+    if policy is not None:
+        body = body or checkpointed_body(program, block, lay)
+        checkpointed = jax.checkpoint(body, policy=policy, prevent_cse=True)
 
     def forward(p: tuple, g: tuple, x: tuple) -> tuple:
         return fn(p, g, x)
 
     def linearize(p: tuple, g: tuple, x: tuple):
+        rest = tuple(v for v, a in zip(x, lay.act_in, strict=True) if not a)
+
         def f(pd: tuple, xd: tuple) -> tuple:
+            if policy is not None:  # g and rest are arguments: no tracer in body's closure
+                return checkpointed(pd, g, xd, rest)
             it = iter(xd)
             xs = tuple(next(it) if a else v for v, a in zip(x, lay.act_in, strict=True))
             outs, results = fn(pd, g, xs)
             return _split(outs, lay.act_out), (outs, results)
 
-        if policy is not None:
-            f = jax.checkpoint(f, policy=policy, prevent_cse=True)
         act, vjp_fn, (outs, results) = jax.vjp(f, p, _split(x, lay.act_in), has_aux=True)
         return outs, results, vjp_fn
 

@@ -37,6 +37,7 @@ from jax_exec.program.kernels import (
     Layout,
     SaveOption,
     block_functions,
+    checkpointed_body,
     layout,
     loss_function,
 )
@@ -140,8 +141,12 @@ class BlockModel:
         option = self.option(k, o).on_device()
         key = (self.identity(k), option)
         if key not in self._functions:
+            body = self._functions.setdefault(
+                (self.identity(k), "body"),
+                checkpointed_body(self.program, block, self.layouts[k]),
+            )  # one per block, for JAX's caches: kernels.checkpointed_body
             self._functions[key] = block_functions(
-                self.program, block, self.layouts[k], option, self.specs(k)
+                self.program, block, self.layouts[k], option, self.specs(k), body
             )
         return self._functions[key]
 
@@ -377,13 +382,22 @@ class BlockModel:
         return temp_estimate(self, kind, k, option), False
 
     def trace_options(self) -> None:
-        """Trace every option's recording and phased backward (no compilation): their
-        saved bytes become exact and the phases' frees known, so that
-        ``build_problem(model, lower=True)`` bounds every figure from below. A sharded
-        model's bytes per device are known from compiled kernels only: every option's
-        are compiled."""
+        """Trace every option's recording and phased backward: their saved bytes become
+        exact and the phases' frees known, so that ``build_problem(model, lower=True)``
+        bounds every figure from below. Meanwhile every block's forward kernel is
+        compiled in the background (the least-memory schedules that
+        :func:`jax_exec.auto.exact.exact_least` compiles recompute nearly every block;
+        tracing holds the GIL, XLA's compilation does not); they become known when a
+        schedule asks for them. A sharded model's bytes per device are known from
+        compiled kernels only: every option's are compiled."""
         if self.sharded:
             self.compile(self.every_kernel())
+        else:  # the forward kernels compile (XLA holds no GIL) while the options are traced
+            for k in range(self.length):
+                self.functions(k, 0)  # traced here first: the background thread only reads them
+            forwards = [("forward", k, 0) for k in range(self.length)]
+            # (after any kernels compiled ahead: one background thread runs them in turn)
+            self.ahead = _in_background(dataclasses.replace(self, ahead=None), forwards)
         for k in range(self.length):
             for o in range(len(self.options[k])):
                 self.phased(k, o)  # traces the recording too (its recipe)
@@ -748,10 +762,18 @@ def compile_ahead(model: BlockModel) -> Future:
     background, into the process-wide tables, on a copy of ``model`` whose blocks have
     those options alone (the model's own are being made meanwhile)."""
     reference = tuple((option,) for option in store_all_options(model))
-    copy = dataclasses.replace(model, options=reference, known=set(), timings={})
     units = [("loss", model.length, 0)]
     for k in range(model.length):
         units += [("record", k, 0), ("backward", k, 0)]
+    return _in_background(dataclasses.replace(model, options=reference), units)
+
+
+def _in_background(model: BlockModel, units: list[tuple[str, int, int]]) -> Future:
+    """Compile these kernels of ``model`` in the background thread, into the
+    process-wide tables, on a copy that knows none of them (the planner's solves take
+    as exact only what they ask for: :attr:`BlockModel.known`); the model's
+    :meth:`BlockModel.settle` waits for it."""
+    copy = dataclasses.replace(model, known=set(), timings={}, ahead=None)
     return _AHEAD.submit(copy._build_units, units)
 
 

@@ -257,6 +257,38 @@ class _Table:
         return move
 
 
+def least_slots(z: _Sizes, slot: int) -> int:
+    """The fewest slots of ``slot`` bytes (a_0 aside) at which :class:`_Table`'s value is
+    finite: the same thresholds, rounded up the same way, as integers (``O(L^2)`` moves
+    instead of a row of ``M`` slots each). Where it exceeds the table's slots, that table
+    finds nothing: at budgets near the least one the discretized tables do not fit
+    (:func:`block_rotor` skips building them)."""
+    L = z.L
+
+    def q(nbytes: int) -> int:
+        return -(-nbytes // slot)
+
+    need: dict[tuple[int, int], int] = {(L, L): q(z.loss_need)}
+    for i in range(L - 1, -1, -1):
+        for t in range(i, L + 1):
+            best = math.inf
+            for o, opt in enumerate(z.opts[i]):
+                s = q(z.s[i][o])
+                thr = max(
+                    q(z.g[t + 1]) + s + q(opt.rec_tmp),
+                    s + q(z.g[i + 1]) + q(z.gnew[i]) + q(opt.bwd_tmp - opt.bwd_release),
+                )
+                best = min(best, thr if t == i else max(thr, s + need[i + 1, t]))
+            sweep = q(z.x[i][i + 1]) + q(z.ftmp[i])  # as _Table.sweep, row i
+            for j in range(i + 1, t + 1):
+                if j - 1 > i:
+                    sweep = max(sweep, q(z.pair[i][j - 1]) + q(z.ftmp[j - 1]))
+                thr = q(z.g[t + 1]) + sweep
+                best = min(best, max(thr, q(z.x[i][j]) + need[j, t], need[i, j - 1]))
+            need[i, t] = best
+    return need[0, L]
+
+
 def table_bytes(p: BlockChain, slots: int) -> int:
     """Bytes of the DP's tables for ``slots`` memory slots (one float64 row per (i, t))."""
     n = p.length + 1
@@ -328,14 +360,14 @@ def block_rotor(
     peak = simulate_blocks(problem, BlockSchedule(ops, {}, options)).peak_memory
     if peak <= budget:  # nothing to recompute: the fastest options, all recorded
         return BlockSchedule(ops, {"exact": True, "dp": "store_all"}, options)
-    x0 = _Sizes(problem).x0
-    room = min(budget, peak) - x0
+    sizes = _Sizes(problem)
+    room = min(budget, peak) - sizes.x0
     grid = slots
     while True:
         slot = 1 if room <= max_slots else -(-room // grid)
         M = room // slot
-        table = _Table(problem, M, slot)
-        if math.isfinite(table.value(M)):
+        table = _Table(problem, M, slot) if least_slots(sizes, slot) <= M else None
+        if table is not None and math.isfinite(table.value(M)):
             ops, options = _ops(problem.length, table.choose, M)
             options = uniform_options(problem, ops, options, budget)
             ops_meta: dict = {

@@ -23,7 +23,7 @@ import solvers
 from schedir import B, F_all, F_ck, F_n, InvalidProblem, InvalidSchedule, Loss
 from schedir.blocks.problem import BlockChain, BlockOption, BlockStage, simulate_blocks
 from schedir.blocks.schedule import BlockSchedule
-from solvers.blocks.rotor import least_memory
+from solvers.blocks.rotor import _Sizes, _Table, least_memory, least_slots
 
 
 def opt(name="o", saved=0, rec_time=1.0, rec_tmp=0, bwd_time=2.0, bwd_tmp=0):
@@ -224,6 +224,19 @@ def test_discretized_dp_fits_and_reports():
     assert not s.meta["exact"] and ("discretization" in s.meta or "fallback" in s.meta)
     assert s.meta["makespan"] >= exact.meta["makespan"] - 1e-9
     assert math.isfinite(s.meta["makespan"])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_least_slots_is_where_the_discretized_table_becomes_finite(seed):
+    # block_rotor builds no table below least_slots: it must be exactly where one is finite
+    rng = random.Random(seed)
+    p = random_chain(rng, rng.randint(1, 5))
+    z = _Sizes(p)
+    for slot in (1, 2, 3, 7):
+        least = least_slots(z, slot)
+        for M in range(max(0, least - 2), least + 3):
+            assert math.isfinite(_Table(p, M, slot).value(M)) == (M >= least), (slot, M)
+    assert least_slots(z, 1) + z.x0 == least_memory(p)[0]
 
 
 def test_ties_are_broken_towards_one_option_per_kind_of_stage():
