@@ -102,6 +102,8 @@ def solve(
 # solves, the fastest answer priced exactly so far that fits is kept (every one of them
 # is exact: its kernels were compiled). Deterministic: a count, not a clock.
 MAX_ROUNDS = 3
+# rounds where no answer fits after MAX_ROUNDS: then the least-memory schedule
+LAST_ROUND = 2 * MAX_ROUNDS + 1
 
 
 @dataclass(frozen=True)
@@ -220,7 +222,12 @@ def _solve_rounds(
     bm: BlockModel, nbytes: int, solver: str, options: dict, exact: bool, ref: Schedule
 ) -> tuple[Priced, int]:
     """The block method's answer for ``nbytes`` and the number of solves
-    (:func:`_solve_lazily`): the store-all reference ``ref`` competes when it fits."""
+    (:func:`_solve_lazily`): the store-all reference ``ref`` competes when it fits.
+    Where the estimates mislead (no answer that fits after :data:`MAX_ROUNDS` solves,
+    none among the compiled options either), rounds go on until one fits, at most
+    :data:`LAST_ROUND`, and then the exact least-memory schedule
+    (:func:`least_schedule`) competes: an answer whenever the budget is at least the
+    least one."""
     best = None
     if solver == "block_rotor":  # the DP discretizes sizes: store-all may beat it
         fits = _priced(bm, replace(ref, meta=dict(ref.meta, method=solver, exact=True)))
@@ -236,12 +243,9 @@ def _solve_rounds(
         except solvers.Infeasible as err:
             if not exact or err.min_budget is None or bounded:
                 raise
-            least = exact_least(bm, solver)
             bounded = True
-            if nbytes < least:
-                raise solvers.Infeasible(solver, nbytes, least, err.detail) from None
-            bm.problem = build_problem(bm)  # feasible once its figures are exact
-            continue
+            best = _faster(best, _least_answer(bm, nbytes, solver, err.detail))
+            continue  # the problem's figures are exact where the least needs them
         compiled = bm.compile_used(schedule) if exact else 0
         if compiled:
             bm.problem = build_problem(bm)
@@ -249,12 +253,25 @@ def _solve_rounds(
             best = _faster(best, priced if priced.peak <= nbytes else None)
         else:  # every figure of this answer is exact (or estimates are asked for)
             best = _faster(best, _priced(bm, schedule))
-        if not compiled or (rounds >= MAX_ROUNDS and best is not None):
+        last = not compiled or (rounds >= MAX_ROUNDS and best is not None) or rounds >= LAST_ROUND
+        misled = rounds > MAX_ROUNDS and not bounded  # no answer fitted in MAX_ROUNDS solves
+        if rounds >= MAX_ROUNDS and best is None:  # what is compiled only
+            best = _compiled_only(bm, nbytes, solver, options)
+            last, rounds = last or best is not None, rounds + (best is not None)
+        if last:
+            if misled:
+                best = _faster(best, _least_answer(bm, nbytes, solver, "exact least budget"))
             return _policies(bm, nbytes, best, exact, solver), rounds
-        if rounds >= MAX_ROUNDS:  # estimates keep misleading: what is compiled only
-            found = _compiled_only(bm, nbytes, solver, options)
-            if found is not None:
-                return _policies(bm, nbytes, _faster(found, best), exact, solver), rounds + 1
+
+
+def _least_answer(bm: BlockModel, nbytes: int, solver: str, why: str) -> Priced:
+    """The exact least-memory schedule (:func:`least_schedule`) as an answer for
+    ``nbytes``; :class:`solvers.Infeasible` with the exact least budget below it."""
+    least, schedule = least_schedule(bm, solver)
+    if nbytes < least:
+        raise solvers.Infeasible(solver, nbytes, least, why) from None
+    bm.problem = build_problem(bm)
+    return _priced(bm, replace(schedule, meta=dict(schedule.meta, method=solver)))
 
 
 def _policies(bm: BlockModel, nbytes: int, best: Priced, exact: bool, solver: str) -> Priced:
@@ -389,7 +406,13 @@ def in_user_units(err: solvers.Infeasible, given: Any, reference: int, what: str
 
 def exact_least(bm: BlockModel, solver: str) -> int:
     """The least budget of a block method, exact for the kernels its least-memory
-    schedule runs, compiling only those.
+    schedule runs, compiling only those (:func:`least_schedule`)."""
+    return least_schedule(bm, solver)[0]
+
+
+def least_schedule(bm: BlockModel, solver: str) -> tuple[int, BlockSchedule]:
+    """The least budget of a block method and a schedule that needs no more, every
+    kernel it runs compiled.
 
     A policy's schedule is fixed: its kernels compiled, its peak is its least budget.
     For the block DP, every option's recording and backward are traced (exact saved
@@ -402,7 +425,7 @@ def exact_least(bm: BlockModel, solver: str) -> int:
         schedule = policy_schedule(bm.problem, solver)
         bm.compile_used(schedule)
         bm.problem = build_problem(bm)
-        return simulate(bm.problem, schedule).peak_memory
+        return simulate(bm.problem, schedule).peak_memory, schedule
     bm.trace_options()
     while True:
         bound = build_problem(bm, lower=True)
@@ -412,8 +435,9 @@ def exact_least(bm: BlockModel, solver: str) -> int:
             for k, stage in enumerate(bound.stages)
         ]
         ops, options = least_memory_ops(bound, least, prefer)
-        if bm.compile_used(BlockSchedule(ops, {}, options)) == 0:
-            return least
+        schedule = BlockSchedule(ops, {"exact": True, "least_memory": True}, options)
+        if bm.compile_used(schedule) == 0:
+            return least, schedule
 
 
 def _compiled_only(bm: BlockModel, nbytes: int, solver: str, options: dict) -> Priced | None:
