@@ -363,6 +363,23 @@ def _run_at(model: BlockModel, options: tuple, chain: list[int], top: bool) -> S
     )  # fmt: skip
 
 
+def forward_runs(model: BlockModel, options: tuple, start: int, stop: int) -> dict[int, ScanRun]:
+    """The scan runs of blocks ``start .. stop - 1`` run forward only (a Segment's first
+    forward, :mod:`jax_exec.execute.segments`), by first block: from each block on the
+    longest run (:func:`_run_at`), the blocks between runs single. Nothing is recorded,
+    so no run needs its stacks held whole (:func:`_stacks_held_whole`)."""
+    found: dict[int, ScanRun] = {}
+    k = start
+    while k < stop:
+        run = _run_at(model, options, list(range(k, stop)), False)
+        if run is None:
+            k += 1
+        else:
+            found[k] = run
+            k = run.blocks.stop
+    return found
+
+
 def scan_runs(model: BlockModel, schedule: Schedule) -> dict[int, ScanRun]:
     """The scan runs of ``schedule``'s tree, by first block (:class:`ScanRun`), in the
     Record chains at every level (the top, inside Segments). A host-memory variant's
