@@ -216,10 +216,12 @@ def carry_cut(model: BlockModel, j: int, s: int) -> tuple:
     """``cuts[j]`` without the *pending* values of scan s: its ``ys`` (not its final
     carry) that no equation of the scan reads from cut j on; they wait for their readers
     after the scan (the stacking of ``ys``), so that an unrolled scan's cuts grow by
-    one iteration's ``ys`` per iteration while the loop carries the rest. The cut at the
-    scan's end also holds the scan's invariant values (as every cut inside it does), so
-    that its last iteration is wired like the others; the values are in the same order
-    in every iteration (:meth:`_ScanValues.order`), so that its first one is too."""
+    one iteration's ``ys`` per iteration while the loop carries the rest. The cuts in
+    the scan's last iteration and at its end also hold the scan's invariant values (as
+    every cut of the earlier iterations does, though the last may stop reading them
+    before its end), so that its last iteration is wired like the others; the values
+    are in the same order in every iteration (:meth:`_ScanValues.order`), so that its
+    first one is too."""
     sv = _scan_values(model, s)
     at = model.blocks.blocks[j].start
     kept = {
@@ -227,7 +229,7 @@ def carry_cut(model: BlockModel, j: int, s: int) -> tuple:
         for v in model.blocks.cuts[j]
         if v not in sv.ys or v in sv.final or sv.last_inside.get(v, -1) >= at
     }
-    if at >= sv.end:
+    if at > model.program.scans[s].starts[-2]:  # in the last iteration or after it
         kept |= sv.invariant
     return tuple(sorted(kept, key=lambda v: sv.order(model, v)))
 

@@ -44,6 +44,7 @@ from jax_exec.execute.loops import (
     carry_cut,
     emits,
     emitted_stacks,
+    forward_runs,
     held,
     inner_values,
     members,
@@ -260,14 +261,15 @@ def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Calla
                 return out, inner
 
             region_state = {v: state[v] for v in held(cuts[node.start], stacked)}
-            if name is None and loops:  # the first forward with loops (segments.py)
+            first = forward_runs(model, options, node.start, node.stop) if name is None else {}
+            if loops and first:  # the first forward with loops (segments.py)
                 reads = globals_read(model, node.start, node.stop, run_blocks)
                 inner_stacks = {
                     key[1] for r in runs.values() if node.start <= r.start < node.stop
                     for keys in r.keys() for key in keys if key[0] == "stack"
                 }  # fmt: skip
                 checkpointed = segment(
-                    model, options, node.start, node.stop, stacked,
+                    model, options, node.start, node.stop, first, stacked,
                     held(cuts[node.stop], stacked), region,
                 )  # fmt: skip
                 after_state, res = checkpointed(

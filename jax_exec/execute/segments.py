@@ -25,15 +25,15 @@ import jax
 import jax.numpy as jnp
 
 from jax_exec.execute.loop_vjp import loop_operands, loop_results, looped, run_stacks
-from jax_exec.execute.loops import ScanRun, Stack, boundary, carry_cut, forward_runs, members
+from jax_exec.execute.loops import ScanRun, Stack, boundary, carry_cut, members
 from jax_exec.program.model import BlockModel
 
 
-def forward_only(model: BlockModel, options: tuple, start: int, stop: int) -> Callable:
+def forward_only(model: BlockModel, options: tuple, start: int, stop: int, runs: dict) -> Callable:
     """``f(gv, values) -> (values, results)``: blocks ``start .. stop - 1`` forward from
     the values of cut ``start`` (value id -> array, no stacks) to those of cut ``stop``,
-    with the blocks' results; the scan runs among them as loops."""
-    runs = forward_runs(model, options, start, stop)
+    with the blocks' results; the scan runs among them (``runs``, by first block:
+    :func:`~jax_exec.execute.loops.forward_runs`) as loops."""
     loops = {k: looped(model, r, options) for k, r in runs.items()}
     cuts = model.blocks.cuts
 
@@ -120,15 +120,16 @@ def _with_slices(model: BlockModel, gv: dict, wanted: tuple) -> dict:
 
 
 def segment(
-    model: BlockModel, options: tuple, start: int, stop: int,
+    model: BlockModel, options: tuple, start: int, stop: int, runs: dict,
     stacked: dict[int, tuple[Stack, int]], out_keys: tuple, region: Callable,
 ) -> Callable:  # fmt: skip
     """``f(gv, stacks, state) -> (state, results)`` of Segment ``start .. stop - 1``
-    (module docstring): ``region`` is the subtree's structure with the same signature
-    (its output restricted to ``out_keys``: the ids :func:`~jax_exec.execute.loops.held`
-    gives for cut ``stop``); ``state`` holds stacks (``stacked``) in place of their
-    values, as the structure does."""
-    first = forward_only(model, options, start, stop)
+    (module docstring) whose first forward runs ``runs`` as loops: ``region`` is the
+    subtree's structure with the same signature (its output restricted to
+    ``out_keys``: the ids :func:`~jax_exec.execute.loops.held` gives for cut ``stop``);
+    ``state`` holds stacks (``stacked``) in place of their values, as the structure
+    does."""
+    first = forward_only(model, options, start, stop, runs)
     stack_of = {st.id: st for st, _ in stacked.values()}
 
     def forward(gv: dict, stacks: dict, state: dict) -> tuple[dict, dict]:
