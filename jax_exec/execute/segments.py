@@ -161,6 +161,7 @@ def segment(
     def f_fwd(gv: dict, stacks: dict, state: dict):
         return forward(gv, stacks, state), (gv, stacks, state)
 
+    @jax.jit  # a fresh name stack: nested, each level's would hold its callers' twice
     def f_bwd(saved: tuple, cts: tuple) -> tuple:
         saved = jax.lax.optimization_barrier(saved)  # recompute, do not reuse the forward
         _, vjp = jax.vjp(recomputed, *saved)
