@@ -12,7 +12,10 @@ The schedule's tree (:func:`jax_exec.execute.tree.parse_tree`) is lowered like a
   the gradients are JAX's own and only what the option did not save is recomputed;
 - a **Segment** (``F_ck(i) F_n(i+1..j-1)``) runs blocks i..j-1 under
   ``jax.checkpoint(prevent_cse=True)`` with the subtree's structure inside (only its
-  input is saved; its backward recomputes the segment);
+  input is saved; its backward recomputes the segment); where its blocks include a
+  repeated stretch (:func:`~jax_exec.execute.loops.forward_runs`) it is a
+  ``custom_vjp`` saving the same input whose first forward runs the stretch as a loop
+  (:mod:`jax_exec.execute.segments`);
 - the **loss stage** is a Record with plain autodiff;
 - a **scan run** (consecutive Records of an unrolled scan's repeated blocks,
   :mod:`jax_exec.execute.loops`) runs as one ``lax.scan`` whose residuals are the
