@@ -3,7 +3,12 @@ the number of StableHLO operations of ``jax.jit(jax.value_and_grad(plan.lowered(
 lowered, over plain ``jax.jit(nnx.value_and_grad)``'s, at store-all, 65% and the least
 budget, and the optimized HLO instructions XLA compiles; also the XLA compile seconds'
 ratio (one run each: noisy on a loaded machine, where the counts are not: they are
-deterministic).
+deterministic). Where the size comes from, from the schedule alone: ``fwd`` block
+forwards run (its ``F_*`` ops), ``rep`` those of blocks of unrolled scans (repeated
+blocks: what loops can share; the rest is distinct blocks recomputed), and the forward
+copies the lowered step holds: ``ckpt`` with each Segment's first forward as its
+subtree unrolled (``jax.checkpoint``), ``copies`` as lowered (a loop counts its
+period once; :func:`forward_copies`).
 
     python benchmarks/auto_step_size.py [--families a,b] [--budgets 100%,65%,least]
 """
@@ -27,7 +32,9 @@ import zoo  # noqa: E402
 
 import solvers  # noqa: E402
 from jax_exec import auto  # noqa: E402
-from jax_exec.execute.lowering import scan_runs  # noqa: E402
+from jax_exec.execute.loops import _scan_of, forward_runs, scan_runs  # noqa: E402
+from jax_exec.execute.tree import Record, Segment, parse_tree, split_copies  # noqa: E402
+from schedir.blocks.problem import schedule_options  # noqa: E402
 
 OP = re.compile(r'^\s*(?:%[^=]+= )?"?(?:stablehlo|chlo|func\.call|sdy)[.\w]*')
 HLO = re.compile(r"^\s+(?:ROOT )?%?[\w.\-]+ = ")
@@ -50,6 +57,56 @@ def measure(step, args) -> tuple[int, int, float]:
     compiled = lowered.compile()
     seconds = time.perf_counter() - start
     return ops(lowered), instructions(compiled), seconds
+
+
+def forward_copies(model, schedule) -> tuple[int, int, int, int]:
+    """``(fwd, rep, ckpt, copies)`` of the module docstring. Records (``F_all``) count
+    one copy each, a scan run's its period once; a Segment's first forward counts its
+    subtree's forward copies under ``jax.checkpoint`` and its blocks, a loop's period
+    once (:func:`~jax_exec.execute.loops.forward_runs`), as lowered."""
+    chain_ops, _ = split_copies(schedule.ops)
+    tree = parse_tree(chain_ops, model.length)
+    runs = scan_runs(model, schedule)
+    options = schedule_options(model.problem, schedule)
+    run_of = {k: r for r in runs.values() for k in r.blocks}
+    repeated = {k for k in range(model.length) if _scan_of(model, k) is not None}
+    fwd = rep = ckpt = copies = 0
+
+    def records(node) -> int:  # forward copies of a Record chain's and Segments' primal
+        n = 0
+        while isinstance(node, Record | Segment):
+            if isinstance(node, Segment):
+                n += records(node.inside)
+                node = node.after
+            elif node.index in runs:
+                r = runs[node.index]
+                n += r.period
+                for _ in r.blocks:
+                    node = node.rest
+            else:
+                n += 1
+                node = node.rest
+        return n
+
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, Record):
+            fwd, rep = fwd + 1, rep + (node.index in repeated)
+            r = run_of.get(node.index)
+            if r is None or r.start == node.index:  # a run: its period's copies once
+                n = 1 if r is None else r.period
+                ckpt, copies = ckpt + n, copies + n
+            todo.append(node.rest)
+        elif isinstance(node, Segment):
+            blocks = range(node.start, node.stop)
+            fwd, rep = fwd + len(blocks), rep + len(repeated.intersection(blocks))
+            ckpt += records(node.inside)
+            loops = forward_runs(model, options, node.start, node.stop)
+            looped = sum(len(r.blocks) for r in loops.values())
+            copies += len(blocks) - looped + sum(r.period for r in loops.values())
+            todo += [node.inside, node.after]
+    return fwd, rep, ckpt, copies
 
 
 def plain_step(factory, loss_fn):
@@ -91,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     families = ns.families.split(",") if ns.families else sorted(zoo.FAMILIES)
     print(f"{'family':>12} {'budget':>10} {'blocks':>6} {'looped':>6} {'ops':>7} {'plain':>7} "
           f"{'ratio':>6} {'hlo':>6} {'plain':>6} {'ratio':>6} {'compile':>8} "
-          f"{'overhead':>9}")  # fmt: skip
+          f"{'overhead':>9} {'fwd':>4} {'rep':>4} {'ckpt':>4} {'copies':>6}")  # fmt: skip
     for name in families:
         case = zoo.case(name)
         _, params, rest = nnx.split(case.factory(), nnx.Param, ...)
@@ -100,10 +157,12 @@ def main(argv: list[str] | None = None) -> int:
         for label, p in plans(case, ns.budgets.split(",")):
             looped = sum(len(r.blocks) for r in scan_runs(p.model, p.schedule).values())
             step = jax.value_and_grad(p.lowered(), has_aux=True)
+            fwd, rep, ckpt, copies = forward_copies(p.model, p.schedule)
             n, h, s = measure(step, args)
             print(f"{name:>12} {label:>10} {p.model.length:>6} {looped:>6} {n:>7} {plain:>7} "
                   f"{n / plain:>6.2f} {h:>6} {plain_h:>6} {h / max(plain_h, 1):>6.2f} "
-                  f"{s / plain_s:>7.2f}x {p.overhead:>+9.1%}", flush=True)  # fmt: skip
+                  f"{s / plain_s:>7.2f}x {p.overhead:>+9.1%} {fwd:>4} {rep:>4} {ckpt:>4} "
+                  f"{copies:>6}", flush=True)  # fmt: skip
     return 0
 
 

@@ -29,6 +29,28 @@ def run_stacks(runs: dict, gv: dict) -> dict:
     return stacks
 
 
+def loop_operands(run: ScanRun, gv: dict, stacks: dict) -> tuple[tuple, tuple]:
+    """``(P, G)`` of :func:`looped`: per key of :meth:`ScanRun.keys` the global itself
+    or its stacked slice range (from ``stacks``, :func:`run_stacks`)."""
+
+    def operand(key: tuple) -> Any:
+        return gv[key[1]] if key[0] == "same" else stacks[key[1]]
+
+    p_keys, g_keys = run.keys()
+    return tuple(map(operand, p_keys)), tuple(map(operand, g_keys))
+
+
+def loop_results(model: BlockModel, run: ScanRun, ys: tuple) -> dict:
+    """The blocks' results (value id -> array) from :func:`looped`'s ``ys``."""
+    found = {}
+    for t in range(run.length):
+        i = run.time_of(t)  # the slice period t reads (time_of is its own inverse)
+        for j, per_block in enumerate(ys):
+            lay = model.layouts[run.start + t * run.period + j]
+            found.update(zip(lay.results, (y[i] for y in per_block), strict=True))
+    return found
+
+
 def _at(stack: Any, i: Any) -> Any:
     return jax.lax.dynamic_index_in_dim(stack, i, 0, keepdims=False)
 

@@ -12,7 +12,10 @@ The schedule's tree (:func:`jax_exec.execute.tree.parse_tree`) is lowered like a
   the gradients are JAX's own and only what the option did not save is recomputed;
 - a **Segment** (``F_ck(i) F_n(i+1..j-1)``) runs blocks i..j-1 under
   ``jax.checkpoint(prevent_cse=True)`` with the subtree's structure inside (only its
-  input is saved; its backward recomputes the segment);
+  input is saved; its backward recomputes the segment); where its blocks include a
+  repeated stretch (:func:`~jax_exec.execute.loops.forward_runs`) it is a
+  ``custom_vjp`` saving the same input whose first forward runs the stretch as a loop
+  (:mod:`jax_exec.execute.segments`);
 - the **loss stage** is a Record with plain autodiff;
 - a **scan run** (consecutive Records of an unrolled scan's repeated blocks,
   :mod:`jax_exec.execute.loops`) runs as one ``lax.scan`` whose residuals are the
@@ -37,13 +40,14 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from jax_exec.execute.loop_vjp import looped, run_stacks
+from jax_exec.execute.loop_vjp import loop_operands, loop_results, looped, run_stacks
 from jax_exec.execute.loops import (
     ScanRun,
     boundary,
     carry_cut,
     emits,
     emitted_stacks,
+    forward_runs,
     held,
     inner_values,
     members,
@@ -51,6 +55,7 @@ from jax_exec.execute.loops import (
     stack_key,
 )
 from jax_exec.execute.rounding import unrounded
+from jax_exec.execute.segments import globals_read, segment
 from jax_exec.execute.tree import (
     Empty,
     LossNode,
@@ -164,6 +169,7 @@ def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Calla
     loops = loops and not offloaded  # a scan run's residuals stay on the device
     runs = scan_runs(model, schedule) if loops else {}
     run_fns = {k: looped(model, r, options) for k, r in runs.items()}
+    run_blocks = frozenset(k for r in runs.values() for k in r.blocks)
     stacked = emitted_stacks(model, runs)  # a value a loop emits is read from its stack only
     run_stacks_of = {
         k: tuple(stacked[model.layouts[b].outs[o]][0] for b, o in emits(model, r))
@@ -196,19 +202,10 @@ def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Calla
         )
 
     def run_loop(r: ScanRun, gv: dict, stacks: dict, state: dict, results: dict) -> dict:
-        def operand(key: tuple) -> Any:
-            return gv[key[1]] if key[0] == "same" else stacks[key[1]]
-
-        p_keys, g_keys = r.keys()
         entering, _, _ = boundary(model, r)
         c0 = tuple(state[v] for v in entering)
-        P, G = tuple(map(operand, p_keys)), tuple(map(operand, g_keys))
-        cn, ys, em = run_fns[r.start](P, G, c0)
-        for t in range(r.length):
-            i = t if r.step > 0 else r.length - 1 - t
-            for j, per_block in enumerate(ys):
-                lay = model.layouts[r.start + t * r.period + j]
-                results.update(zip(lay.results, (y[i] for y in per_block), strict=True))
+        cn, ys, em = run_fns[r.start](*loop_operands(r, gv, stacks), c0)
+        results.update(loop_results(model, r, ys))
         made = dict(zip((st.id for st in run_stacks_of[r.start]), em, strict=True))
         _, leaving, changing = boundary(model, r)
         last = carry_cut(model, r.blocks.stop, r.scan)  # leaving the last period, alike
@@ -267,6 +264,24 @@ def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Calla
                 return out, inner
 
             region_state = {v: state[v] for v in held(cuts[node.start], stacked)}
+            first = forward_runs(model, options, node.start, node.stop) if name is None else {}
+            if loops and first:  # the first forward with loops (segments.py)
+                reads = globals_read(model, node.start, node.stop, run_blocks)
+                inner_stacks = {
+                    key[1] for r in runs.values() if node.start <= r.start < node.stop
+                    for keys in r.keys() for key in keys if key[0] == "stack"
+                }  # fmt: skip
+                checkpointed = segment(
+                    model, options, node.start, node.stop, first, stacked,
+                    held(cuts[node.stop], stacked), region,
+                )  # fmt: skip
+                after_state, res = checkpointed(
+                    {v: gv[v] for v in reads},
+                    {key: stacks[key] for key in inner_stacks},
+                    region_state,
+                )
+                results.update(res)
+                return run(node.after, gv, stacks, after_state, results, after_pos)
             policy = None if name is None else _offload_policy(name)
             checkpointed = jax.checkpoint(region, policy=policy, prevent_cse=True)
             after_state, res = checkpointed(gv, stacks, region_state)

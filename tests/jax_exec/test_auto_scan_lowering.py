@@ -16,8 +16,10 @@ from flax import nnx
 from test_auto_plan import assert_close, reference
 
 from jax_exec import auto
-from jax_exec.execute.loops import boundary, emits, scan_runs
+from jax_exec.execute.loops import boundary, emits, forward_runs, scan_runs
 from jax_exec.execute.lowering import expected_residuals, lower, saved_residuals
+from jax_exec.execute.tree import Record, Segment, parse_tree
+from schedir.blocks.problem import schedule_options
 
 
 def has_scan(fn, *args) -> bool:
@@ -98,7 +100,7 @@ def check_loops(q, factory, loss_fn, args, ref, *, looped: bool) -> None:
     assert_close(c_grads, grads)
     assert_close(c_state, state)
     assert saved_residuals(fn, params, rest, args) == expected_residuals(q.model, q.schedule)
-    assert bool(scan_runs(q.model, q.schedule)) == looped
+    assert bool(scan_runs(q.model, q.schedule) or segment_loops(q)) == looped
     assert has_scan(fn, params, rest, args) == looped
     unrolled = lower(q.model, q.schedule, loops=False)
     assert not has_scan(unrolled, params, rest, args)
@@ -161,18 +163,85 @@ def whiles(fn, params, rest, args) -> int:
     return step.lower(params, rest, args).as_text().count("stablehlo.while")
 
 
+def segment_loops(q) -> int:
+    """The loops of the Segments' first forwards (forward_runs), over the schedule's tree."""
+    options = schedule_options(q.model.problem, q.schedule)
+    found, todo = 0, [parse_tree(q.schedule.ops, q.model.length)]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, Segment):
+            found += len(forward_runs(q.model, options, node.start, node.stop))
+            todo += [node.inside, node.after]
+        elif isinstance(node, Record):
+            todo.append(node.rest)
+    return found
+
+
+def loops_lowered(q) -> int:
+    """The ``while`` loops of the compiled step: a run's forward (and its backward where
+    it is differentiated), each time it runs: in a ``jax.checkpoint``-ed Segment's first
+    forward and again in its recomputation; a Segment with loops in its first forward
+    (segments.py) runs them, then its structure in its backward."""
+    options = schedule_options(q.model.problem, q.schedule)
+    runs = scan_runs(q.model, q.schedule)
+
+    def walk(node, primal: bool) -> int:
+        n = 0
+        while isinstance(node, Record | Segment):
+            if isinstance(node, Segment):
+                first = forward_runs(q.model, options, node.start, node.stop)
+                n += len(first) if first else walk(node.inside, True)
+                n += 0 if primal else walk(node.inside, False)
+                node = node.after
+            elif node.index in runs:
+                n += 1 if primal else 2
+                for _ in runs[node.index].blocks:
+                    node = node.rest
+            else:
+                node = node.rest
+        return n
+
+    return walk(parse_tree(q.schedule.ops, q.model.length), False)
+
+
 def check_emitting(q, factory, loss_fn, args, ref) -> dict:
     """check_loops, and the emitted values leave every run as one stacked array each
-    (one ``while`` forward and one backward per run, none for the unrolled step's
-    blocks). The runs, by first block."""
+    (one ``while`` forward and one backward per run, more in Segments:
+    :func:`loops_lowered`, none for the unrolled step's blocks). The runs, by first
+    block."""
     check_loops(q, factory, loss_fn, args, ref, looped=True)
     runs = scan_runs(q.model, q.schedule)
     assert any(emits(q.model, r) for r in runs.values())
     _, params, rest = nnx.split(factory(), nnx.Param, ...)
     unrolled = lower(q.model, q.schedule, loops=False)
     loops = whiles(q.lowered(), params, rest, args) - whiles(unrolled, params, rest, args)
-    assert loops == sum(2 if r.top else 3 for r in runs.values())
+    assert loops == loops_lowered(q)
     return runs
+
+
+def test_segments_forward_as_loops():
+    """At the least budget a scanned stack is recomputed from its input at every level of
+    a nest of Segments (``S[0:8]{S[0:7]{..} R6} R7``) and no Records repeat: no scan run,
+    but each Segment's first forward runs its repeated blocks as one loop (segments.py),
+    with the gradients and the saved residuals of jax.checkpoint's unrolled forwards, in
+    fewer operations."""
+    factory, loss_fn, args = make_scan(width=8, depth=8, batch=4)
+    ref = reference(factory, loss_fn, args)
+    p = auto.plan(loss_fn, factory(), *args, budget="100%", exact=False)
+    q = p.replan(p.least_budget())
+    assert not scan_runs(q.model, q.schedule)
+    n = segment_loops(q)
+    assert n >= 5  # the Segments over 3 blocks of the stack or more
+    check_loops(q, factory, loss_fn, args, ref, looped=True)
+    _, params, rest = nnx.split(factory(), nnx.Param, ...)
+    unrolled = lower(q.model, q.schedule, loops=False)
+    assert whiles(q.lowered(), params, rest, args) == n == loops_lowered(q)
+    texts = [
+        jax.jit(jax.value_and_grad(f, has_aux=True)).lower(params, rest, args).as_text()
+        for f in (q.lowered(), unrolled)
+    ]
+    ops = [sum(" = stablehlo." in line for line in t.splitlines()) for t in texts]
+    assert ops[0] < 0.9 * ops[1]
 
 
 @pytest.mark.parametrize("reverse", [False, True])
