@@ -423,3 +423,20 @@ def test_least_budget_by_lower_bounds_is_exact(seed):
     with pytest.raises(solvers.Infeasible) as err:
         top.replan(least - 1)
     assert err.value.min_budget == least
+
+
+# [14] Near the least budget the estimates mislead (answers that fit on estimates are
+# over the budget once compiled): the rounds stop at LAST_ROUND (they were unbounded),
+# and the exact least-memory schedule competes, so the plan is never slower than it.
+def test_rounds_near_the_least_budget_are_bounded_and_beat_the_least_memory_schedule():
+    from jax_exec.auto.exact import LAST_ROUND, least_schedule
+    from schedir import simulate
+
+    case = zoo.case("resnet")
+    top = jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget="100%")
+    p = top.replan(top.least_budget())
+    assert p.schedule.meta["compile_rounds"] <= LAST_ROUND + 1
+    least, schedule = least_schedule(p.model, "block_rotor")
+    assert least == p.budget
+    trace = simulate(p.model.problem, schedule)
+    assert trace.peak_memory <= least and p.schedule.meta["makespan"] <= trace.makespan
