@@ -66,44 +66,74 @@ class _Sizes:
         self.s = [[self.x[i][i + 1] + o.saved for o in self.opts[i]] for i in range(L)]
         self.loss_need = self.g[L] + p.loss_tmp
         self.loss_time = p.loss_time
-        # sweep[i][j]: bytes besides a_i (and d_{t+1}) that F_ck(i) F_n(i+1..j-1) need
+
+
+class _Needs:
+    """The memory each move of the recursion needs besides a_i (module docstring), in
+    slots of ``slot`` bytes, each term rounded up (``slot=1``: bytes, exact): the one
+    rule :func:`least_memory`, :func:`least_slots`, :func:`least_memory_ops` and
+    :class:`_Table` read."""
+
+    def __init__(self, z: _Sizes, slot: int = 1) -> None:
+        self.z, self.slot = z, slot
+        L, q = z.L, self.q
+        self.g = [q(b) for b in z.g]
+        self.s = [[q(b) for b in row] for row in z.s]
+        self.x = [[q(b) for b in row] for row in z.x]
+        self.loss = q(z.loss_need)
+        self.rec = [[q(o.rec_tmp) for o in opts] for opts in z.opts]
+        # the backward's need: saved, d_{i+1}, the new cotangents, its net temporaries
+        self.bwd = [
+            [self.s[i][o] + self.g[i + 1] + q(z.gnew[i]) + q(opt.bwd_tmp - opt.bwd_release)
+             for o, opt in enumerate(z.opts[i])]
+            for i in range(L)
+        ]  # fmt: skip
+        # sweep[i][j]: besides a_i (and d_{t+1}), what F_ck(i) F_n(i+1..j-1) need
         self.sweep = [[0] * (L + 1) for _ in range(L + 1)]
         for i in range(L):
-            need = self.x[i][i + 1] + self.ftmp[i]
+            need = self.x[i][i + 1] + q(z.ftmp[i])
             for j in range(i + 1, L + 1):
                 if j - 1 > i:
-                    need = max(need, self.pair[i][j - 1] + self.ftmp[j - 1])
+                    need = max(need, q(z.pair[i][j - 1]) + q(z.ftmp[j - 1]))
                 self.sweep[i][j] = need
 
-    def record_need(self, i: int, t: int, o: int) -> int:
-        opt = self.opts[i][o]
-        s = self.s[i][o]
-        backward = s + self.g[i + 1] + self.gnew[i] + opt.bwd_tmp - opt.bwd_release
-        return max(self.g[t + 1] + s + opt.rec_tmp, backward)
+    def q(self, nbytes: int) -> int:
+        """Bytes -> slots, rounded up (negative bytes too: a net release)."""
+        return -(-nbytes // self.slot)
 
-    def sweep_need(self, i: int, j: int, t: int) -> int:
-        """Memory besides a_i that ``F_ck(i) F_n(i+1..j-1)`` needs with d_{t+1} resident."""
+    def record(self, i: int, t: int, o: int) -> int:
+        """What recording stage i with option o needs, stages i+1..t after it."""
+        return max(self.g[t + 1] + self.s[i][o] + self.rec[i][o], self.bwd[i][o])
+
+    def split(self, i: int, j: int, t: int) -> int:
+        """What ``F_ck(i) F_n(i+1..j-1)`` needs with d_{t+1} resident."""
         return self.g[t + 1] + self.sweep[i][j]
+
+    def least(self) -> dict[tuple[int, int], int]:
+        """``need[(i, t)]``: the least memory of stages i..t over every persistent
+        schedule (the recursion's minimum over its moves)."""
+        L = self.z.L
+        need: dict[tuple[int, int], int] = {(L, L): self.loss}
+        for i in range(L - 1, -1, -1):
+            need[i + 1, i] = 0
+            for t in range(i, L + 1):
+                best = min(
+                    max(self.record(i, t, o), self.s[i][o] + need[i + 1, t])
+                    for o in range(len(self.s[i]))
+                )
+                for j in range(i + 1, t + 1):
+                    split = max(self.split(i, j, t), self.x[i][j] + need[j, t], need[i, j - 1])
+                    best = min(best, split)
+                need[i, t] = best
+        return need
 
 
 def least_memory(p: BlockChain) -> tuple[int, dict]:
     """The least budget (bytes, a_0 included) of any persistent schedule, and the
     table ``need[(i, t)]`` (bytes besides a_i) behind it; exact integers."""
     z = _Sizes(p)
-    L = z.L
-    need: dict[tuple[int, int], int] = {(L, L): z.loss_need}
-    for i in range(L - 1, -1, -1):
-        need[i + 1, i] = 0
-        for t in range(i, L + 1):
-            best = min(
-                max(z.record_need(i, t, o), z.s[i][o] + need[i + 1, t])
-                for o in range(len(z.opts[i]))
-            )
-            for j in range(i + 1, t + 1):
-                split = max(z.sweep_need(i, j, t), z.x[i][j] + need[j, t], need[i, j - 1])
-                best = min(best, split)
-            need[i, t] = best
-    return z.x0 + need[0, L], need
+    need = _Needs(z).least()
+    return z.x0 + need[0, z.L], need
 
 
 def _ops(L: int, choose, m: int) -> tuple[tuple, list[int | None]]:
@@ -145,16 +175,18 @@ def least_memory_ops(
     """A schedule that fits ``budget`` whenever it is at least :func:`least_memory`;
     ``prefer[i]``: stage i's options in the order to try (default: by index)."""
     z = _Sizes(p)
-    least, need = least_memory(p)
+    n = _Needs(z)
+    need = n.least()
+    least = z.x0 + need[0, z.L]
     if budget < least:
         raise ValueError(f"budget {budget} < least feasible {least}")
 
     def choose(i: int, t: int, m: int):
         for o in prefer[i] if prefer else range(len(z.opts[i])):
-            if max(z.record_need(i, t, o), z.s[i][o] + need[i + 1, t]) <= m:
+            if max(n.record(i, t, o), z.s[i][o] + need[i + 1, t]) <= m:
                 return ("record", o, m - z.s[i][o])
         for j in range(t, i, -1):
-            if max(z.sweep_need(i, j, t), z.x[i][j] + need[j, t], need[i, j - 1]) <= m:
+            if max(n.split(i, j, t), z.x[i][j] + need[j, t], need[i, j - 1]) <= m:
                 return ("split", j, m - z.x[i][j])
         raise AssertionError(f"no move fits stages {i}..{t} in {m} bytes")  # pragma: no cover
 
@@ -166,24 +198,13 @@ class _Table:
 
     def __init__(self, p: BlockChain, M: int, slot: int) -> None:
         z = _Sizes(p)
-        self.z, self.M, self.slot = z, M, slot
+        n = _Needs(z, slot)
+        self.z, self.n, self.M, self.slot = z, n, M, slot
         L, W = z.L, M + 1
-
-        def q(nbytes: int) -> int:  # bytes -> slots, rounded up
-            return -(-nbytes // slot)
-
-        self.q = q
-        self.sweep = [[0] * (L + 1) for _ in range(L + 1)]  # in slots, terms rounded up
-        for i in range(L):
-            need = q(z.x[i][i + 1]) + q(z.ftmp[i])
-            for j in range(i + 1, L + 1):
-                if j - 1 > i:
-                    need = max(need, q(z.pair[i][j - 1]) + q(z.ftmp[j - 1]))
-                self.sweep[i][j] = need
         self.rows: dict[tuple[int, int], np.ndarray] = {}
         inf = np.full(W, np.inf)
         loss = inf.copy()
-        loss[min(q(z.loss_need), W) :] = z.loss_time
+        loss[min(n.loss, W) :] = z.loss_time
         self.rows[L, L] = loss
         self.prefix = np.concatenate([[0.0], np.cumsum(z.f)])
         shifted: dict[tuple[int, int, int], np.ndarray] = {}
@@ -201,10 +222,7 @@ class _Table:
             for t in range(i, L + 1):
                 best = np.full(W, np.inf)
                 for o, opt in enumerate(z.opts[i]):
-                    s = q(z.s[i][o])
-                    thr = q(z.g[t + 1]) + s + q(opt.rec_tmp)
-                    bwd = q(opt.bwd_tmp - opt.bwd_release)  # rounded up, may be negative
-                    thr = max(thr, s + q(z.g[i + 1]) + q(z.gnew[i]) + bwd)
+                    s, thr = n.s[i][o], n.record(i, t, o)
                     base = opt.rec_time + opt.bwd_time
                     cand = np.full(W, np.inf)
                     if t == i:
@@ -214,39 +232,32 @@ class _Table:
                         cand[: min(thr, W)] = np.inf
                     np.minimum(best, cand, out=best)
                 for j in range(i + 1, t + 1):
-                    thr = self._sweep(i, j, t)
+                    thr = n.split(i, j, t)
                     if thr >= W:
                         continue
-                    cand = shift(j, t, q(z.x[i][j])) + self.rows[i, j - 1]
+                    cand = shift(j, t, n.x[i][j]) + self.rows[i, j - 1]
                     cand += self.prefix[j] - self.prefix[i]
                     cand[:thr] = np.inf
                     np.minimum(best, cand, out=best)
                 self.rows[i, t] = best
 
-    def _sweep(self, i: int, j: int, t: int) -> int:
-        return self.q(self.z.g[t + 1]) + self.sweep[i][j]
-
     def value(self, m: int) -> float:
         return float(self.rows[0, self.z.L][min(m, self.M)])
 
     def choose(self, i: int, t: int, m: int):
-        z, q = self.z, self.q
+        z, n = self.z, self.n
         best, move = math.inf, None
         for o, opt in enumerate(z.opts[i]):
-            s = q(z.s[i][o])
-            thr = max(
-                q(z.g[t + 1]) + s + q(opt.rec_tmp),
-                s + q(z.g[i + 1]) + q(z.gnew[i]) + q(opt.bwd_tmp - opt.bwd_release),
-            )
-            if m < thr:
+            s = n.s[i][o]
+            if m < n.record(i, t, o):
                 continue
             rest = 0.0 if t == i else self.rows[i + 1, t][m - s]
             value = opt.rec_time + opt.bwd_time + rest
             if value < best:
                 best, move = value, ("record", o, m - s)
         for j in range(i + 1, t + 1):
-            xj = q(z.x[i][j])
-            if m < self._sweep(i, j, t) or m < xj:
+            xj = n.x[i][j]
+            if m < n.split(i, j, t) or m < xj:
                 continue
             forward = self.prefix[j] - self.prefix[i]
             value = forward + self.rows[j, t][m - xj] + self.rows[i, j - 1][m]
@@ -259,34 +270,11 @@ class _Table:
 
 def least_slots(z: _Sizes, slot: int) -> int:
     """The fewest slots of ``slot`` bytes (a_0 aside) at which :class:`_Table`'s value is
-    finite: the same thresholds, rounded up the same way, as integers (``O(L^2)`` moves
-    instead of a row of ``M`` slots each). Where it exceeds the table's slots, that table
-    finds nothing: at budgets near the least one the discretized tables do not fit
-    (:func:`block_rotor` skips building them)."""
-    L = z.L
-
-    def q(nbytes: int) -> int:
-        return -(-nbytes // slot)
-
-    need: dict[tuple[int, int], int] = {(L, L): q(z.loss_need)}
-    for i in range(L - 1, -1, -1):
-        for t in range(i, L + 1):
-            best = math.inf
-            for o, opt in enumerate(z.opts[i]):
-                s = q(z.s[i][o])
-                thr = max(
-                    q(z.g[t + 1]) + s + q(opt.rec_tmp),
-                    s + q(z.g[i + 1]) + q(z.gnew[i]) + q(opt.bwd_tmp - opt.bwd_release),
-                )
-                best = min(best, thr if t == i else max(thr, s + need[i + 1, t]))
-            sweep = q(z.x[i][i + 1]) + q(z.ftmp[i])  # as _Table.sweep, row i
-            for j in range(i + 1, t + 1):
-                if j - 1 > i:
-                    sweep = max(sweep, q(z.pair[i][j - 1]) + q(z.ftmp[j - 1]))
-                thr = q(z.g[t + 1]) + sweep
-                best = min(best, max(thr, q(z.x[i][j]) + need[j, t], need[i, j - 1]))
-            need[i, t] = best
-    return need[0, L]
+    finite: the same needs, rounded up the same way (:class:`_Needs`), as integers
+    (``O(L^2)`` moves instead of a row of ``M`` slots each). Where it exceeds the table's
+    slots, that table finds nothing: at budgets near the least one the discretized
+    tables do not fit (:func:`block_rotor` skips building them)."""
+    return _Needs(z, slot).least()[0, z.L]
 
 
 def table_bytes(p: BlockChain, slots: int) -> int:
