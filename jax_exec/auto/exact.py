@@ -253,12 +253,13 @@ def _solve_rounds(
             best = _faster(best, priced if priced.peak <= nbytes else None)
         else:  # every figure of this answer is exact (or estimates are asked for)
             best = _faster(best, _priced(bm, schedule))
-        last = not compiled or (rounds >= MAX_ROUNDS and best is not None) or rounds >= LAST_ROUND
+        done = not compiled or rounds >= LAST_ROUND or (rounds >= MAX_ROUNDS and best is not None)
         misled = rounds > MAX_ROUNDS and not bounded  # no answer fitted in MAX_ROUNDS solves
         if rounds >= MAX_ROUNDS and best is None:  # what is compiled only
             best = _compiled_only(bm, nbytes, solver, options)
-            last, rounds = last or best is not None, rounds + (best is not None)
-        if last:
+            if best is not None:  # one more solve, and an answer
+                done, rounds = True, rounds + 1
+        if done:
             if misled:
                 best = _faster(best, _least_answer(bm, nbytes, solver, "exact least budget"))
             return _policies(bm, nbytes, best, exact, solver), rounds

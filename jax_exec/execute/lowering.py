@@ -264,8 +264,9 @@ def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Calla
                 return out, inner
 
             region_state = {v: state[v] for v in held(cuts[node.start], stacked)}
-            first = forward_runs(model, options, node.start, node.stop) if name is None else {}
-            if loops and first:  # the first forward with loops (segments.py)
+            looping = loops and name is None  # (an offloaded input: a checkpoint policy's)
+            first = forward_runs(model, options, node.start, node.stop) if looping else {}
+            if first:  # the first forward with loops (segments.py)
                 reads = globals_read(model, node.start, node.stop, run_blocks)
                 inner_stacks = {
                     key[1] for r in runs.values() if node.start <= r.start < node.stop
