@@ -32,7 +32,6 @@ from jax_exec.execute.buffers import HOST, Buffers
 from jax_exec.execute.result import OpMeter, RunResult, tree_bytes
 from jax_exec.program.model import BlockModel, global_values, through_flags
 from jax_exec.program.placement import place
-from jax_exec.program.trace import Lit
 from schedir import B, F_all, Loss, Schedule
 from schedir.blocks.problem import schedule_options, simulate_blocks
 from schedir.chain.ops import buffer_moves
@@ -300,7 +299,6 @@ def step_result(
     blocks' results, and what ``meter`` recorded."""
     params, rest, args = call
     program = model.program
-    results[program.loss] = loss  # aux may hold the loss itself (metrics)
     for vid, (src, i) in sorted(program.derived.items(), reverse=True):
         if vid in grads:  # a slice of a stacked parameter: into its stack
             base = grads.get(src, jnp.zeros(program.avals[src].shape, program.avals[src].dtype))
@@ -312,16 +310,8 @@ def step_result(
     if program.grad_shardings:  # a sharded model's: where the plain step puts them
         pairs = zip(grad_leaves, program.param_ids, strict=True)
         grad_leaves = [place(g, program.grad_shardings[v]) for g, v in pairs]
-    p_def, r_def, _, aux_def = program.treedefs
-
-    def value(ref: Any) -> Any:
-        if isinstance(ref, Lit):
-            return ref.value
-        return gv[ref] if ref in gv else results[ref]
-
-    aux = jax.tree_util.tree_unflatten(aux_def, [value(r) for r in program.aux])
-    new_state = jax.tree_util.tree_unflatten(r_def, [value(r) for r in program.new_rest])
-    grad_tree = jax.tree_util.tree_unflatten(p_def, grad_leaves)
+    aux, new_state = program.outputs(loss, gv, results)
+    grad_tree = jax.tree_util.tree_unflatten(program.treedefs[0], grad_leaves)
     return RunResult(
         loss=loss,
         aux=aux if model.traced.has_aux else None,

@@ -67,7 +67,6 @@ from jax_exec.execute.tree import (
 )
 from jax_exec.program.kernels import BlockFunctions
 from jax_exec.program.model import BlockModel, global_values
-from jax_exec.program.trace import Lit
 from schedir import Loss, Schedule
 from schedir.blocks.problem import schedule_options, simulate_blocks
 
@@ -291,22 +290,12 @@ def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Calla
         raise TypeError(f"not a schedule tree node: {node!r}")  # pragma: no cover
 
     program = model.program
-    p_def, r_def, _, aux_def = program.treedefs
 
     def fn(params: Any, rest: Any, args: tuple) -> tuple:
         gv = global_values(model, params, rest, args)
         results: dict = {}
         loss = run(tree, gv, run_stacks(runs, gv), {}, results, 0)
-        results[program.loss] = loss  # aux may hold the loss itself (metrics)
-
-        def value(ref: Any) -> Any:
-            if isinstance(ref, Lit):
-                return ref.value
-            return gv[ref] if ref in gv else results[ref]
-
-        aux = jax.tree_util.tree_unflatten(aux_def, [value(r) for r in program.aux])
-        new_rest = jax.tree_util.tree_unflatten(r_def, [value(r) for r in program.new_rest])
-        return loss, (aux, new_rest)
+        return loss, program.outputs(loss, gv, results)
 
     return fn
 

@@ -155,6 +155,21 @@ class Program:
                 found.add(vid)
         return frozenset(found)
 
+    def outputs(self, loss: Any, values: dict, results: dict) -> tuple[Any, Any]:
+        """``(aux, new_rest)`` of a step from the values of the globals (``values``) and
+        of the blocks' results (``results``), the loss given (``aux`` may hold it: the
+        usual metrics), as every executor assembles them."""
+        found = {**results, self.loss: loss}
+
+        def value(ref: Ref) -> Any:
+            if isinstance(ref, Lit):
+                return ref.value
+            return values[ref] if ref in values else found[ref]
+
+        _, r_def, _, aux_def = self.treedefs
+        aux = jax.tree_util.tree_unflatten(aux_def, [value(r) for r in self.aux])
+        return aux, jax.tree_util.tree_unflatten(r_def, [value(r) for r in self.new_rest])
+
     def nbytes(self, vid: int) -> int:
         """Bytes of value ``vid`` on one device (its largest shard when sharded)."""
         return aval_bytes(self.avals[vid], self.shardings.get(vid))
