@@ -5,7 +5,7 @@
    well-known architectures are), each planned with ``plan``'s defaults (``exact=True``)
    at store-all and at 65% of it (the least budget where that is below; ``--least``:
    at the least budget too): planning
-   seconds from cold caches (``jax_exec.program.model.clear_caches``; JAX's own tracing
+   seconds from cold caches (``jax_exec.program.compiled.clear_caches``; JAX's own tracing
    caches stay warm after the first family), the kernels compiled, and the XLA compile
    seconds of the planned step (``jax.jit`` of ``jax.value_and_grad(plan.lowered())``)
    over plain ``jax.jit(nnx.value_and_grad)``'s. Targets: planned in under 5 s, the
@@ -49,7 +49,7 @@ from auto_models import gpt, scanned  # noqa: E402
 import solvers  # noqa: E402
 from jax_exec import auto  # noqa: E402
 from jax_exec.execute.lowering import lower, scan_runs  # noqa: E402
-from jax_exec.program.model import _KERNELS, clear_caches  # noqa: E402
+from jax_exec.program.compiled import _KERNELS, clear_caches  # noqa: E402
 
 PLAN_TARGET, GPT_TARGET, COMPILE_TARGET = 5.0, 10.0, 1.5
 QUICK_FAMILIES = ("decoder_lm", "resnet", "t5", "vit")

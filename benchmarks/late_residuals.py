@@ -1,7 +1,7 @@
 """Least budgets with and without host-memory variants (docs/auto.md, "Host offload").
 
 The host-memory variants of a block option (``SaveOption.host``, offered by
-``jax_exec.plan`` with a host link: ``jax_exec.program.model.with_host_variants``)
+``jax_exec.plan`` with a host link: ``jax_exec.program.host_variants.with_host_variants``)
 keep saved residuals in host memory from the recording until the backward brings them
 back: the late-residual variant those the first phase of the block's backward (cut
 into up to ``LATE_PHASES`` phases) does not read, until the phase that first reads
@@ -30,7 +30,9 @@ sys.path.append(str(ROOT / "tests"))  # the zoo (appended: tests/ holds package-
 import zoo  # noqa: E402
 
 from jax_exec.auto.exact import exact_least  # noqa: E402
-from jax_exec.program.model import BlockModel, block_model, build_problem, with_host_variants  # noqa: E402
+from jax_exec.program.host_variants import with_host_variants  # noqa: E402
+from jax_exec.program.model import BlockModel, block_model  # noqa: E402
+from jax_exec.program.problem import build_problem  # noqa: E402
 from schedir import Platform  # noqa: E402
 from schedir.blocks.problem import simulate_blocks  # noqa: E402
 from schedir.blocks.schedule import BlockSchedule  # noqa: E402

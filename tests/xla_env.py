@@ -3,7 +3,7 @@
 The suite compiles without LLVM's optimizations (``--xla_backend_optimization_level=0``)
 and with XLA CPU's older fusion code generator (``--xla_cpu_use_fusion_emitters=false``),
 what the planner itself uses to read kernels' temporary bytes
-(``jax_exec.program.model.KERNEL_OPTIONS``): compiling is about 2.7x as fast on CPU (the
+(``jax_exec.program.compiled.KERNEL_OPTIONS``): compiling is about 2.7x as fast on CPU (the
 plain steps of 20 random models: 8.98 s at the default level, 6.37 s without LLVM's
 optimizations, 3.32 s with both flags), the code runs slower, and every byte figure
 is the same, since XLA's buffer assignment runs before code generation

@@ -14,12 +14,9 @@ from jax_exec.auto.methods import fixed_options, solve_fixed
 from jax_exec.auto.offload import has_host_link, joint_plans, within_host_memory
 from jax_exec.auto.reference import StoreAll, reference_schedule
 from jax_exec.auto.whole import fallback, small_enough, whole_plan
-from jax_exec.program.model import (
-    BlockModel,
-    build_problem,
-    host_variants_below,
-    with_host_variants,
-)
+from jax_exec.program.host_variants import host_variants_below, with_host_variants
+from jax_exec.program.model import BlockModel
+from jax_exec.program.problem import build_problem
 from schedir import Platform, Schedule, simulate
 from schedir.blocks.schedule import BlockSchedule
 from schedir.budget import in_units_of, parse_budget
@@ -49,7 +46,7 @@ def solve(
     """:func:`_solve_lazily`; with low-bit storage, until the schedule's measured
     gradient error is within the tolerance (:func:`jax_exec.auto.lowbit.within_tolerance`).
     With a host link, the block DP also solves a copy of ``bm`` whose options have
-    their host-memory variants (:func:`jax_exec.program.model.with_host_variants`; the
+    their host-memory variants (:func:`jax_exec.program.host_variants.with_host_variants`; the
     whole-graph MILP competes with those variants too) and the faster answer is kept:
     never slower than without them. ``platform.host_memory`` bounds the answer
     (:func:`_within_host_memory`): never a plan over it. The DP charges the variants'

@@ -27,7 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import solvers
-from jax_exec.program.model import BlockModel, build_problem
+from jax_exec.program.model import BlockModel
+from jax_exec.program.problem import build_problem
 from schedir import OffloadProblem, Platform, simulate_offload
 from schedir.blocks.problem import simulate_blocks
 from schedir.blocks.schedule import BlockSchedule

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jax_exec.program.model import BlockModel, store_all_options
+from jax_exec.program.model import BlockModel
+from jax_exec.program.options import store_all_options
 from schedir import Schedule
 from schedir.blocks.schedule import BlockSchedule
 from solvers.blocks.policies import policy_schedule

@@ -18,7 +18,7 @@ Blocks of one scanned loop that are the same block share their save set, so that
 the loop lowering (:mod:`jax_exec.execute.loops`) still runs them as one loop.
 
 With a host link (a model with host-memory variants,
-:func:`jax_exec.program.model.with_host_variants`) each block may also keep all its
+:func:`jax_exec.program.host_variants.with_host_variants`) each block may also keep all its
 saved residuals in host memory (its save set's all-on-host variant, ``"+host"``),
 their copies priced per byte at the link's bandwidths, under ``host_memory``; the
 answer is priced exactly like any other, copies and host bytes included.
@@ -33,8 +33,9 @@ from typing import Any
 
 from jax_exec.auto.offload import within_host_memory
 from jax_exec.program.kernels import SaveOption
-from jax_exec.program.model import BlockModel, build_problem
+from jax_exec.program.model import BlockModel
 from jax_exec.program.options import option_graph, saved_candidates
+from jax_exec.program.problem import build_problem
 from schedir import Schedule, simulate
 from solvers.blocks.options import NODE_LIMIT, recompute_set
 from solvers.blocks.policies import recorded

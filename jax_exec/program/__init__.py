@@ -11,5 +11,9 @@ the planner (:mod:`jax_exec.auto`) chooses the schedule.
 - :mod:`~jax_exec.program.options`: save options of a block;
 - :mod:`~jax_exec.program.kernels`, :mod:`~jax_exec.program.phases`: a block's
   functions and its backward as phases;
-- :mod:`~jax_exec.program.model`: the :class:`BlockModel` and its problem.
+- :mod:`~jax_exec.program.compiled`: compiled kernels, how they are compiled, and the
+  process-wide caches that keep them;
+- :mod:`~jax_exec.program.model`: the :class:`BlockModel`;
+- :mod:`~jax_exec.program.problem`: the block chain problem it defines;
+- :mod:`~jax_exec.program.host_variants`: its options' host-memory variants.
 """

@@ -1,15 +1,27 @@
-"""A compiled function and what it costs: the one kernel type of every executor.
+"""Compiled kernels: the one kernel type of every executor, how a block model's kernels
+are compiled, and the process-wide caches that keep them.
 
 :func:`lowered_kernel` compiles a lowered function with XLA options and reads its
 temporary bytes (``memory_analysis()``) and FLOPs (``cost_analysis()``);
-:func:`median_time` times a kernel.
+:func:`median_time` times a kernel. :func:`traced_kernels` (and :func:`kernels_of`)
+lower functions in one thread while XLA compiles those already lowered in others, with
+:data:`KERNEL_OPTIONS`, each lowered program once per process; :func:`in_background`
+runs such a compilation in the one thread that compiles ahead. :func:`clear_caches`
+forgets the kernels and the tables every :class:`~jax_exec.program.model.BlockModel`
+of the process shares (:data:`BLOCK_TABLES`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
+import os
+import queue
+import re
 import statistics
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,3 +76,109 @@ def median_time(call: Callable[..., Any], *args: Any, warmup: int = 2, repeats: 
         jax.block_until_ready(call(*args))
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+# The op-by-op runtime's kernels measure memory; they need not be fast. Compiled without
+# the backend's (LLVM's) optimizations and with XLA CPU's simpler fusion code generator,
+# they compile about 3x faster on CPU. The planner reads their temporary bytes and the
+# runtime runs the same executables, so predicted and measured bytes agree by
+# construction. (The compiled path, Plan.lowered, is compiled by the user's jax.jit.)
+KERNEL_OPTIONS = {
+    "xla_backend_optimization_level": 0,
+    "xla_cpu_use_fusion_emitters": False,
+    "xla_cpu_parallel_codegen_split_count": 1,  # the planner compiles kernels in parallel
+}
+
+# Kernels by their lowered program's text and argument and result trees, for the whole
+# process: kernels of different blocks (or plans) that lower alike compile once.
+_KERNELS: dict[str, Kernel] = {}
+
+
+# What every BlockModel of the process shares, by what a block computes
+# (BlockModel.identity): its traced functions, compiled kernels (BlockModel.kernel_key),
+# phased backwards and options.
+BLOCK_TABLES: dict[str, dict] = {"functions": {}, "kernels": {}, "phases": {}, "options": {}}
+
+
+def clear_caches() -> None:
+    """Forget every block's options, functions, phases and compiled kernels (the
+    process-wide tables :data:`BLOCK_TABLES`, the kernels by lowered program); later plans
+    compile again."""
+    for table in BLOCK_TABLES.values():
+        table.clear()
+    _KERNELS.clear()
+
+
+def kernels_of(sources: list[tuple], progress: Callable | None = None) -> list[Kernel]:
+    """``jax.jit(fn)`` of every ``((fn, *args), out_shardings)`` compiled for ``args``
+    with :data:`KERNEL_OPTIONS` (cached by the lowered program), with its temporary
+    bytes and FLOPs (:func:`traced_kernels` of them); with ``out_shardings`` (a sharded
+    model's kernel: ``args`` carry their shardings), its outputs placed so (None leaves:
+    where XLA places them)."""
+    named = traced_kernels([lambda: list(enumerate(sources))], progress)
+    return [kernel for _, kernel in named]
+
+
+def traced_kernels(
+    batches: list[Callable[[], list[tuple]]], progress: Callable | None = None
+) -> list[tuple[Any, Kernel]]:
+    """The kernels of every ``(name, ((fn, *args), out_shardings))`` that the
+    ``batches`` return, as ``(name, kernel)`` in their order. The batches are called,
+    and their functions traced and lowered, one after the other in one worker thread
+    (tracing holds the GIL) while XLA compiles those already lowered in others
+    (compilation releases it): a batch's tracing (a block's recording, its backward's
+    phases) overlaps the compilation of the kernels before it. Worker threads, not the
+    caller's: a mesh the caller set (``jax.set_mesh``) is thread-local and must not
+    reach the kernels, whose placement their argument shapes (and a sharded model's
+    ``out_shardings``) say."""
+    futures: dict[str, Future] = {}
+    events: queue.SimpleQueue = queue.SimpleQueue()  # lowered kernels, for progress
+
+    def lower_all(pool: ThreadPoolExecutor) -> list[tuple[Any, str]]:
+        order = []
+        try:
+            for batch in batches:
+                for name, ((fn, *args), placed) in batch():
+                    key, low = _lowered(fn, tuple(args), placed)
+                    order.append((name, key))
+                    if key not in _KERNELS and key not in futures:
+                        futures[key] = pool.submit(lowered_kernel, low, KERNEL_OPTIONS,
+                                                   placed is not None)  # fmt: skip
+                    events.put(len(order))
+        finally:
+            events.put(None)
+        return order
+
+    workers = max(1, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=1) as lower, ThreadPoolExecutor(workers) as pool:
+        done = lower.submit(lower_all, pool)
+        while (lowered := events.get()) is not None:
+            if progress is not None:
+                progress(math.nan, f"lowered {lowered} kernels")
+        order = done.result()
+        for i, (key, future) in enumerate(futures.items()):
+            _KERNELS[key] = future.result()
+            if progress is not None:
+                progress((i + 1) / len(futures), f"compiled {i + 1}/{len(futures)} kernels")
+    return [(name, _KERNELS[key]) for name, key in order]
+
+
+def _lowered(fn: Callable, args: tuple, out_shardings: Any = None) -> tuple[str, Any]:
+    """``jax.jit(fn).lower(*args)`` (with ``out_shardings`` if any) and its cache key:
+    the lowered program's text (its module name aside, the shardings in it) and calling
+    convention."""
+    jitted = jax.jit(fn) if out_shardings is None else jax.jit(fn, out_shardings=out_shardings)
+    lowered = jitted.lower(*args)
+    text = re.sub(r"^module @\S+", "module @kernel", lowered.as_text(), count=1)  # its name
+    trees = f"{lowered.in_tree} -> {lowered.out_tree}"  # the executable's calling convention
+    return hashlib.sha256((trees + text).encode()).hexdigest(), lowered
+
+
+# one thread compiles ahead (it starts the lowering and compiling threads of its kernels)
+_AHEAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jax_exec-kernels-ahead")
+
+
+def in_background(build: Callable[..., Any], *args: Any) -> Future:
+    """``build(*args)`` in the one thread that compiles ahead, after what was submitted
+    to it before."""
+    return _AHEAD.submit(build, *args)

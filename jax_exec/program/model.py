@@ -3,25 +3,17 @@
 
 :func:`block_model` traces and analyzes the model, cuts it into blocks, gives every
 distinct block its save options (:mod:`jax_exec.program.options`), and builds the
-problem: cut values and cotangents from their shapes (exact); saved residuals from
-the traced ``record`` function of each option and temporaries from the compiled
-kernels the op-by-op runtime runs (``memory_analysis()``), both exact once the option
-is traced / the kernel compiled and estimated before (the planner makes exact what a
-schedule uses, :func:`jax_exec.auto.plan.plan`). Times come from the roofline model
-(:class:`~jax_exec.program.analysis.CostModel`).
+problem (:mod:`jax_exec.program.problem`). The :class:`BlockModel` traces each block's
+functions under its options, compiles its kernels (:mod:`jax_exec.program.compiled`)
+and knows which figures are exact.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import math
-import os
-import queue
-import re
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -29,10 +21,15 @@ import jax
 
 from jax_exec.program import placement
 from jax_exec.program.analysis import Analysis, CostModel, analyze_program
-from jax_exec.program.blocks import Block, Blocks, build_blocks, find_cuts
-from jax_exec.program.compiled import Kernel, lowered_kernel
+from jax_exec.program.blocks import Blocks, build_blocks, find_cuts
+from jax_exec.program.compiled import (
+    BLOCK_TABLES,
+    Kernel,
+    in_background,
+    kernels_of,
+    traced_kernels,
+)
 from jax_exec.program.kernels import (
-    HOST_VARIANTS,
     BlockFunctions,
     Layout,
     SaveOption,
@@ -43,9 +40,10 @@ from jax_exec.program.kernels import (
 )
 from jax_exec.program.phases import LATE_PHASES, MAX_PHASES, PhasedBackward, phased_backward
 from jax_exec.program.placement import place, spread, value_shardings
+from jax_exec.program.problem import build_problem
 from jax_exec.program.trace import Program, Traced, aval_bytes, trace
 from schedir import Platform
-from schedir.blocks.problem import BlockChain, BlockOption, BlockStage
+from schedir.blocks.problem import BlockChain
 
 
 @dataclass
@@ -62,7 +60,8 @@ class BlockModel:
         problem: the block chain (exact bytes; roofline seconds).
         cost_model: the roofline model of the times.
         host_link: the platform whose host link the host-memory variants' copies
-            take (:func:`with_host_variants`; None: no variant).
+            take (:func:`~jax_exec.program.host_variants.with_host_variants`; None: no
+            variant).
     """
 
     traced: Traced
@@ -77,9 +76,9 @@ class BlockModel:
     # Functions, phases and kernels by what they compute (BlockModel.identity): shared by
     # identical blocks and, through these process-wide tables, by every plan of the
     # process (another budget, value_and_grad's plans, the same layers in another model).
-    _functions: dict = field(default_factory=lambda: _SHARED["functions"])
-    _kernels: dict = field(default_factory=lambda: _SHARED["kernels"])
-    _phases: dict = field(default_factory=lambda: _SHARED["phases"])  # -> PhasedBackward
+    _functions: dict = field(default_factory=lambda: BLOCK_TABLES["functions"])
+    _kernels: dict = field(default_factory=lambda: BLOCK_TABLES["kernels"])
+    _phases: dict = field(default_factory=lambda: BLOCK_TABLES["phases"])  # -> PhasedBackward
     _cache: dict = field(default_factory=dict)  # this model's analyses (its cost model...)
     # The kernels (and recorded options) this solve has asked for: only their figures are
     # exact, even where the process compiled more, so that a plan never depends on what
@@ -286,6 +285,13 @@ class BlockModel:
             except Exception:  # noqa: BLE001 - see the docstring
                 pass
 
+    def _in_background(self, units: list[tuple[str, int, int]]) -> Future:
+        """Compile these kernels in the background thread, into the process-wide
+        tables, on a copy that knows none of them (the planner's solves take as exact
+        only what they ask for: :attr:`known`); :meth:`settle` waits for it."""
+        copy = dataclasses.replace(self, known=set(), timings={}, ahead=None)
+        return in_background(copy._build_units, units)
+
     def _built(self, kind: str, k: int, o: int) -> bool:
         """Whether every kernel of ``(kind, k, o)`` is compiled (without tracing it)."""
         if kind != "backward":
@@ -346,7 +352,8 @@ class BlockModel:
         ``lower``: a lower bound instead of an estimate where the phases are traced
         (uncompiled phases' temporaries taken as 0; both figures grow with them). A
         host-memory variant's bytes back from host memory count from their phase on
-        (its phases are traced when it is made, :func:`with_host_variants`)."""
+        (its phases are traced when it is made,
+        :func:`~jax_exec.program.host_variants.with_host_variants`)."""
         from jax_exec.program.options import temp_estimate
 
         host = self.option(k, o).host
@@ -397,7 +404,7 @@ class BlockModel:
                 self.functions(k, 0)  # traced here first: the background thread only reads them
             forwards = [("forward", k, 0) for k in range(self.length)]
             # (after any kernels compiled ahead: one background thread runs them in turn)
-            self.ahead = _in_background(dataclasses.replace(self, ahead=None), forwards)
+            self.ahead = self._in_background(forwards)
         for k in range(self.length):
             for o in range(len(self.options[k])):
                 self.phased(k, o)  # traces the recording too (its recipe)
@@ -484,173 +491,12 @@ class BlockModel:
         return sum(1 for key in fresh if key[0] in ("forward", "record", "backward", "loss"))
 
 
-_SHARED: dict[str, dict] = {"functions": {}, "kernels": {}, "phases": {}, "options": {}}
-
-
-def clear_caches() -> None:
-    """Forget every block's options, functions, phases and compiled kernels (the
-    process-wide tables :class:`BlockModel` shares); later plans compile again."""
-    for table in _SHARED.values():
-        table.clear()
-    _KERNELS.clear()
-
-
-# The op-by-op runtime's kernels measure memory; they need not be fast. Compiled without
-# the backend's (LLVM's) optimizations and with XLA CPU's simpler fusion code generator,
-# they compile about 3x faster on CPU. The planner reads their temporary bytes and the
-# runtime runs the same executables, so predicted and measured bytes agree by
-# construction. (The compiled path, Plan.lowered, is compiled by the user's jax.jit.)
-KERNEL_OPTIONS = {
-    "xla_backend_optimization_level": 0,
-    "xla_cpu_use_fusion_emitters": False,
-    "xla_cpu_parallel_codegen_split_count": 1,  # the planner compiles kernels in parallel
-}
-
-# Kernels by their lowered program's text and argument and result trees, for the whole
-# process: kernels of different blocks (or plans) that lower alike compile once.
-_KERNELS: dict[str, Kernel] = {}
-
-
-def kernels_of(sources: list[tuple], progress: Callable | None = None) -> list[Kernel]:
-    """``jax.jit(fn)`` of every ``((fn, *args), out_shardings)`` compiled for ``args``
-    with :data:`KERNEL_OPTIONS` (cached by the lowered program), with its temporary
-    bytes and FLOPs (:func:`traced_kernels` of them); with ``out_shardings`` (a sharded
-    model's kernel: ``args`` carry their shardings), its outputs placed so (None leaves:
-    where XLA places them)."""
-    named = traced_kernels([lambda: list(enumerate(sources))], progress)
-    return [kernel for _, kernel in named]
-
-
-def traced_kernels(
-    batches: list[Callable[[], list[tuple]]], progress: Callable | None = None
-) -> list[tuple[Any, Kernel]]:
-    """The kernels of every ``(name, ((fn, *args), out_shardings))`` that the
-    ``batches`` return, as ``(name, kernel)`` in their order. The batches are called,
-    and their functions traced and lowered, one after the other in one worker thread
-    (tracing holds the GIL) while XLA compiles those already lowered in others
-    (compilation releases it): a batch's tracing (a block's recording, its backward's
-    phases) overlaps the compilation of the kernels before it. Worker threads, not the
-    caller's: a mesh the caller set (``jax.set_mesh``) is thread-local and must not
-    reach the kernels, whose placement their argument shapes (and a sharded model's
-    ``out_shardings``) say."""
-    futures: dict[str, Future] = {}
-    events: queue.SimpleQueue = queue.SimpleQueue()  # lowered kernels, for progress
-
-    def lower_all(pool: ThreadPoolExecutor) -> list[tuple[Any, str]]:
-        order = []
-        try:
-            for batch in batches:
-                for name, ((fn, *args), placed) in batch():
-                    key, low = _lowered(fn, tuple(args), placed)
-                    order.append((name, key))
-                    if key not in _KERNELS and key not in futures:
-                        futures[key] = pool.submit(lowered_kernel, low, KERNEL_OPTIONS,
-                                                   placed is not None)  # fmt: skip
-                    events.put(len(order))
-        finally:
-            events.put(None)
-        return order
-
-    workers = max(1, os.cpu_count() or 1)
-    with ThreadPoolExecutor(max_workers=1) as lower, ThreadPoolExecutor(workers) as pool:
-        done = lower.submit(lower_all, pool)
-        while (lowered := events.get()) is not None:
-            if progress is not None:
-                progress(math.nan, f"lowered {lowered} kernels")
-        order = done.result()
-        for i, (key, future) in enumerate(futures.items()):
-            _KERNELS[key] = future.result()
-            if progress is not None:
-                progress((i + 1) / len(futures), f"compiled {i + 1}/{len(futures)} kernels")
-    return [(name, _KERNELS[key]) for name, key in order]
-
-
-def _lowered(fn: Callable, args: tuple, out_shardings: Any = None) -> tuple[str, Any]:
-    """``jax.jit(fn).lower(*args)`` (with ``out_shardings`` if any) and its cache key:
-    the lowered program's text (its module name aside, the shardings in it) and calling
-    convention."""
-    jitted = jax.jit(fn) if out_shardings is None else jax.jit(fn, out_shardings=out_shardings)
-    lowered = jitted.lower(*args)
-    text = re.sub(r"^module @\S+", "module @kernel", lowered.as_text(), count=1)  # its name
-    trees = f"{lowered.in_tree} -> {lowered.out_tree}"  # the executable's calling convention
-    return hashlib.sha256((trees + text).encode()).hexdigest(), lowered
-
-
 def through_flags(model: BlockModel, k: int) -> tuple[bool, ...]:
     """Per differentiated input of block k: whether a later block reads it too (its
     cotangent from ``d[k+1]`` is added to the block's own)."""
     lay = model.layouts[k]
     nxt = set(model.blocks.cuts[k + 1]) if k < model.length else set()
     return tuple(v in nxt for v, a in zip(lay.ins, lay.act_in, strict=True) if a)
-
-
-def stage_times(model: BlockModel, block: Block) -> tuple[float, float]:
-    """Roofline (forward, backward) seconds of a block's equations, no recomputation."""
-    infos = model.analysis.infos[block.start : block.stop]
-    return sum(i.fwd_cost for i in infos), sum(i.bwd_cost for i in infos)
-
-
-def build_problem(model: BlockModel, lower: bool = False) -> BlockChain:
-    """The :class:`BlockChain` of ``model``: exact bytes of values and saved residuals
-    (traced shapes); temporaries of the compiled kernels, or estimates for kernels not
-    compiled yet (:meth:`BlockModel.temp_bytes`), or with ``lower`` lower bounds of
-    them (every figure of the problem then bounds the exact one from below, once
-    :meth:`BlockModel.trace_options` made the saved bytes exact). A host-memory
-    variant (:func:`with_host_variants`) keeps ``host`` bytes out of ``saved``; its
-    recording holds them on the device before their copy out (``rec_tmp``), and its
-    copies each way, at the host link's bandwidths, are part of its recording's and its
-    backward's times (``copy_out``, ``copy_back``: the block DP charges them whole, an
-    upper bound; the simulator overlaps them with compute)."""
-    from jax_exec.program.options import recompute_cost
-
-    program, L = model.program, model.length
-    ids = sorted(model.value_index, key=model.value_index.get)
-    sizes = tuple(program.nbytes(v) for v in ids)
-    grads = tuple(program.nbytes(v) if v in model.analysis.active else 0 for v in ids)
-    stages = []
-    for k in range(L):
-        block = model.blocks.blocks[k]
-        fwd, bwd = stage_times(model, block)
-        options = []
-        for o, option in enumerate(model.options[k]):
-            extra = recompute_cost(model, k, option.on_device())
-            bwd_tmp, bwd_release, _ = model.backward_bytes(k, o, lower)
-            held = model.host_residuals(k, o)
-            host, out, back = sum(held.values()), 0.0, 0.0
-            if held:
-                if model.host_link is None:
-                    raise ValueError(f"block {k} option {o}: a host-memory variant "
-                                     f"needs a host link (with_host_variants)")  # fmt: skip
-                out = sum(model.host_link.offload.time(n) for n in held.values())
-                back = sum(model.host_link.prefetch.time(n) for n in held.values())
-            options.append(
-                BlockOption(
-                    name=option.label + HOST_VARIANTS.get(option.host, ""),
-                    saved=model.saved_bytes(k, o)[0] - host,
-                    rec_time=fwd + out,
-                    rec_tmp=model.temp_bytes("record", k, o, lower)[0] + host,
-                    bwd_time=bwd + extra + back,
-                    bwd_tmp=bwd_tmp,
-                    bwd_release=bwd_release,
-                    host=host,
-                    copy_out=out,
-                    copy_back=back,
-                )
-            )
-        stages.append(
-            BlockStage(
-                name=f"block {k} (equations {block.start}..{block.stop - 1})",
-                fwd_time=fwd,
-                fwd_tmp=model.temp_bytes("forward", k, 0, lower)[0],
-                reads=tuple(model.value_index[v] for v in block.ins),
-                options=tuple(options),
-            )
-        )
-    tail = model.blocks.blocks[L]
-    fwd, bwd = stage_times(model, tail)
-    loss_tmp = model.temp_bytes("loss", L, 0, lower)[0]
-    cuts = tuple(tuple(model.value_index[v] for v in c) for c in model.blocks.cuts)
-    return BlockChain(sizes, grads, cuts, tuple(stages), fwd + bwd, loss_tmp)
 
 
 def block_model(
@@ -695,7 +541,7 @@ def program_model(
     kernels are compiled in the background while the options are made
     (:func:`compile_ahead`; the planner's own solves take as exact only what they ask
     for, so a plan does not depend on it)."""
-    from jax_exec.program.options import block_options
+    from jax_exec.program.options import block_options, distinct_options
 
     cost_model = cost_model or CostModel()
     clock = [time.perf_counter()]
@@ -728,10 +574,10 @@ def program_model(
     opts = []
     for k in range(L):
         key = (bm.identity(k), cost_model, choose)  # the options' times need the cost model
-        if key not in _SHARED["options"]:
+        if key not in BLOCK_TABLES["options"]:
             bm.options = (*opts, tuple(choose(bm, k)))
-            _SHARED["options"][key] = _distinct(bm, k)
-        opts.append(_SHARED["options"][key])
+            BLOCK_TABLES["options"][key] = distinct_options(bm, k)
+        opts.append(BLOCK_TABLES["options"][key])
     bm.options = tuple(opts)
     lap("options")
     bm.problem = build_problem(bm)
@@ -740,117 +586,18 @@ def program_model(
     return bm
 
 
-def store_all_options(model: BlockModel) -> tuple[SaveOption, ...]:
-    """Per block, the option the store-all reference records it with: what XLA keeps
-    for a plain step (``xla_fused``), ``everything_saveable`` in a scanned stack, whose
-    iterations XLA cannot fuse across (docs/auto.md, "Planning exactly")."""
-    from jax_exec.program.options import EVERYTHING, XLA_FUSED
-
-    in_scan = set()
-    for scan in model.program.scans:
-        lo, hi = scan.starts[0], scan.starts[-1]
-        in_scan |= {b.index for b in model.blocks.blocks[:-1] if lo <= b.start < hi}
-    return tuple(EVERYTHING if k in in_scan else XLA_FUSED for k in range(model.length))
-
-
-# one thread compiles ahead (it starts the lowering and compiling threads of its kernels)
-_AHEAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jax_exec-kernels-ahead")
-
-
 def compile_ahead(model: BlockModel) -> Future:
-    """Compile the store-all reference's kernels (:func:`store_all_options`) in the
+    """Compile the store-all reference's kernels
+    (:func:`~jax_exec.program.options.store_all_options`) in the
     background, into the process-wide tables, on a copy of ``model`` whose blocks have
     those options alone (the model's own are being made meanwhile)."""
+    from jax_exec.program.options import store_all_options
+
     reference = tuple((option,) for option in store_all_options(model))
     units = [("loss", model.length, 0)]
     for k in range(model.length):
         units += [("record", k, 0), ("backward", k, 0)]
-    return _in_background(dataclasses.replace(model, options=reference), units)
-
-
-def _in_background(model: BlockModel, units: list[tuple[str, int, int]]) -> Future:
-    """Compile these kernels of ``model`` in the background thread, into the
-    process-wide tables, on a copy that knows none of them (the planner's solves take
-    as exact only what they ask for: :attr:`BlockModel.known`); the model's
-    :meth:`BlockModel.settle` waits for it."""
-    copy = dataclasses.replace(model, known=set(), timings={}, ahead=None)
-    return _AHEAD.submit(copy._build_units, units)
-
-
-def with_host_variants(model: BlockModel, platform: Platform) -> BlockModel:
-    """A copy of ``model`` whose blocks also offer host-memory variants of their
-    options (:attr:`SaveOption.host`), their copies over ``platform``'s host link
-    (:func:`build_problem`): the late-residual variant of each option whose backward,
-    cut into up to ``LATE_PHASES`` phases, has saved residuals its first phase does not
-    read, and the all-on-host variant of each option that saves residuals its first
-    phase reads (else it is the late one). So per saved value the block DP chooses
-    among keeping it on the device, in host memory, or recomputing it (the options'
-    save sets). Traces each variant's phased backward (and so its option's recording);
-    compiles nothing: the variants run their options' recordings and backwards."""
-    variants = dataclasses.replace(model, host_link=platform, problem=None, known=set(),
-                                   timings=dict(model.timings))  # fmt: skip
-
-    def offered(host: str) -> tuple:
-        every = tuple(
-            (*opts, *(dataclasses.replace(option, host=host) for option in base))
-            for opts, base in zip(variants.options, model.options, strict=True)
-        )
-        variants.options = every
-        return tuple(
-            tuple(option for o, option in enumerate(opts)
-                  if option.host != host or _worth(variants, k, o))
-            for k, opts in enumerate(every)
-        )  # fmt: skip
-
-    variants.options = offered("late")
-    variants.options = offered("all")
-    variants.problem = build_problem(variants)
-    return variants
-
-
-def host_variants_below(model: BlockModel, cap: int) -> BlockModel:
-    """``model`` (made by :func:`with_host_variants`) without the host-memory variants
-    that keep ``cap`` bytes or more in host memory (``model`` itself when none does):
-    the options on the device stay."""
-
-    def kept(k: int, o: int) -> bool:
-        return not model.option(k, o).host or sum(model.host_residuals(k, o).values()) < cap
-
-    options = tuple(
-        tuple(option for o, option in enumerate(opts) if kept(k, o))
-        for k, opts in enumerate(model.options)
-    )
-    if options == model.options:
-        return model
-    fewer = dataclasses.replace(model, options=options, problem=None, known=set(),
-                                timings=dict(model.timings))  # fmt: skip
-    fewer.problem = build_problem(fewer)
-    return fewer
-
-
-def _worth(model: BlockModel, k: int, o: int) -> bool:
-    """Whether block k's variant o keeps residuals in host memory, and others than its
-    option's late-residual variant would."""
-    held = model.host_residuals(k, o)
-    if model.option(k, o).host == "late":
-        return bool(held)
-    return bool(held) and any(phase == 0 for phase in model.host_returns(k, o).values())
-
-
-def _distinct(model: BlockModel, k: int) -> tuple[SaveOption, ...]:
-    """Block k's options, without MILP save sets that save the same bytes for the same
-    recomputation as an earlier option (they may differ only in values the backward
-    does not read). Named options (``save all`` and JAX's policies) always stay."""
-    from jax_exec.program.options import recompute_cost
-
-    kept, seen = [], set()
-    for o, option in enumerate(model.options[k]):
-        sig = (model.saved_bytes(k, o)[0], round(recompute_cost(model, k, option), 18))
-        if option.label.startswith("save ") and option.label != "save all" and sig in seen:
-            continue
-        seen.add(sig)
-        kept.append(option)
-    return tuple(kept)
+    return dataclasses.replace(model, options=reference)._in_background(units)
 
 
 def global_values(model: BlockModel, params: Any, rest: Any, args: tuple) -> dict:

@@ -79,7 +79,7 @@ def _option_graph(model: Any, k: int) -> tuple[OptionGraph, list]:
 
 
 # What XLA keeps for a plain step, and plain autodiff's residuals: the options the
-# store-all reference records blocks with (jax_exec.program.model.store_all_options)
+# store-all reference records blocks with (store_all_options)
 XLA_FUSED = SaveOption("fused", label="xla_fused")
 EVERYTHING = SaveOption("everything", label="everything_saveable")
 
@@ -102,6 +102,31 @@ def block_options(model: Any, k: int, max_pareto: int = MAX_PARETO) -> list[Save
             seen.add(names)
             options.append(SaveOption("names", names, f"save {len(names)}/{len(keys)}"))
     return options
+
+
+def distinct_options(model: Any, k: int) -> tuple[SaveOption, ...]:
+    """Block k's options, without MILP save sets that save the same bytes for the same
+    recomputation as an earlier option (they may differ only in values the backward
+    does not read). Named options (``save all`` and JAX's policies) always stay."""
+    kept, seen = [], set()
+    for o, option in enumerate(model.options[k]):
+        sig = (model.saved_bytes(k, o)[0], round(recompute_cost(model, k, option), 18))
+        if option.label.startswith("save ") and option.label != "save all" and sig in seen:
+            continue
+        seen.add(sig)
+        kept.append(option)
+    return tuple(kept)
+
+
+def store_all_options(model: Any) -> tuple[SaveOption, ...]:
+    """Per block, the option the store-all reference records it with: what XLA keeps
+    for a plain step (``xla_fused``), ``everything_saveable`` in a scanned stack, whose
+    iterations XLA cannot fuse across (docs/auto.md, "Planning exactly")."""
+    in_scan = set()
+    for scan in model.program.scans:
+        lo, hi = scan.starts[0], scan.starts[-1]
+        in_scan |= {b.index for b in model.blocks.blocks[:-1] if lo <= b.start < hi}
+    return tuple(EVERYTHING if k in in_scan else XLA_FUSED for k in range(model.length))
 
 
 def saved_candidates(model: Any, k: int, option: SaveOption) -> set[int]:

@@ -23,7 +23,7 @@ from xla_env import device_flags
 
 import jax_exec
 import solvers
-from jax_exec.program.model import clear_caches
+from jax_exec.program.compiled import clear_caches
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -409,7 +409,7 @@ def zoo_unet():
 def test_least_budget_by_lower_bounds_is_exact(seed):
     from random_models import random_case
 
-    from jax_exec.program.model import build_problem
+    from jax_exec.program.problem import build_problem
     from solvers.blocks.rotor import least_memory
 
     case = random_case(seed)
