@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_exec.execute.buffers import HOST, Buffers
+from jax_exec.execute.copies import carry_out
 from jax_exec.execute.result import OpMeter, RunResult, tree_bytes
 from jax_exec.program.model import BlockModel, global_values, through_flags
 from jax_exec.program.placement import place
@@ -271,22 +272,14 @@ class _Memories:
         return copy
 
     def copy(self, buf: Buffers, change: CopyEffect) -> None:
-        """Carry out one copy effect on ``buf`` (host copies in buffer ``("host", b)``)."""
-        name, on_host = change.buffer, ("host", change.buffer)
-        late = self.late.get(name, frozenset())  # in host memory already: they stay
-        if change.starts == "offload":  # the device arrays stay until the Wait
-            buf.table[on_host] = {k: a if k in late else self.to_host(buf, a)
-                                  for k, a in buf.table[name].items()}  # fmt: skip
-        elif change.starts == "prefetch":  # the device arrays count from now on
-            buf.table[name] = {k: a if k in late else self.to_device(buf, a)
-                               for k, a in buf.table[on_host].items()}  # fmt: skip
-        elif change.device_drop:  # an offload waited for (or an eviction)
-            jax.block_until_ready(list(buf.table.get(on_host, {}).values()))
-            buf.drop(name)
-        elif change.waits_for == "prefetch":
-            jax.block_until_ready(list(buf.table[name].values()))
-            if change.host_drop:
-                buf.drop(on_host)
+        """Carry out one copy effect on ``buf`` (:func:`~jax_exec.execute.copies.carry_out`);
+        a host-memory variant's residuals in host memory already stay where they are."""
+        late = self.late.get(change.buffer, frozenset())
+
+        def moved(to: Callable) -> Callable:
+            return lambda arrays: {k: a if k in late else to(buf, a) for k, a in arrays.items()}
+
+        carry_out(change, buf.table, moved(self.to_host), moved(self.to_device), buf.drop)
 
 
 def step_result(

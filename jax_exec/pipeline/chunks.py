@@ -27,6 +27,7 @@ from jax.extend.core import Literal
 
 from jax_exec.auto.lowbit import compressed_node
 from jax_exec.execute.buffers import HOST
+from jax_exec.execute.copies import carry_out
 from jax_exec.kernels import stage_functions
 from jax_exec.stages.split import Stage, as_stages, spec_bytes
 from schedir import B, F_all, F_ck, F_n, Loss
@@ -378,22 +379,14 @@ COPIES = ("copies",)
 
 
 def _copy(table: dict, change: CopyEffect) -> None:
-    """Carry out one copy effect (:class:`schedir.offload.effects.CopyEffect`, the
-    rules the offload simulator reads) on a chunk's buffers: a buffer's host copy is
-    held under ``("host", buffer)``, made by ``jax.device_put`` to the device's
-    ``pinned_host`` memory and brought back to its default memory."""
-    name, on_host = change.buffer, ("host", change.buffer)
-    if change.starts == "offload":  # the device arrays stay until the Wait
-        table[on_host] = _moved_to(table[name], HOST)
-    elif change.starts == "prefetch":  # the device arrays count from now on
-        table[name] = _moved_to(table[on_host], "device")
-    elif change.device_drop:  # an offload waited for
-        jax.block_until_ready(table[on_host])
-        del table[name]
-    elif change.waits_for == "prefetch":
-        jax.block_until_ready(table[name])
-        if change.host_drop:
-            del table[on_host]
+    """Carry out one copy effect on a chunk's buffers
+    (:func:`~jax_exec.execute.copies.carry_out`): the host copy made by
+    ``jax.device_put`` to the device's ``pinned_host`` memory, brought back to its
+    default memory."""
+    carry_out(
+        change, table, lambda t: _moved_to(t, HOST), lambda t: _moved_to(t, "device"),
+        table.pop,
+    )  # fmt: skip
 
 
 def _moved_to(tree: Any, kind: str) -> Any:
