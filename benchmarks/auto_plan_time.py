@@ -1,5 +1,5 @@
 """Planning time of the automatic planner, and the compile time of the step it plans
-(docs/auto.md, "Planning time").
+(docs/auto.md, "Scripts and measured figures").
 
 1. The model zoo (tests/zoo: tiny models written as the public Flax NNX implementations of
    well-known architectures are), each planned with ``plan``'s defaults (``exact=True``)
