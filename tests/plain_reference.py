@@ -7,7 +7,9 @@ key bias, a bias ahead of a normalization) holds rounding noise of the size of t
 leaves' rounding, which a per-leaf relative test would call an error. float32 sums
 reassociated by another schedule (recomputation, loops, other fusions) differ by a few
 ulps of the largest terms: 1e-5 of the largest norm is what rounding explains on these
-tiny models (the largest difference seen on the zoo and the random models is 2e-6)."""
+tiny models (the largest difference seen on the zoo and the random models is 2e-6).
+Ill-conditioned models amplify rounding beyond that: :func:`assert_within_rounding`
+judges them against the float64 result (:func:`float64_reference`) instead."""
 
 from __future__ import annotations
 
@@ -19,6 +21,14 @@ import numpy as np
 from flax import nnx
 
 RTOL = 1e-5
+
+# How much further from the exact (float64) result a schedule's float32 result may be
+# than plain autodiff's own: where a step is ill-conditioned (a BatchNorm over a tiny
+# batch whose variance nearly cancels, seen on 2 random models of 800) rounding is
+# amplified, and another association of the same sums (recomputation, other fusions,
+# the op-by-op kernels) lands elsewhere near the exact result, as far from it as plain
+# does (seen: up to 2x); a wrong result is off by a share of the scale, far beyond.
+ROUNDING_FACTOR = 4
 
 
 def plain(factory, loss_fn, args, has_aux: bool = False):
@@ -66,29 +76,91 @@ def state_arrays(state) -> list:
     return out
 
 
-def assert_matches(got_loss, got_grads, got_state, reference, what: str, got_aux=None) -> None:
+def assert_matches(
+    got_loss, got_grads, got_state, reference, what: str, got_aux=None, exact=None
+) -> None:
     """Loss, gradients, state (and aux) equal plain autodiff's (``reference`` from
-    :func:`plain`)."""
+    :func:`plain`). With ``exact`` (a callable giving :func:`float64_reference`'s
+    result), a figure that differs from plain's by more than ``RTOL`` passes if it is
+    no further from the exact result than ``ROUNDING_FACTOR`` times plain's own float32
+    result is (:func:`assert_within_rounding`)."""
     loss, aux, grads, state = reference
-    np.testing.assert_allclose(float(got_loss), float(loss), rtol=RTOL, err_msg=f"{what}: loss")
-    assert_tree_close(got_grads, grads, f"{what}: gradients")
-    if got_state is not None:
-        assert_tree_close(state_arrays(got_state), state_arrays(state), f"{what}: state")
-    if aux is not None:
-        assert_tree_close(got_aux, aux, f"{what}: aux")
+    try:
+        np.testing.assert_allclose(float(got_loss), float(loss), rtol=RTOL, err_msg=f"{what}: loss")
+        assert_tree_close(got_grads, grads, f"{what}: gradients")
+        if got_state is not None:
+            assert_tree_close(state_arrays(got_state), state_arrays(state), f"{what}: state")
+        if aux is not None:
+            assert_tree_close(got_aux, aux, f"{what}: aux")
+    except AssertionError:
+        if exact is None:
+            raise
+        got = (got_loss, got_aux, got_grads, got_state)
+        assert_within_rounding(got, reference, exact(), what)
 
 
-def check_plan(case, p, reference, what: str) -> None:
+def float64_reference(factory, loss_fn, args, has_aux: bool = False):
+    """:func:`plain`'s ``(loss, aux, grads, state)`` in float64 (the float leaves of the
+    parameters, the state and the arguments cast): the exact result that float32
+    rounding departs from."""
+
+    def wide(tree):
+        return jax.tree.map(
+            lambda x: x.astype(jnp.float64) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+            tree,
+        )
+
+    with jax.enable_x64(True):
+        graphdef, params, rest = nnx.split(factory(), nnx.Param, ...)
+        model = nnx.merge(graphdef, wide(params), wide(rest))
+        out, grads = nnx.value_and_grad(loss_fn, has_aux=has_aux)(model, *wide(tuple(args)))
+        loss, aux = out if has_aux else (out, None)
+        return loss, aux, grads, model_state(model)
+
+
+def assert_within_rounding(got, plain_result, exact, what: str) -> None:
+    """Each float figure of ``got`` (``(loss, aux, grads, state)``, as :func:`plain`
+    gives) is no further from ``exact``'s (:func:`float64_reference`) than
+    ``ROUNDING_FACTOR`` times ``plain_result``'s, or than ``RTOL`` of its part's scale
+    (the largest leaf's norm); other leaves equal."""
+
+    def far(a, b) -> float:
+        return float(np.linalg.norm(np.asarray(a, np.float64) - np.asarray(b, np.float64)))
+
+    parts = ("loss", "aux", "gradients", "state")
+    for part, g, p, e in zip(parts, got, plain_result, exact, strict=True):
+        if part == "state":
+            if g is None:
+                continue
+            g, p, e = state_arrays(g), state_arrays(p), state_arrays(e)
+        g, p, e = jax.tree.leaves(g), jax.tree.leaves(p), jax.tree.leaves(e)
+        assert len(g) == len(p) == len(e), f"{what}: {part}: {len(g)} leaves, expected {len(p)}"
+        scale = scale_of(e)
+        for i, (gl, pl, el) in enumerate(zip(g, p, e, strict=True)):
+            if not np.issubdtype(np.asarray(pl).dtype, np.inexact):
+                np.testing.assert_array_equal(gl, pl, err_msg=f"{what}: {part} leaf {i}")
+                continue
+            allowed = max(ROUNDING_FACTOR * far(pl, el), RTOL * scale)
+            assert far(gl, el) <= allowed, (
+                f"{what}: {part} leaf {i} is {far(gl, el) / scale:.2e} of the scale from the "
+                f"float64 result, plain's {far(pl, el) / scale:.2e}"
+            )
+
+
+def check_plan(case, p, reference, what: str, exact=None) -> None:
     """Plan ``p`` of ``case`` op by op (measured peak = predicted <= budget) and compiled:
-    loss, gradients and state equal ``reference`` (:func:`plain`). Returns the op-by-op
-    run's result."""
+    loss, gradients and state equal ``reference`` (:func:`plain`; ``exact``: see
+    :func:`assert_matches`). Returns the op-by-op run's result."""
     result = p.run(case.factory(), *case.args)
     assert result.peak_bytes == p.schedule.meta["peak_memory"] <= p.budget, what
-    assert_matches(result.loss, result.grads, result.new_state, reference, f"{what}, op by op")
+    assert_matches(
+        result.loss, result.grads, result.new_state, reference, f"{what}, op by op",
+        exact=exact,
+    )  # fmt: skip
     _, params, rest = nnx.split(case.factory(), nnx.Param, ...)
     step = jax.jit(jax.value_and_grad(p.lowered(), has_aux=True))
     (loss, (_, new_rest)), grads = step(params, rest, case.args)
-    assert_matches(loss, grads, new_rest, reference, f"{what}, compiled")
+    assert_matches(loss, grads, new_rest, reference, f"{what}, compiled", exact=exact)
     return result
 
 
