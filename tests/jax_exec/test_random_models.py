@@ -14,15 +14,15 @@ Tolerance: plain_reference.RTOL (1e-5 of the largest gradient leaf's norm). The 
 differences seen are float32 rounding: a schedule that recomputes a block, or lowers it
 inside a ``custom_vjp``, lets XLA fuse and reassociate its sums otherwise than the plain
 step does (seen up to 2e-6 of the scale on seeds 0-299). Where a model is
-ill-conditioned, rounding is amplified beyond RTOL (seeds 358 and 398 of 300-1100, a
-BatchNorm over a tiny batch after attention, at XLA's default level: the loss 1.0e-5
-and a gradient leaf 1.7e-5 from plain's, plain itself 4e-5 and 6e-4 of the scale from
-the float64 result); such a difference passes only if the schedule's result is no
-further from the float64 result than plain_reference.ROUNDING_FACTOR (4) times plain's
-own (plain_reference.assert_within_rounding; seen up to 2x), which a wrong result is
-not (tested below). Ties in a ``max`` would split the gradient differently in a
-recomputed block, which is not rounding: the generator draws maxima of continuous
-values, which have none.
+ill-conditioned, rounding is amplified beyond RTOL (seeds 358, 398 and 996 of
+300-1100 at XLA's default level, each a BatchNorm over a tiny batch after attention:
+398's loss 1.0e-5 from plain's, plain itself 4e-5 from the float64 result and its
+gradients up to 6e-4 of the scale); such a difference passes only if the schedule's
+result is no further from the float64 result than plain_reference.ROUNDING_FACTOR (4)
+times plain's own largest leaf distance in the same part
+(plain_reference.assert_within_rounding), which a wrong result is not (tested below).
+Ties in a ``max`` would split the gradient differently in a recomputed block, which is
+not rounding: the generator draws maxima of continuous values, which have none.
 """
 
 from __future__ import annotations
@@ -82,10 +82,11 @@ def test_the_rounding_arbiter_passes_rounding_and_catches_errors() -> None:
     """Random model 398 (a BatchNorm over a tiny batch after attention) is ill-conditioned:
     compiled at XLA's default level (``SCHEDIR_TEST_OPTIMIZED=1``) its op-by-op loss
     differs from plain's by 1.0e-5 (relative) and both are 3e-5 to 4e-5 from the float64
-    result. The arbiter accepts the schedule's result and a figure as far from the
-    float64 result as plain's, doubled and on the other side; it refuses the first
-    gradient leaf off by 1e-3 of the scale and the loss off by 1e-3, which rounding does
-    not give this model."""
+    result (its gradients up to 6e-4 of the scale). The arbiter accepts the schedule's
+    result and a loss as far from the float64 result as plain's, doubled and on the
+    other side; it refuses the first gradient leaf off by 1e-2 of the scale and the loss
+    off by 1e-2, which rounding does not give this model (the drop-in's wrong gradients
+    of issue 22 were off by up to 76% of a leaf's norm)."""
     from plain_reference import assert_within_rounding, scale_of
 
     case = random_case(398)
@@ -100,10 +101,10 @@ def test_the_rounding_arbiter_passes_rounding_and_catches_errors() -> None:
     assert_within_rounding((mirrored, aux, grads, state), reference, exact, "398 mirrored")
     scale = scale_of(grads)
     leaves, treedef = jax.tree.flatten(grads)
-    bad = [leaves[0] + 1e-3 * scale / leaves[0].size ** 0.5, *leaves[1:]]
+    bad = [leaves[0] + 1e-2 * scale / leaves[0].size ** 0.5, *leaves[1:]]
     for wrong in (
         (loss, aux, jax.tree.unflatten(treedef, bad), state),
-        (loss * (1 + 1e-3), aux, grads, state),
+        (loss * (1 + 1e-2), aux, grads, state),
     ):
         with pytest.raises(AssertionError):
             assert_within_rounding(wrong, reference, exact, "398 made wrong")
