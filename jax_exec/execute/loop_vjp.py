@@ -10,7 +10,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jax_exec.execute.loops import ScanRun, boundary, emits, inner_values, stack_key
+from jax_exec.execute.loops import (
+    ScanRun,
+    boundary,
+    carry_cut,
+    emits,
+    inner_values,
+    stack_key,
+)
 from jax_exec.execute.rounding import unrounded
 from jax_exec.program.model import BlockModel
 
@@ -49,6 +56,24 @@ def loop_results(model: BlockModel, run: ScanRun, ys: tuple) -> dict:
             lay = model.layouts[run.start + t * run.period + j]
             found.update(zip(lay.results, (y[i] for y in per_block), strict=True))
     return found
+
+
+def after_loop(
+    model: BlockModel, run: ScanRun, state: dict, cn: tuple, made: dict, keys: tuple,
+    stacked: dict | frozenset = frozenset(),
+) -> dict:  # fmt: skip
+    """The values of ``keys`` (cut ``run.blocks.stop``'s, or the stacks holding them)
+    after :func:`looped`: what the loop emitted (``made``), else the carry leaving its
+    last period (``cn``; but a carry held in a stack of ``stacked``, which ``made``
+    has), else the value before the loop (passing by)."""
+    _, leaving, changing = boundary(model, run)
+    last = carry_cut(model, run.blocks.stop, run.scan)  # leaving the last period, alike
+    moved = {
+        v: c
+        for v, c, u, ch in zip(last, cn, leaving, changing, strict=True)
+        if ch and u not in stacked
+    }
+    return {v: made[v] if v in made else moved[v] if v in moved else state[v] for v in keys}
 
 
 def _at(stack: Any, i: Any) -> Any:

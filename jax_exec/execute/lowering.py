@@ -40,7 +40,13 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from jax_exec.execute.loop_vjp import loop_operands, loop_results, looped, run_stacks
+from jax_exec.execute.loop_vjp import (
+    after_loop,
+    loop_operands,
+    loop_results,
+    looped,
+    run_stacks,
+)
 from jax_exec.execute.loops import (
     ScanRun,
     boundary,
@@ -206,17 +212,7 @@ def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Calla
         cn, ys, em = run_fns[r.start](*loop_operands(r, gv, stacks), c0)
         results.update(loop_results(model, r, ys))
         made = dict(zip((st.id for st in run_stacks_of[r.start]), em, strict=True))
-        _, leaving, changing = boundary(model, r)
-        last = carry_cut(model, r.blocks.stop, r.scan)  # leaving the last period, alike
-        moved = {
-            v: c
-            for v, c, u, ch in zip(last, cn, leaving, changing, strict=True)
-            if ch and u not in stacked
-        }
-        after = {}
-        for v in held(cuts[r.blocks.stop], stacked):
-            after[v] = made[v] if v in made else moved[v] if v in moved else state[v]
-        return after
+        return after_loop(model, r, state, cn, made, held(cuts[r.blocks.stop], stacked), stacked)
 
     def run(node: Any, gv: dict, stacks: dict, state: dict, results: dict, pos: int) -> Any:
         """Runs ``node`` (at chain op ``pos``: an offloaded input where ``pos`` is in

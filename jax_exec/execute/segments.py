@@ -24,8 +24,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jax_exec.execute.loop_vjp import loop_operands, loop_results, looped, run_stacks
-from jax_exec.execute.loops import ScanRun, Stack, boundary, carry_cut, members
+from jax_exec.execute.loop_vjp import (
+    after_loop,
+    loop_operands,
+    loop_results,
+    looped,
+    run_stacks,
+)
+from jax_exec.execute.loops import ScanRun, Stack, boundary, members
 from jax_exec.program.model import BlockModel
 
 
@@ -38,18 +44,12 @@ def forward_only(model: BlockModel, options: tuple, start: int, stop: int, runs:
     cuts = model.blocks.cuts
 
     def loop(r: ScanRun, gv: dict, state: dict, results: dict) -> dict:
-        entering, _, changing = boundary(model, r)
-        c0 = tuple(state[v] for v in entering)
+        c0 = tuple(state[v] for v in boundary(model, r)[0])
         cn, ys, em = loops[r.start](*loop_operands(r, gv, run_stacks({r.start: r}, gv)), c0)
         results.update(loop_results(model, r, ys))
         rows = {v: e[i] for e, vids in zip(em, members(model, r), strict=True) for i, v in
                 enumerate(vids)}  # fmt: skip
-        last = carry_cut(model, r.blocks.stop, r.scan)  # leaving the last period
-        moved = {v: c for v, c, ch in zip(last, cn, changing, strict=True) if ch}
-        return {
-            v: rows[v] if v in rows else moved[v] if v in moved else state[v]
-            for v in cuts[r.blocks.stop]
-        }
+        return after_loop(model, r, state, cn, rows, cuts[r.blocks.stop])
 
     wanted = tuple(
         v for k in range(start, stop) for v in (*model.layouts[k].params, *model.layouts[k].others)
