@@ -415,10 +415,11 @@ def least_schedule(bm: BlockModel, solver: str) -> tuple[int, BlockSchedule]:
     A policy's schedule is fixed: its kernels compiled, its peak is its least budget.
     For the block DP, every option's recording and backward are traced (exact saved
     bytes and frees) and the kernels not compiled yet priced at 0 temporary bytes, a
-    lower bound of every figure; the least-memory schedule of that problem (options
-    already compiled tried first) has its kernels compiled, until it runs only compiled
-    kernels. Its peak is then exact and no schedule needs less: every other one's
-    figures are bounded from below by the same problem."""
+    lower bound of every figure: no schedule needs less than that problem's least
+    budget. Each round takes a schedule at that bound, from the options already
+    compiled where they reach it (:func:`_least_compiled`), else from every option
+    (compiled ones tried first), and compiles its kernels; it ends when the schedule's
+    peak, every figure it reads now exact, is still the bound."""
     if solver != "block_rotor":
         schedule = policy_schedule(bm.problem, solver)
         bm.compile_used(schedule)
@@ -428,14 +429,39 @@ def least_schedule(bm: BlockModel, solver: str) -> tuple[int, BlockSchedule]:
     while True:
         bound = build_problem(bm, lower=True)
         least, _ = least_memory(bound)
-        prefer = [
-            sorted(range(len(stage.options)), key=lambda o, k=k: (not bm.option_exact(k, o), o))
-            for k, stage in enumerate(bound.stages)
-        ]
-        ops, options = least_memory_ops(bound, least, prefer)
-        schedule = BlockSchedule(ops, {"exact": True, "least_memory": True}, options)
+        schedule = _least_compiled(bm, bound, least)
+        if schedule is None:
+            prefer = [
+                sorted(range(len(stage.options)), key=lambda o, k=k: (not bm.option_exact(k, o), o))
+                for k, stage in enumerate(bound.stages)
+            ]  # fmt: skip
+            ops, options = least_memory_ops(bound, least, prefer)
+            schedule = BlockSchedule(ops, {"exact": True, "least_memory": True}, options)
         if bm.compile_used(schedule) == 0:
             return least, schedule
+        if simulate(build_problem(bm, lower=True), schedule).peak_memory <= least:
+            return least, schedule  # its kernels just compiled: every figure it reads is exact
+
+
+def _least_compiled(bm: BlockModel, bound: Any, least: int) -> BlockSchedule | None:
+    """A least-memory schedule of ``bound`` (the lower-bound problem) using only options
+    whose figures are exact, where those reach its least budget ``least``; else None.
+    (Without it, each round's least-memory schedule may break a tie for options not
+    compiled yet, and compile them for the same least budget.)"""
+    keep = [[o for o in range(len(stage.options)) if bm.option_exact(k, o)]
+            for k, stage in enumerate(bound.stages)]  # fmt: skip
+    if not all(keep):
+        return None
+    stages = tuple(
+        dataclasses.replace(stage, options=tuple(stage.options[o] for o in keep[k]))
+        for k, stage in enumerate(bound.stages)
+    )
+    compiled = dataclasses.replace(bound, stages=stages)
+    if least_memory(compiled)[0] > least:
+        return None
+    ops, chosen = least_memory_ops(compiled, least)
+    options = tuple(keep[k][o] if o is not None else None for k, o in enumerate(chosen))
+    return BlockSchedule(ops, {"exact": True, "least_memory": True}, options)
 
 
 def _compiled_only(bm: BlockModel, nbytes: int, solver: str, options: dict) -> Priced | None:
