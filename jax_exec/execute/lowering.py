@@ -38,7 +38,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.ad_checkpoint import checkpoint_name
 
 from jax_exec.execute.loop_vjp import (
     after_loop,
@@ -71,7 +70,7 @@ from jax_exec.execute.tree import (
     parse_tree,
     split_copies,
 )
-from jax_exec.program.kernels import BlockFunctions
+from jax_exec.program.kernels import BlockFunctions, named
 from jax_exec.program.model import BlockModel, global_values
 from schedir import Loss, Schedule
 from schedir.blocks.problem import schedule_options, simulate_blocks
@@ -253,7 +252,7 @@ def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Calla
 
             def region(gv: dict, stacks: dict, state: dict) -> tuple[dict, dict]:
                 if name is not None:  # the input is saved in pinned_host memory, nothing else
-                    state = {v: checkpoint_name(a, name) for v, a in state.items()}
+                    state = {v: named(a, name) for v, a in state.items()}
                 inner: dict = {}
                 out = run(node.inside, gv, stacks, state, inner, inside_pos)
                 return out, inner

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
@@ -149,6 +150,38 @@ def _name(key: tuple[int, int]) -> str:
     return f"schedir:{key[0]}:{key[1]}"
 
 
+# JAX rounds every residual a checkpoint policy saves to its dtype (``reduce_precision``,
+# jax/_src/ad_checkpoint.py ``_insert_reduce_precision``, JAX pull request 22244), and
+# ``reduce_precision`` refuses complex dtypes (jax 0.10): a policy that saves a complex
+# value fails to trace. So complex values are saved as their real and imaginary parts
+# (the same bytes; splitting and joining them is exact, and so are their transposes),
+# and the policies that save by primitive never save a complex result (it is recomputed
+# from what they do save).
+
+
+def named(val: Any, name: str) -> Any:
+    """``checkpoint_name(val, name)``; a complex value through its two real parts."""
+    if not jnp.iscomplexobj(val):
+        return checkpoint_name(val, name)
+    return jax.lax.complex(checkpoint_name(val.real, name), checkpoint_name(val.imag, name))
+
+
+def _real_results(policy: Callable) -> Callable:
+    """``policy`` (a checkpoint policy by primitive) saving no complex result."""
+
+    def saveable(prim, *avals, **params) -> bool:
+        if not policy(prim, *avals, **params):
+            return False
+        try:
+            outs = prim.abstract_eval(*avals, **params)[0]
+        except Exception:  # pragma: no cover - a primitive without a plain abstract rule
+            outs = avals  # judged by its inputs: complex in, complex out
+        dtypes = [a.dtype for a in jax.tree.leaves(outs) if hasattr(a, "dtype")]
+        return not any(jnp.issubdtype(d, jnp.complexfloating) for d in dtypes)
+
+    return saveable
+
+
 def block_function(program: Program, block: Block, lay: Layout, naming: bool) -> Callable:
     """``fn(p, g, x) -> (outs, results)`` interpreting the block's equations; with
     ``naming``, materialized values and outputs pass through ``checkpoint_name``."""
@@ -163,7 +196,7 @@ def block_function(program: Program, block: Block, lay: Layout, naming: bool) ->
             for vid, val in zip(eqn.outs, eqn.bind(*args), strict=True):
                 key = lay.local[vid]
                 if naming and key in lay.named:
-                    val = checkpoint_name(val, _name(key))
+                    val = named(val, _name(key))
                 env[vid] = val
         return tuple(env[v] for v in lay.outs), tuple(env[v] for v in lay.results)
 
@@ -176,9 +209,10 @@ def _policy(option: SaveOption, lay: Layout):
     if option.kind == "everything":
         return None
     if option.kind == "dots":
-        return cp.save_from_both_policies(cp.checkpoint_dots, cp.save_only_these_names(*outs))
+        return cp.save_from_both_policies(_real_results(cp.checkpoint_dots),
+                                          cp.save_only_these_names(*outs))  # fmt: skip
     if option.kind == "fused":
-        return _fused_policy
+        return _real_results(_fused_policy)
     missing = set(option.names) - lay.named
     if missing:
         raise ValueError(f"save option names values that are not materialized: {sorted(missing)}")

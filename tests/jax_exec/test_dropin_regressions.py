@@ -251,6 +251,48 @@ def test_ordinary_operations_plan():
     assert_matches(*compiled(p, factory, (X, Y)), reference, "compiled")
 
 
+# [8] Complex values (Fourier layers: FNet's token mixing, an FNO-style spectral
+# convolution with complex weights). JAX's checkpoint policies round every residual they
+# save with reduce_precision, which refuses complex dtypes: every option that saved a
+# complex value (by name, checkpoint_dots' complex matmul, the fused policy's FFT) failed
+# to trace, so planning failed at the least budget and below store-all.
+class Spectral(nnx.Module):
+    def __init__(self, rngs, width: int = 8, modes: int = 3):
+        self.lift = nnx.Linear(4, width, rngs=rngs)
+        self.norm = nnx.LayerNorm(width, rngs=rngs)
+        shape = (modes, width, width)
+        self.wr = nnx.Param(jax.random.normal(rngs.params(), shape) * 0.2)
+        self.wi = nnx.Param(jax.random.normal(rngs.params(), shape) * 0.2)
+        self.head = nnx.Linear(width, 1, rngs=rngs)
+        self.modes = modes
+
+    def __call__(self, x):  # x: (batch, length, 4)
+        h = self.lift(x)
+        h = self.norm(h + jnp.fft.fft2(h).real)  # FNet's mixing
+        spectrum = jnp.fft.rfft(h, axis=1)[:, : self.modes]
+        w = jax.lax.complex(self.wr[...], self.wi[...])
+        mixed = jnp.einsum("bmc,mcd->bmd", spectrum, w)  # a complex matmul
+        h = h + jax.nn.gelu(jnp.fft.irfft(mixed, n=h.shape[1], axis=1))
+        return self.head(h.mean(axis=1))[:, 0]
+
+
+def test_complex_values_plan_at_every_budget():
+    factory = lambda: Spectral(nnx.Rngs(0))  # noqa: E731
+    x = jax.random.normal(jax.random.key(5), (3, 10, 4))
+    y = jax.random.normal(jax.random.key(6), (3,))
+    reference = plain(factory, mse, (x, y))
+    top = jax_exec.plan(mse, factory(), x, y, budget="100%")
+    least = top.least_budget()  # traces every option of every block
+    kinds = {o.kind for stage in top.model.options for o in stage}
+    assert {"names", "dots", "fused"} <= kinds
+    for budget in (least, (least + top.store_all_peak) // 2):
+        p = top.replan(budget)
+        result = p.run(factory(), x, y)
+        assert result.peak_bytes == p.schedule.meta["peak_memory"] <= budget
+        assert_matches(result.loss, result.grads, None, reference, f"{budget} B, op by op")
+        assert_matches(*compiled(p, factory, (x, y)), reference, f"{budget} B, compiled")
+
+
 # [9] The model checkpoints its own layers: nnx.remat and jax.checkpoint are planned from
 # their inside (the plan decides what is saved).
 class SelfRemat(MLP):
