@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from jax_exec.auto.methods import solver_of
@@ -22,11 +23,47 @@ def _shape_key(tree: Any) -> tuple:
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     spread_ids = {id(x) for x in spread(leaves)}
     shapes = tuple(
-        (tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x))),
-         x.sharding if id(x) in spread_ids else None)
+        (tuple(getattr(x, "shape", ())), _dtype(x), x.sharding if id(x) in spread_ids else None)
         for x in leaves
     )  # fmt: skip
     return (treedef, shapes)
+
+
+def _dtype(x: Any) -> str:
+    """An array's dtype; a Python number's as JAX traces it (an eager call and one under
+    jit share a plan)."""
+    if hasattr(x, "dtype"):
+        return str(x.dtype)
+    return str(jnp.result_type(x)) if isinstance(x, int | float | complex) else str(type(x))
+
+
+def _is_static(leaf: Any) -> bool:
+    """A Python flag or name among the arguments (``train=True``, ``mode="mean"``): held
+    as a constant of the plan, as an eager ``nnx.value_and_grad`` sees it (Python numbers
+    stay traced, as ``jax.jit`` traces them: a step counter must not replan every step)."""
+    return isinstance(leaf, bool | str)
+
+
+def bind_arguments(loss_fn: Callable, args: tuple, kwargs: dict) -> tuple[Callable, tuple, Any]:
+    """``(fn, traced, key)``: ``fn(model, *traced)`` calls ``loss_fn(model, *args,
+    **kwargs)`` with the arguments' arrays and Python numbers as ``traced`` and their
+    flags and names (:func:`_is_static`) as constants; ``key`` says what ``fn`` holds
+    (the arguments' structure and constants). Without keyword arguments or constants,
+    ``fn`` is ``loss_fn``."""
+    leaves, treedef = jax.tree_util.tree_flatten((tuple(args), dict(kwargs)))
+    static = tuple((i, leaf) for i, leaf in enumerate(leaves) if _is_static(leaf))
+    if not kwargs and not static:
+        return loss_fn, tuple(args), None
+    fixed = dict(static)
+    traced = tuple(leaf for i, leaf in enumerate(leaves) if i not in fixed)
+
+    def fn(model: Any, *values: Any) -> Any:
+        it = iter(values)
+        full = [fixed[i] if i in fixed else next(it) for i in range(len(leaves))]
+        a, kw = jax.tree_util.tree_unflatten(treedef, full)
+        return loss_fn(model, *a, **kw)
+
+    return fn, traced, (treedef, static)
 
 
 class PlanCache:
@@ -62,12 +99,15 @@ def value_and_grad(
     has_aux: bool = False,
     **plan_options: Any,
 ) -> Callable:
-    """``f(model, *args) -> (loss, grads)`` (``((loss, aux), grads)`` with ``has_aux``),
-    like ``nnx.value_and_grad(loss_fn, has_aux=has_aux)``, following a plan made on the
-    first call for each model (its graph definition: classes, structure, static
-    attributes) and shapes, dtypes and shardings of its state and the arguments (like
-    ``jax.jit``'s cache; under jit, where arrays have no concrete sharding, a plan for
-    one device; eagerly, sharded arrays are planned per device, docs/auto.md).
+    """``f(model, *args, **kwargs) -> (loss, grads)`` (``((loss, aux), grads)`` with
+    ``has_aux``), like ``nnx.value_and_grad(loss_fn, has_aux=has_aux)``, following a plan
+    made on the first call for each model (its graph definition: classes, structure,
+    static attributes) and shapes, dtypes and shardings of its state and the arguments
+    (like ``jax.jit``'s cache; under jit, where arrays have no concrete sharding, a plan
+    for one device; eagerly, sharded arrays are planned per device, docs/auto.md).
+    Python bools and strings among the arguments (``train=True``) are constants of the
+    plan, one plan per value, as an eager call sees them; Python numbers are traced, as
+    ``jax.jit`` traces them (bind one that must be concrete with ``functools.partial``).
     ``f.plans`` holds them, ``f.plan`` is the last one used. The model's state
     (BatchNorm statistics, RNG counters) is updated in place as the plain call would.
     Called eagerly, the step runs compiled (one ``jax.jit`` per plan); it composes with
@@ -82,12 +122,13 @@ def value_and_grad(
         )
     plans = PlanCache()
 
-    def f(model: Any, *args: Any):
+    def f(model: Any, *args: Any, **kwargs: Any):
+        fn, args, bound = bind_arguments(loss_fn, args, kwargs)
         graphdef, params, rest = split_model(model)
-        key = (_shape_key(params), _shape_key(rest), _shape_key(args))
+        key = (_shape_key(params), _shape_key(rest), _shape_key(args), bound)
         found = plans.get(graphdef, key)
         if found is None:
-            p = plan(loss_fn, model, *args, budget=budget, method=method, has_aux=has_aux,
+            p = plan(fn, model, *args, budget=budget, method=method, has_aux=has_aux,
                      **plan_options)  # fmt: skip
             found = (p, jax.jit(jax.value_and_grad(p.lowered(), has_aux=True)))
             plans.put(graphdef, key, found)

@@ -157,6 +157,35 @@ def test_value_and_grad_eagerly():
     assert len(vg.plans) == 1
 
 
+# [4] Keyword arguments and Python flags, as nnx.value_and_grad takes them: keywords
+# raised TypeError, a Python bool read by an `if` failed to trace (it was traced as an
+# array). Flags and strings are constants of the plan (one plan per value); Python
+# numbers are traced as jax.jit traces them (one plan for every value).
+def flagged(model, x, y=None, scale=1.0, train=False, reduce="mean"):
+    out = model(x) * 2 if train else model(x)
+    err = (out - y) ** 2
+    return (jnp.mean(err) if reduce == "mean" else jnp.sum(err)) * scale
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"y": Y, "scale": 2.0}, {"y": Y, "train": True, "reduce": "sum", "scale": 0.5}]
+)
+def test_keyword_arguments_and_python_flags(kwargs):
+    factory = lambda: MLP(nnx.Rngs(0))  # noqa: E731
+    model = factory()
+    loss, grads = nnx.value_and_grad(flagged)(model, X, **kwargs)
+    reference = (loss, None, grads, model_state(model))
+    vg = jax_exec.value_and_grad(flagged, budget="60%")
+    model = factory()
+    assert_matches(*vg(model, X, **kwargs), model_state(model), reference, "eager")
+    jitted = nnx.jit(vg, static_argnames=("train", "reduce"))
+    model = factory()
+    assert_matches(*jitted(model, X, **kwargs), model_state(model), reference, "under nnx.jit")
+    for scale in (3.0, 4.0):  # a Python number is traced: no new plan
+        vg(factory(), X, **{**kwargs, "scale": scale})
+    assert len(vg.plans) == 1
+
+
 # [5] has_aux whose aux holds the loss itself (the metrics pattern).
 def test_aux_holding_the_loss():
     def loss_fn(model, x, y):
