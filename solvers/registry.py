@@ -146,6 +146,29 @@ def get(method: str, problem: object | type) -> Method:
     )
 
 
+def check_options(method: str, problem: object | type, options: dict) -> None:
+    """A one-line ``TypeError`` naming the first of ``options`` that ``method`` (for
+    ``problem``) does not take, and the options it takes.
+
+    >>> import schedir, solvers
+    >>> solvers.check_options("rotor", schedir.Chain, {"slot": 10})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    TypeError: slot = 10: solver 'rotor' takes no such option; its options: model, max_slots, ...
+    """
+    entry = get(method, problem)
+    params = list(inspect.signature(entry.function).parameters.values())[2:]
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    taken = [p.name for p in params if p.name != "progress" and p.kind is not p.VAR_POSITIONAL]
+    for name, value in options.items():
+        if name not in taken:
+            raise TypeError(
+                f"{name} = {value!r}: solver {method!r} takes no such option; "
+                f"its options: {', '.join(taken) or 'none'}"
+            )
+
+
 def fixed_schedule(method: str, problem, schedule: Schedule, budget: int) -> Schedule:
     """``schedule`` if its simulated peak fits ``budget``; else Infeasible at that peak.
 
@@ -275,6 +298,7 @@ def solve(
     (True, True)
     """
     entry = get(method, problem)
+    check_options(method, problem, options)
     kind = _kinds.of(problem)
     limits_inside = (
         kind is not None and isinstance(problem, kind.problem) and kind.budget != "required"

@@ -3,11 +3,14 @@ options of a block model (docs/auto.md, "Chain and graph methods")."""
 
 from __future__ import annotations
 
+import inspect
+
 import solvers
 from jax_exec.auto.reference import reference_schedule
 from jax_exec.program.model import BlockModel
 from schedir import Chain, Graph, simulate
 from schedir.blocks.graph import block_graph
+from schedir.blocks.problem import BlockChain
 from schedir.blocks.schedule import BlockSchedule
 from solvers.blocks.policies import POLICIES
 
@@ -30,6 +33,28 @@ def solver_of(method: str) -> tuple[str, str]:
     names = (*BLOCK_METHODS, *CHAIN_METHODS, *(m for m in GRAPH_METHODS if m not in CHAIN_METHODS),
              *(f"graph:{m}" for m in GRAPH_METHODS if m in CHAIN_METHODS))  # fmt: skip
     raise ValueError(f"method = {method!r}: expected one of {', '.join(names)}")
+
+
+def check_plan_options(solver: tuple[str, str], options: dict) -> None:
+    """A one-line ``TypeError`` naming an option of ``plan`` that the method
+    (``solver``: :func:`solver_of`'s) does not take, whatever the budget (the solver may
+    not run where store-all fits). Chain and graph methods also take ``graph_option``."""
+    family, name = solver
+    rest = dict(options)
+    if family != "blocks":
+        rest.pop("graph_option", None)
+    if name == "whole_milp":
+        from jax_exec.auto.whole import whole_plan
+
+        taken = ("node_limit", "time_limit", "rounds")
+        assert set(taken) <= set(inspect.signature(whole_plan).parameters)
+        for key, value in rest.items():
+            if key not in taken:
+                raise TypeError(f"{key} = {value!r}: method 'whole_milp' takes no such "
+                                f"option; its options: {', '.join(taken)}")  # fmt: skip
+        return
+    problem = {"blocks": BlockChain, "chain": Chain, "graph": Graph}[family]
+    solvers.check_options(name, problem, rest)
 
 
 def whole_limit(method: str, whole_graph: int) -> int:

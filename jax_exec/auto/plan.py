@@ -16,7 +16,7 @@ import jax
 
 import solvers
 from jax_exec.auto.exact import Solved, solve
-from jax_exec.auto.methods import solver_of, whole_limit
+from jax_exec.auto.methods import check_plan_options, solver_of, whole_limit
 from jax_exec.auto.offload import as_platform, has_host_link
 from jax_exec.auto.whole import WHOLE_GRAPH_VARIABLES
 from jax_exec.execute.graph import run_graph_schedule
@@ -106,6 +106,7 @@ class Plan:
         whole_graph = self.whole_graph if whole_graph is None else whole_graph
         start = time.perf_counter()
         solver = solver_of(method)
+        check_plan_options(solver, options)
         if self.model.sharded:
             _sharded_unsupported(method, solver, 0.0, platform)
         whole = whole_limit(method, whole_graph)
@@ -337,6 +338,7 @@ def plan(
         jax_exec.auto.UnsupportedModel: an operation the planner cannot handle.
     """
     solver = solver_of(method)
+    check_plan_options(solver, options)
     start = time.perf_counter()
     if not (isinstance(progress, bool) or callable(progress)):
         raise TypeError(f"progress = {progress!r}: expected True, False or a callable")

@@ -186,6 +186,17 @@ def test_keyword_arguments_and_python_flags(kwargs):
     assert len(vg.plans) == 1
 
 
+# Bad input: an option the method does not take is refused whatever the budget, before
+# tracing, naming it (it was ignored where store-all fits, the solver not running, and
+# raised block_rotor's own TypeError below).
+@pytest.mark.parametrize("budget", ["100%", "70%"])
+def test_an_option_the_method_does_not_take_is_refused_at_every_budget(budget):
+    with pytest.raises(TypeError, match=r"^slot = 10: solver 'block_rotor' takes no such option"):
+        jax_exec.plan(mse, MLP(nnx.Rngs(0)), X, Y, budget=budget, slot=10)
+    with pytest.raises(TypeError, match=r"^rounds = 2: solver 'rotor' takes no such option"):
+        jax_exec.plan(mse, MLP(nnx.Rngs(0)), X, Y, budget=budget, method="rotor", rounds=2)
+
+
 # [5] has_aux whose aux holds the loss itself (the metrics pattern).
 def test_aux_holding_the_loss():
     def loss_fn(model, x, y):
