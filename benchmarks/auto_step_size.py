@@ -32,7 +32,7 @@ import zoo  # noqa: E402
 
 import solvers  # noqa: E402
 from jax_exec import auto  # noqa: E402
-from jax_exec.execute.loops import _scan_of, forward_runs, scan_runs  # noqa: E402
+from jax_exec.execute.loops import forward_runs, scan_of, scan_runs  # noqa: E402
 from jax_exec.execute.tree import Record, Segment, parse_tree, split_copies  # noqa: E402
 from schedir.blocks.problem import schedule_options  # noqa: E402
 
@@ -69,7 +69,7 @@ def forward_copies(model, schedule) -> tuple[int, int, int, int]:
     runs = scan_runs(model, schedule)
     options = schedule_options(model.problem, schedule)
     run_of = {k: r for r in runs.values() for k in r.blocks}
-    repeated = {k for k in range(model.length) if _scan_of(model, k) is not None}
+    repeated = {k for k in range(model.length) if scan_of(model, k) is not None}
     fwd = rep = ckpt = copies = 0
 
     def records(node) -> int:  # forward copies of a Record chain's and Segments' primal

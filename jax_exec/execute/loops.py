@@ -135,7 +135,9 @@ def inner_values(model: BlockModel, run: ScanRun) -> tuple[tuple[int, int], ...]
     )
 
 
-def _scan_of(model: BlockModel, k: int) -> int | None:
+def scan_of(model: BlockModel, k: int) -> int | None:
+    """The unrolled scan (its index in ``model.program.scans``) block k is a period's
+    block of, else None (its start inside the scan's iterations but the last's start)."""
     start = model.blocks.blocks[k].start
     for s, info in enumerate(model.program.scans):
         if info.starts[0] <= start < info.starts[-1]:
@@ -243,7 +245,7 @@ def _pattern(model: BlockModel, k: int) -> tuple | None:
     for a repeated block): where each value of the next carried cut comes from
     (``("out", o)`` or ``("keep", pos)``), the positions it reads, which outputs it
     emits (:func:`emitted`), which values are differentiated, the shapes."""
-    s = _scan_of(model, k)
+    s = scan_of(model, k)
     if s is None:
         return None
     lay = model.layouts[k]
@@ -295,8 +297,8 @@ def _repeats(model: BlockModel, options: tuple, k: int, j: int) -> tuple | None:
     blocks = model.blocks.blocks
     if blocks[k].key != blocks[j].key or options[k] != options[j]:
         return None
-    scan = _scan_of(model, k)
-    if scan is None or scan != _scan_of(model, j):
+    scan = scan_of(model, k)
+    if scan is None or scan != scan_of(model, j):
         return None
     fns = model.functions(k, options[k])
     if fns is not model.functions(j, options[j]):
@@ -340,7 +342,7 @@ def _run_at(model: BlockModel, options: tuple, chain: list[int], top: bool) -> S
     """The scan run covering the most blocks at the start of ``chain`` (the shortest
     period on ties), or None."""
     best = None
-    scan = _scan_of(model, chain[0])
+    scan = scan_of(model, chain[0])
     if scan is None:
         return None
     for m in range(1, min(MAX_PERIOD, len(chain) // 2) + 1):

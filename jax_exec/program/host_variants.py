@@ -24,8 +24,7 @@ def with_host_variants(model: Any, platform: Platform) -> Any:
     among keeping it on the device, in host memory, or recomputing it (the options'
     save sets). Traces each variant's phased backward (and so its option's recording);
     compiles nothing: the variants run their options' recordings and backwards."""
-    variants = dataclasses.replace(model, host_link=platform, problem=None, known=set(),
-                                   timings=dict(model.timings))  # fmt: skip
+    variants = _copy(model, host_link=platform)
 
     def offered(host: str) -> tuple:
         every = tuple(
@@ -59,10 +58,16 @@ def host_variants_below(model: Any, cap: int) -> Any:
     )
     if options == model.options:
         return model
-    fewer = dataclasses.replace(model, options=options, problem=None, known=set(),
-                                timings=dict(model.timings))  # fmt: skip
+    fewer = _copy(model, options=options)
     fewer.problem = build_problem(fewer)
     return fewer
+
+
+def _copy(model: Any, **changes: Any) -> Any:
+    """A copy of ``model`` with ``changes``, its problem to build, nothing known to its
+    own solves yet, its own timings (its tables of functions and kernels shared)."""
+    return dataclasses.replace(model, problem=None, known=set(), timings=dict(model.timings),
+                               **changes)  # fmt: skip
 
 
 def _worth(model: Any, k: int, o: int) -> bool:
