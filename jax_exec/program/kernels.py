@@ -182,6 +182,9 @@ def _real_results(policy: Callable) -> Callable:
     return saveable
 
 
+_FUSED_REAL = _real_results(_fused_policy)  # one policy object, as JAX's caches see it
+
+
 def block_function(program: Program, block: Block, lay: Layout, naming: bool) -> Callable:
     """``fn(p, g, x) -> (outs, results)`` interpreting the block's equations; with
     ``naming``, materialized values and outputs pass through ``checkpoint_name``."""
@@ -212,7 +215,7 @@ def _policy(option: SaveOption, lay: Layout):
         return cp.save_from_both_policies(_real_results(cp.checkpoint_dots),
                                           cp.save_only_these_names(*outs))  # fmt: skip
     if option.kind == "fused":
-        return _real_results(_fused_policy)
+        return _FUSED_REAL
     missing = set(option.names) - lay.named
     if missing:
         raise ValueError(f"save option names values that are not materialized: {sorted(missing)}")
