@@ -1,0 +1,47 @@
+"""The drop-in on models that each use features the zoo does not (tests/feature_models.py:
+top-k routing, FFTs, codebooks, associative scans, bfloat16, loops and conds, masked
+attention, custom variables, two towers, shared encoders, vmapped ensembles, linear
+algebra, shifted windows). Per model: ``jax_exec.value_and_grad`` eagerly, under
+``nnx.jit`` and with ``has_aux`` at max(65%, least) of store-all, and ``plan`` at the
+least budget and that budget on both paths (op by op: measured peak = predicted <=
+budget): loss, gradients, state and metrics equal plain ``nnx.value_and_grad``'s
+(tests/plain_reference.py, the float64 arbiter for ill-conditioned steps). Each found
+nothing wrong when written except the FFT model (complex residuals; its fix has a
+default-run test in test_dropin_regressions.py); they are here under ``-m slow`` so
+that they stay so (about 5 to 30 s each)."""
+
+from __future__ import annotations
+
+import pytest
+from feature_models import CASES
+from flax import nnx
+from plain_reference import assert_matches, check_plan, float64_reference, model_state, plain
+
+import jax_exec
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_feature_model(name):
+    case = CASES[name]()
+    reference = plain(case.factory, case.loss_fn, case.args)
+
+    def exact():
+        return float64_reference(case.factory, case.loss_fn, case.args)
+
+    top = jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget="100%")
+    least = top.least_budget()
+    middle = max(least, int(0.65 * top.store_all_peak))
+    for how in ("eagerly", "under nnx.jit"):
+        step = jax_exec.value_and_grad(case.loss_fn, budget=middle)
+        step = step if how == "eagerly" else nnx.jit(step)
+        model = case.factory()
+        loss, grads = step(model, *case.args)
+        assert_matches(loss, grads, model_state(model), reference, f"{name} {how}", exact=exact)
+    with_aux = plain(case.factory, case.aux_loss_fn, case.args, has_aux=True)
+    model = case.factory()
+    step = nnx.jit(jax_exec.value_and_grad(case.aux_loss_fn, budget=middle, has_aux=True))
+    (loss, aux), grads = step(model, *case.args)
+    assert_matches(loss, grads, model_state(model), with_aux, f"{name} has_aux", aux)
+    for budget in (least, middle):
+        check_plan(case, top.replan(budget), reference, f"{name} at {budget} B", exact=exact)
