@@ -63,6 +63,11 @@ def _key(i: int) -> jax.Array:
     return jax.random.key(i)
 
 
+def classify(model, x, y):
+    """The mean cross-entropy of ``model(x)``'s logits against the labels ``y``."""
+    return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
+
+
 class MoE(nnx.Module):
     def __init__(self, d: int = 16, experts: int = 4, k: int = 2, *, rngs: nnx.Rngs):
         self.router = nnx.Linear(d, experts, rngs=rngs)
@@ -112,11 +117,8 @@ class FNet(nnx.Module):
 def fnet() -> Case:
     x, y = jax.random.normal(_key(1), (4, 10, 8)), jax.random.randint(_key(2), (4,), 0, 3)
 
-    def loss_fn(model, x, y):
-        return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
-
     factory = lambda: FNet(rngs=nnx.Rngs(0))  # noqa: E731
-    return _case("fnet", factory, _metrics(loss_fn), (x, y), "FFT mixing")
+    return _case("fnet", factory, _metrics(classify), (x, y), "FFT mixing")
 
 
 class VQVAE(nnx.Module):
@@ -188,11 +190,8 @@ class Refine(nnx.Module):
 def refine() -> Case:
     x, y = jax.random.normal(_key(1), (2, 8, 8, 3)), jax.random.randint(_key(2), (2,), 0, 5)
 
-    def loss_fn(model, x, y):
-        return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
-
     factory = lambda: Refine(rngs=nnx.Rngs(0))  # noqa: E731
-    return _case("refine", factory, _metrics(loss_fn), (x, y), "bf16, fori_loop, cond")
+    return _case("refine", factory, _metrics(classify), (x, y), "bf16, fori_loop, cond")
 
 
 class Perceiver(nnx.Module):
@@ -367,11 +366,8 @@ class ScanRNN(nnx.Module):
 def scan_rnn() -> Case:
     x, y = jax.random.normal(_key(1), (9, 3, 4)), jax.random.randint(_key(2), (3,), 0, 3)
 
-    def loss_fn(model, x, y):
-        return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
-
     factory = lambda: ScanRNN(rngs=nnx.Rngs(0))  # noqa: E731
-    return _case("scan_rnn", factory, _metrics(loss_fn), (x, y), "lax.scan over time")
+    return _case("scan_rnn", factory, _metrics(classify), (x, y), "lax.scan over time")
 
 
 class Quantized(nnx.Module):
