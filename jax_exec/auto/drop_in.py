@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jax_exec.auto.methods import solver_of
+from jax_exec.auto.methods import check_plan_options, solver_of
 from jax_exec.auto.plan import plan
 from jax_exec.program.placement import spread
 from jax_exec.program.trace import same, split_model
@@ -115,6 +115,7 @@ def value_and_grad(
     (``exact=True`` unless ``plan_options`` say otherwise), so a budget means the same
     bytes here and there.
     """
+    check_plan_options(solver_of(method), plan_options)
     if solver_of(method)[0] == "graph":
         raise ValueError(
             f"method = {method!r}: value_and_grad runs the compiled step, which follows "

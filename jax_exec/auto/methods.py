@@ -35,10 +35,22 @@ def solver_of(method: str) -> tuple[str, str]:
     raise ValueError(f"method = {method!r}: expected one of {', '.join(names)}")
 
 
+# nnx.value_and_grad's own options, which a drop-in user may pass on
+NOT_SUPPORTED = frozenset({"argnums", "wrt", "holomorphic", "allow_int"})
+
+
 def check_plan_options(solver: tuple[str, str], options: dict) -> None:
     """A one-line ``TypeError`` naming an option of ``plan`` that the method
     (``solver``: :func:`solver_of`'s) does not take, whatever the budget (the solver may
     not run where store-all fits). Chain and graph methods also take ``graph_option``."""
+    unsupported = sorted(NOT_SUPPORTED.intersection(options))
+    if unsupported:
+        key = unsupported[0]
+        raise TypeError(
+            f"{key} = {options[key]!r}: an option of nnx.value_and_grad that jax_exec does "
+            f"not take: it differentiates the model's nnx.Param variables (argnums=0), not "
+            f"other arguments or filters (nnx.DiffState, nnx.LoRAParam) yet"
+        )
     family, name = solver
     rest = dict(options)
     if family != "blocks":

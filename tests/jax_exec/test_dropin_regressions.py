@@ -197,6 +197,16 @@ def test_an_option_the_method_does_not_take_is_refused_at_every_budget(budget):
         jax_exec.plan(mse, MLP(nnx.Rngs(0)), X, Y, budget=budget, method="rotor", rounds=2)
 
 
+def test_value_and_grads_own_options_are_refused_naming_them():
+    """argnums (LoRA's nnx.DiffState(0, nnx.LoRAParam)) and wrt were taken for solver
+    options: ignored where store-all fits, gradients of every nnx.Param returned."""
+    lora = nnx.DiffState(0, nnx.LoRAParam)
+    with pytest.raises(TypeError, match=r"^argnums = DiffState.*not take: it differentiates"):
+        jax_exec.value_and_grad(mse, budget="100%", argnums=lora)
+    with pytest.raises(TypeError, match=r"^wrt = .*an option of nnx.value_and_grad"):
+        jax_exec.plan(mse, MLP(nnx.Rngs(0)), X, Y, budget="100%", wrt=nnx.LoRAParam)
+
+
 # [5] has_aux whose aux holds the loss itself (the metrics pattern).
 def test_aux_holding_the_loss():
     def loss_fn(model, x, y):
