@@ -3,6 +3,7 @@ per model and input shapes (docs/auto.md)."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -91,6 +92,9 @@ class PlanCache:
         return sum(len(e) for e in self.entries.values())
 
 
+PLAN_KEYWORDS = frozenset(inspect.signature(plan).parameters) - {"loss_fn", "model", "args"}
+
+
 def value_and_grad(
     loss_fn: Callable,
     *,
@@ -115,7 +119,8 @@ def value_and_grad(
     (``exact=True`` unless ``plan_options`` say otherwise), so a budget means the same
     bytes here and there.
     """
-    check_plan_options(solver_of(method), plan_options)
+    solver_options = {k: v for k, v in plan_options.items() if k not in PLAN_KEYWORDS}
+    check_plan_options(solver_of(method), solver_options)  # plan's own: plan checks them
     if solver_of(method)[0] == "graph":
         raise ValueError(
             f"method = {method!r}: value_and_grad runs the compiled step, which follows "

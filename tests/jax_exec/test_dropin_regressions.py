@@ -205,6 +205,11 @@ def test_value_and_grads_own_options_are_refused_naming_them():
         jax_exec.value_and_grad(mse, budget="100%", argnums=lora)
     with pytest.raises(TypeError, match=r"^wrt = .*an option of nnx.value_and_grad"):
         jax_exec.plan(mse, MLP(nnx.Rngs(0)), X, Y, budget="100%", wrt=nnx.LoRAParam)
+    with pytest.raises(TypeError, match=r"^slot = 10: solver 'block_rotor'"):
+        jax_exec.value_and_grad(mse, budget="100%", exact=False, slot=10)
+    step = jax_exec.value_and_grad(mse, budget="100%", exact=False, whole_graph=0, slots=100)
+    assert_matches(*step(MLP(nnx.Rngs(0)), X, Y), None, plain(lambda: MLP(nnx.Rngs(0)), mse,
+                   (X, Y)), "plan's own keywords and a solver option")  # fmt: skip
 
 
 # [5] has_aux whose aux holds the loss itself (the metrics pattern).
