@@ -119,9 +119,10 @@ def value_and_grad(
     (``exact=True`` unless ``plan_options`` say otherwise), so a budget means the same
     bytes here and there.
     """
+    solver = solver_of(method)
     solver_options = {k: v for k, v in plan_options.items() if k not in PLAN_KEYWORDS}
-    check_plan_options(solver_of(method), solver_options)  # plan's own: plan checks them
-    if solver_of(method)[0] == "graph":
+    check_plan_options(solver, solver_options)  # plan's own: plan checks them
+    if solver[0] == "graph":
         raise ValueError(
             f"method = {method!r}: value_and_grad runs the compiled step, which follows "
             f"block-chain schedules; a graph method's schedule runs op by op (plan(...).run)"
