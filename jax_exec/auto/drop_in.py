@@ -45,26 +45,71 @@ def _is_static(leaf: Any) -> bool:
     return isinstance(leaf, bool | str)
 
 
-def bind_arguments(loss_fn: Callable, args: tuple, kwargs: dict) -> tuple[Callable, tuple, Any]:
-    """``(fn, traced, key)``: ``fn(model, *traced)`` calls ``loss_fn(model, *args,
+def _is_node(leaf: Any) -> bool:
+    return nnx.graph.is_graph_node(leaf)
+
+
+def bind_arguments(
+    loss_fn: Callable, args: tuple, kwargs: dict, has_aux: bool = False
+) -> tuple[Callable, tuple, Any, tuple]:
+    """``(fn, traced, key, nodes)``: ``fn(model, *traced)`` calls ``loss_fn(model, *args,
     **kwargs)`` with the arguments' arrays and Python numbers as ``traced`` and their
     flags and names (:func:`_is_static`) as constants; ``key`` says what ``fn`` holds
-    (the arguments' structure and constants). Without keyword arguments or constants,
-    ``fn`` is ``loss_fn``."""
-    leaves, treedef = jax.tree_util.tree_flatten((tuple(args), dict(kwargs)))
+    (the arguments' structure and constants). ``nodes``: the Flax graph nodes among the
+    arguments (an ``nnx.Rngs`` given to the call, another module), traced as their
+    state; their state other than ``nnx.Param`` comes back updated, as
+    ``nnx.value_and_grad`` updates it: ``fn`` then returns ``(loss, (aux, states))``
+    (``aux`` None without ``has_aux``), one state per node. Without keyword arguments,
+    constants or nodes, ``fn`` is ``loss_fn``."""
+    leaves, treedef = jax.tree_util.tree_flatten((tuple(args), dict(kwargs)), is_leaf=_is_node)
     static = tuple((i, leaf) for i, leaf in enumerate(leaves) if _is_static(leaf))
-    if not kwargs and not static:
-        return loss_fn, tuple(args), None
+    nodes = tuple((i, leaf) for i, leaf in enumerate(leaves) if _is_node(leaf))
+    if not kwargs and not static and not nodes:
+        return loss_fn, tuple(args), None, ()
     fixed = dict(static)
-    traced = tuple(leaf for i, leaf in enumerate(leaves) if i not in fixed)
+    defs = {i: nnx.split(node, nnx.Param, ...)[0] for i, node in nodes}
+    traced = tuple(
+        nnx.split(leaf, nnx.Param, ...)[1:] if i in defs else leaf
+        for i, leaf in enumerate(leaves)
+        if i not in fixed
+    )
 
     def fn(model: Any, *values: Any) -> Any:
         it = iter(values)
         full = [fixed[i] if i in fixed else next(it) for i in range(len(leaves))]
+        given = {i: full[i] for i in defs}
+        for i in defs:
+            full[i] = nnx.merge(defs[i], *full[i])
         a, kw = jax.tree_util.tree_unflatten(treedef, full)
-        return loss_fn(model, *a, **kw)
+        out = loss_fn(model, *a, **kw)
+        if not defs:
+            return out
+        states = []
+        for i, (params, _) in given.items():
+            _, new_params, new_rest = nnx.split(full[i], nnx.Param, ...)
+            if any(x is not y for x, y in zip(jax.tree.leaves(new_params),
+                                              jax.tree.leaves(params), strict=True)):  # fmt: skip
+                raise TypeError(f"loss_fn writes to the nnx.Param variables of argument "
+                                f"{type(full[i]).__name__}: the planner needs them unchanged "
+                                f"during the call")  # fmt: skip
+            states.append(new_rest)
+        loss, aux = out if has_aux else (out, None)
+        return loss, (aux, tuple(states))
 
-    return fn, traced, (treedef, static)
+    key = (treedef, static, tuple((i, defs[i]) for i in defs))
+    return fn, traced, key, tuple(node for _, node in nodes)
+
+
+def check_not_in_model(model: Any, nodes: tuple) -> None:
+    """Refuse an argument that is also part of the model (its state would be traced
+    twice, and updated twice)."""
+    inside = {id(node) for _, node in nnx.iter_graph(model)}
+    for node in nodes:
+        if id(node) in inside:
+            raise ValueError(
+                f"an argument ({type(node).__name__}) is also part of the model: pass it "
+                f"once (the model's own, or as an argument)"
+            )
 
 
 class PlanCache:
@@ -130,18 +175,26 @@ def value_and_grad(
     plans = PlanCache()
 
     def f(model: Any, *args: Any, **kwargs: Any):
-        fn, args, bound = bind_arguments(loss_fn, args, kwargs)
+        fn, args, bound, nodes = bind_arguments(loss_fn, args, kwargs, has_aux)
         graphdef, params, rest = split_model(model)
-        key = (_shape_key(params), _shape_key(rest), _shape_key(args), bound)
-        found = plans.get(graphdef, key)
+        if nodes:
+            check_not_in_model(model, nodes)
+        shapes = (_shape_key(params), _shape_key(rest), _shape_key(args))
+        key = (*shapes, bound[:2] if bound else None)
+        defs = (graphdef, bound[2] if bound else ())  # compared by equality (PlanCache)
+        found = plans.get(defs, key)
         if found is None:
-            p = plan(fn, model, *args, budget=budget, method=method, has_aux=has_aux,
-                     **plan_options)  # fmt: skip
+            p = plan(fn, model, *args, budget=budget, method=method,
+                     has_aux=has_aux or bool(nodes), **plan_options)  # fmt: skip
             found = (p, jax.jit(jax.value_and_grad(p.lowered(), has_aux=True)))
-            plans.put(graphdef, key, found)
+            plans.put(defs, key, found)
         f.plan, step = found
         (loss, (aux, new_rest)), grads = step(params, rest, args)
         nnx.update(model, new_rest)
+        if nodes:  # the arguments' state (an nnx.Rngs' counters), as the plain call leaves it
+            aux, states = aux
+            for node, state in zip(nodes, states, strict=True):
+                nnx.update(node, state)
         return ((loss, aux), grads) if has_aux else (loss, grads)
 
     def summary() -> str:

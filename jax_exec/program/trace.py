@@ -12,12 +12,14 @@ equations (opaque: JAX differentiates them as a whole). A ``scan`` (``nnx.scan``
 ``lax.scan``) is unrolled into its iterations (a chain of identical blocks): its
 stacked global inputs (a scanned stack's parameters) become per-iteration slices,
 globals too (``Program.derived``). Equations with side effects are refused with an
-error naming the primitive and the user code it came from.
+error naming the primitive and the user code it came from; debug callbacks
+(``jax.debug.print``) are left out of the planned step with a warning.
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -354,6 +356,9 @@ class _Builder:
                 for var, ref in zip(eqn.outvars, outs, strict=True):
                     env[var] = ref
                 continue
+            if eqn.effects and _debug_only(eqn):  # jax.debug.print / callback / breakpoint
+                _warn_debug(eqn, source_of(eqn, where))
+                continue
             if eqn.effects:
                 raise UnsupportedModel(
                     f"operation {eqn.primitive.name} at {source_of(eqn, where)} has side effects "
@@ -431,6 +436,30 @@ class Traced:
     rest: Any
     pure: Callable
     has_aux: bool
+
+
+def _debug_only(eqn: Any) -> bool:
+    """Whether ``eqn`` is a debug callback (``jax.debug.print``, ``jax.debug.callback``,
+    ``jax.debug.breakpoint``): no results, debug effects only."""
+    names = {type(effect).__name__ for effect in eqn.effects}
+    return not eqn.outvars and names <= {"DebugEffect", "OrderedDebugEffect"}
+
+
+_DEBUG_WARNED: set[str] = set()
+
+
+def _warn_debug(eqn: Any, source: str) -> None:
+    """Warn, once per place, that a debug callback is left out of the planned step."""
+    if source in _DEBUG_WARNED:
+        return
+    _DEBUG_WARNED.add(source)
+    warnings.warn(
+        f"{eqn.primitive.name} at {source} is left out of the planned step: a schedule "
+        f"runs blocks out of program order and recomputes them, so it would print or call "
+        f"back out of order and more than once; the values are unchanged (call "
+        f"nnx.value_and_grad to see it)",
+        stacklevel=4,
+    )
 
 
 def split_model(model: Any) -> tuple[Any, Any, Any]:

@@ -1,0 +1,116 @@
+"""Regression tests of calls to the drop-in as Flax NNX code writes them, found by
+trying it as a new user (stop 36): an ``nnx.Rngs`` or another module given to the call,
+``jax.debug.print`` in the model, Python flags given to ``plan``. Each failed before its
+fix; each compares with plain ``nnx.value_and_grad`` (tests/plain_reference.py)."""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+from plain_reference import assert_matches, assert_tree_close, model_state, plain
+
+import jax_exec
+
+
+class Net(nnx.Module):
+    """Dropout whose stream is given at call time (``model(x, rngs=rngs)``, as Flax's
+    own examples write it) and BatchNorm in training mode."""
+
+    def __init__(self, rngs):
+        self.l1 = nnx.Linear(8, 16, rngs=rngs)
+        self.bn = nnx.BatchNorm(16, rngs=rngs)
+        self.drop = nnx.Dropout(0.5)
+        self.l2 = nnx.Linear(16, 1, rngs=rngs)
+
+    def __call__(self, x, rngs=None):
+        return self.l2(self.drop(nnx.relu(self.bn(self.l1(x))), rngs=rngs))
+
+
+class Teacher(nnx.Module):  # distillation: a second module, not differentiated
+    def __init__(self, rngs):
+        self.bn = nnx.BatchNorm(8, rngs=rngs)
+        self.l = nnx.Linear(8, 1, rngs=rngs)
+
+    def __call__(self, x):
+        return self.l(self.bn(x))
+
+
+X = jax.random.normal(jax.random.key(0), (32, 8))
+Y = jnp.ones((32, 1))
+
+
+def distill(model, x, y, rngs, teacher, scale=1.0):
+    return scale * jnp.mean((model(x, rngs=rngs) - y - teacher(x)) ** 2)
+
+
+def distill_aux(model, x, y, rngs, teacher, scale=1.0):
+    loss = distill(model, x, y, rngs, teacher, scale)
+    return loss, {"loss": loss}
+
+
+# An nnx.Rngs given to the call was traced as arrays and its counter never advanced: the
+# same dropout mask every step, silently (loss and gradients of the first step right).
+# Graph nodes among the arguments are now traced as their state, which comes back
+# updated as nnx.value_and_grad leaves it (the teacher's BatchNorm statistics too).
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "nnx.jit"])
+@pytest.mark.parametrize("has_aux", [False, True], ids=["loss", "has_aux"])
+def test_graph_nodes_given_to_the_call_are_updated(jit, has_aux):
+    loss_fn = distill_aux if has_aux else distill
+    plain_step = nnx.value_and_grad(loss_fn, has_aux=has_aux)
+    ours = jax_exec.value_and_grad(loss_fn, budget="70%", has_aux=has_aux)
+    step = nnx.jit(ours) if jit else ours
+    m1, t1, r1 = Net(nnx.Rngs(0)), Teacher(nnx.Rngs(1)), nnx.Rngs(dropout=1)
+    m2, t2, r2 = Net(nnx.Rngs(0)), Teacher(nnx.Rngs(1)), nnx.Rngs(dropout=1)
+    for _ in range(3):  # each step draws a new mask
+        out = plain_step(m1, X, Y, r1, t1, 2.0)
+        (loss, aux), grads = out if has_aux else ((out[0], None), out[1])
+        reference = (loss, aux, grads, model_state(m1))
+        out = step(m2, X, Y, r2, t2, 2.0)
+        (got, got_aux), got_grads = out if has_aux else ((out[0], None), out[1])
+        assert_matches(got, got_grads, model_state(m2), reference, "step", got_aux)
+        assert int(r2.dropout.count[...]) == int(r1.dropout.count[...])
+        assert_tree_close(nnx.state(t2), nnx.state(t1), "teacher state")
+    assert len(ours.plans) == 1
+
+
+def test_an_argument_that_is_part_of_the_model_is_refused():
+    model = Net(nnx.Rngs(0))
+    step = jax_exec.value_and_grad(lambda m, x, y, layer: distill(m, x, y, None, layer),
+                                   budget="100%")  # fmt: skip
+    with pytest.raises(ValueError, match=r"an argument \(Linear\) is also part of the model"):
+        step(model, X, Y, model.l1)
+
+
+# jax.debug.print in the model was refused ("has side effects"); it is left out of the
+# planned step with a warning (a schedule runs blocks out of order and recomputes them).
+class Printing(nnx.Module):
+    def __init__(self, rngs):
+        self.l1 = nnx.Linear(8, 16, rngs=rngs)
+        self.l2 = nnx.Linear(16, 1, rngs=rngs)
+
+    def __call__(self, x):
+        h = nnx.gelu(self.l1(x))
+        jax.debug.print("mean activation {m}", m=h.mean())
+        return self.l2(h)
+
+
+def mse(model, x, y):
+    return jnp.mean((model(x) - y) ** 2)
+
+
+def test_debug_prints_are_left_out_with_a_warning(capfd):
+    reference = plain(lambda: Printing(nnx.Rngs(0)), mse, (X, Y))
+    capfd.readouterr()
+    step = jax_exec.value_and_grad(mse, budget="70%")
+    with pytest.warns(UserWarning, match=r"debug_print at .*test_dropin_calls.py:\d+ "
+                                         r"\(Printing.__call__\) is left out"):  # fmt: skip
+        got = nnx.jit(step)(model := Printing(nnx.Rngs(0)), X, Y)
+    assert_matches(*got, model_state(model), reference, "debug print")
+    assert "mean activation" not in capfd.readouterr().out
+    with warnings.catch_warnings():  # once per place
+        warnings.simplefilter("error")
+        step(Printing(nnx.Rngs(0)), X, Y)
