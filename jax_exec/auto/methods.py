@@ -62,11 +62,22 @@ def check_plan_options(solver: tuple[str, str], options: dict) -> None:
         taken = tuple(p for p in inspect.signature(whole_plan).parameters if p not in inner)
         for key, value in rest.items():
             if key not in taken:
-                raise TypeError(f"{key} = {value!r}: method 'whole_milp' takes no such "
-                                f"option; its options: {', '.join(taken)}")  # fmt: skip
+                raise TypeError(f"{key} = {value!r}: method 'whole_milp' takes no such option; "
+                                f"its options: {', '.join(taken)}{ARGUMENTS_HINT}")  # fmt: skip
         return
     problem = {"blocks": BlockChain, "chain": Chain, "graph": Graph}[family]
-    solvers.check_options(name, problem, rest)
+    try:
+        solvers.check_options(name, problem, rest)
+    except TypeError as err:
+        raise TypeError(f"{err}{ARGUMENTS_HINT}") from None
+
+
+# keyword arguments of plan and value_and_grad(...) are the planner's: the loss's own
+# are easily given there by mistake
+ARGUMENTS_HINT = (
+    " (loss_fn's own keyword arguments: give them to the step, value_and_grad(...)(model, "
+    "x, key=...), or bind them for plan with functools.partial)"
+)
 
 
 def whole_limit(method: str, whole_graph: int) -> int:

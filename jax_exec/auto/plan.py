@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import numpy as np
 
 import solvers
+from jax_exec.auto.arguments import bind_arguments
 from jax_exec.auto.exact import Solved, solve
 from jax_exec.auto.methods import check_plan_options, solver_of, whole_limit
 from jax_exec.auto.offload import as_platform, has_host_link
@@ -81,6 +83,9 @@ class Plan:
     # the most devices a parameter or argument was sharded over when planned (>1: every
     # figure is the bytes on one device, the fullest: jax_exec.program.placement)
     sharded_devices: int = 1
+    # the Python flags and names among plan's arguments, constants of the plan
+    # (jax_exec.auto.arguments.bind_arguments): Plan.run takes them again, the same
+    arguments: Any = field(default=None, repr=False)
 
     @property
     def overhead(self) -> float:
@@ -112,8 +117,10 @@ class Plan:
         whole = whole_limit(method, whole_graph)
         base = self.base or self.model
         done = solve(base, budget, solver, options, exact, whole, platform)
-        return make_plan(done, method, start, exact, whole_graph, base, self.model_name,
-                         platform, self.sharded_devices)  # fmt: skip
+        p = make_plan(done, method, start, exact, whole_graph, base, self.model_name,
+                      platform, self.sharded_devices)  # fmt: skip
+        p.arguments = self.arguments
+        return p
 
     def least_budget(self) -> int:
         """The least budget (bytes) at which the method finds a schedule (exact for the
@@ -151,6 +158,7 @@ class Plan:
             exact = self.replan(self.budget, exact=True)
             self.schedule, self.exact, self.problem = exact.schedule, True, exact.problem
             self.model = exact.model
+        args = self._traced_arguments(args)
         graphdef, params, rest = split_model(model)
         difference = graph_difference(self.model.traced.graphdef, graphdef)
         if difference is not None:
@@ -170,6 +178,26 @@ class Plan:
             return run_graph_schedule(self.model, self.schedule, self.graph_options, params,
                                       rest, args)  # fmt: skip
         return run_schedule(self.model, self.schedule, params, rest, args)
+
+    def _traced_arguments(self, args: tuple) -> tuple:
+        """``args`` less the Python flags and names that are constants of the plan,
+        refusing others than those it was made with."""
+        _, traced, given, _ = bind_arguments(_unused, args, {}, nodes=False)
+        if given == self.arguments:
+            return traced
+        planned = dict(self.arguments[1]) if self.arguments else {}
+        now = dict(given[1]) if given else {}
+        leaves = jax.tree_util.tree_leaves(args)
+        ends = np.cumsum([len(jax.tree_util.tree_leaves(a)) for a in args])
+        for i in sorted(set(planned) | set(now)):
+            if planned.get(i, "a traced value") != now.get(i, "a traced value"):
+                raise ValueError(
+                    f"args[{int(np.searchsorted(ends, i, side='right'))}] holds "
+                    f"{now.get(i, leaves[i])!r} where the plan was made with "
+                    f"{planned.get(i, 'a traced value')!r} (a Python flag is a constant of "
+                    f"the plan: plan again for another value)"
+                )
+        raise ValueError("args: their structure differs from the planned arguments'")
 
     def summary(self) -> str:
         """A readable table: per block, what it saves and recomputes, and the totals."""
@@ -353,6 +381,7 @@ def plan(
             f"method = {method!r}: low-bit storage measures the compiled step's gradient, "
             f"and a graph schedule has no compiled path"
         )
+    loss_fn, args, arguments, _ = bind_arguments(loss_fn, args, {}, has_aux, nodes=False)
     bm = block_model(loss_fn, model, args, has_aux=has_aux, cost_model=cost_model,
                      max_anchors=max_anchors, ahead=exact)  # fmt: skip
     if bm.sharded:
@@ -372,8 +401,14 @@ def plan(
         bm.progress = None
         if hasattr(report, "done"):
             report.done()
-    return make_plan(done, method, start, exact, whole_graph, bm, type(model).__name__, platform,
-                     devices)  # fmt: skip
+    p = make_plan(done, method, start, exact, whole_graph, bm, type(model).__name__, platform,
+                  devices)  # fmt: skip
+    p.arguments = arguments
+    return p
+
+
+def _unused(*_: Any) -> None:  # pragma: no cover - Plan.run binds arguments, calls nothing
+    raise AssertionError
 
 
 def _sharded_unsupported(method: str, solver: tuple, tolerance: float, platform: Any) -> None:

@@ -114,3 +114,37 @@ def test_debug_prints_are_left_out_with_a_warning(capfd):
     with warnings.catch_warnings():  # once per place
         warnings.simplefilter("error")
         step(Printing(nnx.Rngs(0)), X, Y)
+
+
+# plan with a Python flag among its arguments traced it as an array (a TracerBoolConversion
+# error where an `if` reads it); flags and names are constants of the plan, as in
+# value_and_grad, and Plan.run refuses other values, naming the argument.
+def flagged(model, x, y, square, reduce):
+    err = model(x) - y
+    err = err**2 if square else jnp.abs(err)
+    return jnp.mean(err) if reduce == "mean" else jnp.sum(err)
+
+
+@pytest.mark.parametrize("flags", [(True, "mean"), (False, "sum")])
+def test_plan_takes_python_flags_among_its_arguments(flags):
+    factory = lambda: Printing(nnx.Rngs(0))  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # its debug print
+        model = factory()
+        loss, grads = nnx.value_and_grad(flagged)(model, X, Y, *flags)
+        reference = (loss, None, grads, model_state(model))
+        top = jax_exec.plan(flagged, factory(), X, Y, *flags, budget="100%")
+        p = top.replan(max(top.least_budget(), int(0.7 * top.store_all_peak)))
+    result = p.run(factory(), X, Y, *flags)
+    assert_matches(result.loss, result.grads, result.new_state, reference, "op by op")
+    assert result.peak_bytes == p.schedule.meta["peak_memory"] <= p.budget
+    with pytest.raises(ValueError, match=rf"^args\[2\] holds {not flags[0]} where the plan"):
+        p.run(factory(), X, Y, not flags[0], flags[1])
+    with pytest.raises(ValueError, match=r"^args\[3\] holds 'max' where the plan was made with"):
+        p.run(factory(), X, Y, flags[0], "max")
+
+
+def test_the_losss_keyword_arguments_given_to_plan_are_explained():
+    hint = r"^reduce = 'sum': solver 'block_rotor' takes no such option.*functools.partial"
+    with pytest.raises(TypeError, match=hint):
+        jax_exec.plan(flagged, Printing(nnx.Rngs(0)), X, Y, True, budget="100%", reduce="sum")
