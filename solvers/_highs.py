@@ -37,6 +37,37 @@ def silence_banner() -> None:
     _SILENCED = True
 
 
+def run(h) -> None:
+    """``h.run()`` of a ``highspy.Highs``, raising ``RuntimeError`` on HiGHS's error
+    status (a time or node limit and infeasibility are answers, read from the model
+    status, not errors).
+
+    HiGHS runs every solver object of a process on one thread scheduler, made by the
+    first run: an object that asks for another thread count (:func:`binary_model`'s
+    one thread) fails where another started it with its default (checkmate_milp's,
+    cvxpy's, the application's HiGHS). Such a failure had been read as "no solution"
+    (the planner's save-set MILPs found none, so a block had fewer options, and plans
+    and least budgets depended on what had run before in the process). Now the
+    scheduler is reset and the model solved again: the same answer whatever ran before.
+    (The reset waits for the scheduler's workers; this package runs HiGHS in the
+    calling thread only.)"""
+    import highspy
+
+    status = h.run()
+    if status == highspy.HighsStatus.kError and _threads(h) != 0:
+        reset = getattr(highspy.Highs, "resetGlobalScheduler", None)
+        if reset is not None:  # (highspy >= 1.7.1)
+            reset(True)
+            status = h.run()
+    if status == highspy.HighsStatus.kError:
+        raise RuntimeError(f"HiGHS failed (model status {h.getModelStatus()})")
+
+
+def _threads(h) -> int:
+    value = h.getOptionValue("threads")
+    return int(value[-1] if isinstance(value, tuple) else value)
+
+
 def quiet_highs():
     """A ``highspy.Highs`` that prints nothing (banner silenced, ``output_flag`` off)."""
     import highspy

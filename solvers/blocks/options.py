@@ -37,7 +37,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from schedir import InvalidProblem
-from solvers._highs import binary_model, solution
+from solvers._highs import binary_model, run, solution
 
 
 @dataclass(frozen=True)
@@ -190,7 +190,7 @@ def pareto_save_sets(
     limit = total
     for _ in range(3 * max_points):
         h.changeRowBounds(len(lb), -np.inf, limit)  # the cap row, last
-        h.run()
+        run(h)
         x = solution(h)
         if x is None:
             break

@@ -33,7 +33,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from schedir import Compute, Free, Graph, GraphSchedule, InvalidProblem, simulate_graph
-from solvers._highs import highs_lp, quiet_highs
+from solvers._highs import highs_lp, quiet_highs, run
 from solvers.registry import Infeasible, register
 
 SOLVER = "HIGHS"
@@ -316,7 +316,7 @@ def solve_model(
         sol.col_value = list(start[: nx + nu]) + [0.0] * extra
         sol.value_valid = True
         h.setSolution(sol)
-    h.run()
+    run(h)
     status = _status(h.getModelStatus())
     info = h.getInfo()
     has = info.primal_solution_status == 2 and status in ("optimal", "time_limit")

@@ -50,6 +50,7 @@ from schedir.pipeline.placement import place, schedule_from_orders
 from schedir.pipeline.problem import PipelineProblem, capacity, link_time
 from schedir.pipeline.schedule import PipelineSchedule
 from schedir.pipeline.steps import step_report
+from solvers._highs import run
 from solvers.pipeline.exhaustive import compositions
 from solvers.pipeline.joint import device_orders
 from solvers.pipeline.milp import HighsOutcome, _highs_model, _Rows
@@ -199,7 +200,7 @@ def _solve_combo(problem, devs, cuts, plans, budget, time_limit, unit) -> ComboS
     highs = _highs_model(R, n_cols, 1.0)
     if time_limit is not None:
         highs.setOptionValue("time_limit", max(0.01, float(time_limit)))
-    highs.run()
+    run(highs)
     if highs.getInfo().primal_solution_status != 2:
         return None
     val = np.asarray(highs.getSolution().col_value)

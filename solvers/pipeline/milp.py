@@ -50,7 +50,7 @@ import scipy.sparse as sp
 
 from schedir.pipeline.problem import Interval, Mapping, PipelineProblem, capacity, link_time
 from schedir.steady import evaluate, interval_memory, mapping_memory
-from solvers._highs import quiet_highs
+from solvers._highs import quiet_highs, run
 from solvers.pipeline.dp import mapping_schedule, require_inference
 from solvers.registry import Infeasible, register
 
@@ -269,12 +269,12 @@ def milp_mapping(
             done = 0.0 if deadline is None else (time.perf_counter() - start) / time_limit
             progress(min(done, 1.0), f"pipeline_milp: solve {rounds + 1} ({len(m.lo)} rows)")
         highs.setOptionValue("presolve", "choose")
-        highs.run()
+        run(highs)
         status = highs.getModelStatus()
         if status == highspy.HighsModelStatus.kInfeasible:
             # confirm without presolve before calling a problem infeasible
             highs.setOptionValue("presolve", "off")
-            highs.run()
+            run(highs)
             status = highs.getModelStatus()
         rounds += 1
         info = highs.getInfo()
