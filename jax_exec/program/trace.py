@@ -438,6 +438,22 @@ class Traced:
     has_aux: bool
 
 
+def _state_change(before: Any, after: Any) -> str:
+    """The variables created and removed between two states, by path (a few)."""
+
+    def paths(tree: Any) -> set[str]:
+        leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+        return {jax.tree_util.keystr(path) for path, _ in leaves}
+
+    old, new = paths(before), paths(after)
+    said = [
+        f"{what} {', '.join(sorted(found)[:3])}{' ...' if len(found) > 3 else ''}"
+        for what, found in (("created", new - old), ("removed", old - new))
+        if found
+    ]
+    return "; ".join(said) or "variables created or removed"
+
+
 def _debug_only(eqn: Any) -> bool:
     """Whether ``eqn`` is a debug callback (``jax.debug.print``, ``jax.debug.callback``,
     ``jax.debug.breakpoint``): no results, debug effects only."""
@@ -560,9 +576,12 @@ def trace_pure(
     r_leaves, r_def = jax.tree_util.tree_flatten(rest)
     a_leaves, a_def = jax.tree_util.tree_flatten(tuple(args))
     if jax.tree_util.tree_structure(new_rest_shape) != r_def:
+        change = _state_change(rest, new_rest_shape)
         raise TypeError(
-            "the model's state changed structure during loss_fn (variables created or "
-            "removed): the planner needs the same state before and after the call"
+            f"the model's state changed structure during loss_fn ({change}): the planner "
+            f"needs the same state before and after the call (values kept with Module.sow: "
+            f"read them with nnx.capture(model, nnx.Intermediate) inside loss_fn, or "
+            f"nnx.pop them there, and return them as aux)"
         )
     aux_leaves, aux_def = jax.tree_util.tree_flatten(aux_shape)
     builder = _Builder()
