@@ -19,7 +19,8 @@ def _is_static(leaf: Any) -> bool:
     return isinstance(leaf, bool | str)
 
 
-def _is_node(leaf: Any) -> bool:
+def is_node(leaf: Any) -> bool:
+    """A Flax graph node (a module, an ``nnx.Rngs``, a variable)."""
     return nnx.graph.is_graph_node(leaf)
 
 
@@ -36,10 +37,10 @@ def bind_arguments(
     (``aux`` None without ``has_aux``), one state per node. Without keyword arguments,
     constants or nodes, ``fn`` is ``loss_fn``. ``nodes=False``: graph nodes are traced
     as the pytrees they are and nothing comes back (``plan``: ``Plan.run`` is pure)."""
-    is_leaf = _is_node if nodes else None
+    is_leaf = is_node if nodes else None
     leaves, treedef = jax.tree_util.tree_flatten((tuple(args), dict(kwargs)), is_leaf=is_leaf)
     static = tuple((i, leaf) for i, leaf in enumerate(leaves) if _is_static(leaf))
-    found = tuple((i, leaf) for i, leaf in enumerate(leaves) if nodes and _is_node(leaf))
+    found = tuple((i, leaf) for i, leaf in enumerate(leaves) if nodes and is_node(leaf))
     if not kwargs and not static and not found:
         return loss_fn, tuple(args), None, ()
     fixed = dict(static)

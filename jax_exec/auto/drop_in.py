@@ -113,6 +113,7 @@ def value_and_grad(
         if found is None:
             p = plan(fn, model, *args, budget=budget, method=method,
                      has_aux=has_aux or bool(nodes), **plan_options)  # fmt: skip
+            p.arguments, p.binds_nodes = bound, True  # f.plan.run takes the call's
             found = (p, jax.jit(jax.value_and_grad(p.lowered(), has_aux=True)))
             plans.put(defs, key, found)
         f.plan, step = found

@@ -6,6 +6,7 @@ It follows Flax NNX's calling convention: ``loss_fn(model, *args)`` returns a sc
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -16,7 +17,7 @@ import jax
 import numpy as np
 
 import solvers
-from jax_exec.auto.arguments import bind_arguments
+from jax_exec.auto.arguments import bind_arguments, is_node
 from jax_exec.auto.exact import Solved, solve
 from jax_exec.auto.methods import check_plan_options, solver_of, whole_limit
 from jax_exec.auto.offload import as_platform, has_host_link
@@ -86,6 +87,9 @@ class Plan:
     # the Python flags and names among plan's arguments, constants of the plan
     # (jax_exec.auto.arguments.bind_arguments): Plan.run takes them again, the same
     arguments: Any = field(default=None, repr=False)
+    # value_and_grad's plans: Flax graph nodes among the arguments are traced as their
+    # state, which the planned loss returns through aux (Plan.run drops it: it is pure)
+    binds_nodes: bool = False
 
     @property
     def overhead(self) -> float:
@@ -119,7 +123,7 @@ class Plan:
         done = solve(base, budget, solver, options, exact, whole, platform)
         p = make_plan(done, method, start, exact, whole_graph, base, self.model_name,
                       platform, self.sharded_devices)  # fmt: skip
-        p.arguments = self.arguments
+        p.arguments, p.binds_nodes = self.arguments, self.binds_nodes
         return p
 
     def least_budget(self) -> int:
@@ -146,9 +150,11 @@ class Plan:
             )
         return lower(self.model, self.schedule, loops=loops)
 
-    def run(self, model: Any, *args: Any) -> RunResult:
-        """Run the schedule op by op (measured memory) on ``model`` and ``args`` (same
-        shapes as planned). The model is not modified: the state after the step is
+    def run(self, model: Any, *args: Any, **kwargs: Any) -> RunResult:
+        """Run the schedule op by op (measured memory) on ``model`` and the arguments
+        (as planned: the same shapes, Python flags and keywords; ``value_and_grad``'s
+        plans, ``f.plan``, take the call's). The model is not modified (nor graph nodes
+        among the arguments): the state after the step is
         ``result.new_state`` (``nnx.update(model, result.new_state)`` applies it). An
         inexact plan is made exact first (its schedule may change). A plan of sharded
         arrays runs its kernels on the devices they are sharded over, each value where
@@ -158,7 +164,7 @@ class Plan:
             exact = self.replan(self.budget, exact=True)
             self.schedule, self.exact, self.problem = exact.schedule, True, exact.problem
             self.model = exact.model
-        args = self._traced_arguments(args)
+        args, bound_nodes = self._traced_arguments(args, kwargs)
         graphdef, params, rest = split_model(model)
         difference = graph_difference(self.model.traced.graphdef, graphdef)
         if difference is not None:
@@ -175,29 +181,41 @@ class Plan:
                 f"jit to run them op by op"
             )
         if isinstance(self.schedule, GraphSchedule):
-            return run_graph_schedule(self.model, self.schedule, self.graph_options, params,
-                                      rest, args)  # fmt: skip
-        return run_schedule(self.model, self.schedule, params, rest, args)
+            result = run_graph_schedule(self.model, self.schedule, self.graph_options,
+                                        params, rest, args)  # fmt: skip
+        else:
+            result = run_schedule(self.model, self.schedule, params, rest, args)
+        if bound_nodes:  # (aux, the nodes' new state): the run is pure
+            result = dataclasses.replace(result, aux=result.aux[0])
+        return result
 
-    def _traced_arguments(self, args: tuple) -> tuple:
-        """``args`` less the Python flags and names that are constants of the plan,
-        refusing others than those it was made with."""
-        _, traced, given, _ = bind_arguments(_unused, args, {}, nodes=False)
+    def _traced_arguments(self, args: tuple, kwargs: dict) -> tuple[tuple, bool]:
+        """The arguments as the planned loss takes them (:func:`bind_arguments`) and
+        whether graph nodes among them were bound; other Python flags, keywords or
+        structure than planned are refused, naming the argument."""
+        _, traced, given, nodes = bind_arguments(_unused, args, kwargs, nodes=self.binds_nodes)
         if given == self.arguments:
-            return traced
-        planned = dict(self.arguments[1]) if self.arguments else {}
-        now = dict(given[1]) if given else {}
-        leaves = jax.tree_util.tree_leaves(args)
-        ends = np.cumsum([len(jax.tree_util.tree_leaves(a)) for a in args])
+            return traced, bool(nodes)
+        planned = {i: repr(v) for i, v in self.arguments[1]} if self.arguments else {}
+        now = {i: repr(v) for i, v in given[1]} if given else {}
+        for kept, key in ((planned, self.arguments), (now, given)):
+            for i, graphdef in key[2] if key else ():
+                kept[i] = f"a graph node ({_node_name(graphdef)})"
+        is_leaf = is_node if self.binds_nodes else None
+        named = [(f"args[{i}]", a) for i, a in enumerate(args)]
+        named += [(key, kwargs[key]) for key in sorted(kwargs)]  # as jax flattens a dict
+        ends = np.cumsum([len(jax.tree_util.tree_leaves(a, is_leaf=is_leaf)) for _, a in named])
         for i in sorted(set(planned) | set(now)):
-            if planned.get(i, "a traced value") != now.get(i, "a traced value"):
+            if planned.get(i) != now.get(i):
+                where = named[int(np.searchsorted(ends, i, side="right"))][0]
                 raise ValueError(
-                    f"args[{int(np.searchsorted(ends, i, side='right'))}] holds "
-                    f"{now.get(i, leaves[i])!r} where the plan was made with "
-                    f"{planned.get(i, 'a traced value')!r} (a Python flag is a constant of "
-                    f"the plan: plan again for another value)"
+                    f"{where} holds {now.get(i, 'a traced value')} where the plan was made "
+                    f"with {planned.get(i, 'a traced value')} (a Python flag is a constant "
+                    f"of the plan: plan again for another value)"
                 )
-        raise ValueError("args: their structure differs from the planned arguments'")
+        raise ValueError(
+            "args: their structure (keywords, graph nodes) differs from the planned arguments'"
+        )
 
     def summary(self) -> str:
         """A readable table: per block, what it saves and recomputes, and the totals."""
@@ -405,6 +423,14 @@ def plan(
                   devices)  # fmt: skip
     p.arguments = arguments
     return p
+
+
+def _node_name(graphdef: Any) -> str:
+    """The class of the graph node a graph definition describes, for messages."""
+    try:
+        return graphdef.nodes[0].type.__name__
+    except (AttributeError, IndexError, TypeError):
+        return "Flax"
 
 
 def _unused(*_: Any) -> None:  # pragma: no cover - Plan.run binds arguments, calls nothing

@@ -184,3 +184,21 @@ def test_sown_values_read_by_capture_are_planned_and_left_ones_named():
     with warnings.catch_warnings(), pytest.raises(TypeError, match=named):
         warnings.simplefilter("ignore", DeprecationWarning)  # sow outside nnx.capture
         jax_exec.value_and_grad(mse, budget="100%")(Sowing(nnx.Rngs(0)), X, Y)
+
+
+# f.plan.run took only the traced arguments of the loss value_and_grad had bound (a
+# TypeError or a wrong argument count with keywords, flags or graph nodes): it takes the
+# call's own, and leaves the nodes as they are (a run is pure).
+def test_the_plan_of_value_and_grad_runs_on_the_calls_arguments():
+    step = jax_exec.value_and_grad(distill_aux, budget="100%", has_aux=True)
+    rngs = nnx.Rngs(dropout=1)
+    (loss, aux), grads = step(Net(nnx.Rngs(0)), X, Y, rngs, Teacher(nnx.Rngs(1)), scale=2.0)
+    again = nnx.Rngs(dropout=1)
+    result = step.plan.run(Net(nnx.Rngs(0)), X, Y, again, Teacher(nnx.Rngs(1)), scale=2.0)
+    assert int(again.dropout.count[...]) == 0  # not modified
+    assert_matches(result.loss, result.grads, None, (loss, aux, grads, None), "f.plan.run",
+                   result.aux)  # fmt: skip
+    assert result.peak_bytes == step.plan.schedule.meta["peak_memory"]
+    with pytest.raises(ValueError, match=r"^args\[3\] holds 'x' where the plan was made with "
+                                         r"a graph node \(Teacher\)"):  # fmt: skip
+        step.plan.run(Net(nnx.Rngs(0)), X, Y, again, "x", scale=2.0)
