@@ -84,6 +84,9 @@ def value_and_grad(
     Python bools and strings among the arguments (``train=True``) are constants of the
     plan, one plan per value, as an eager call sees them; Python numbers are traced, as
     ``jax.jit`` traces them (bind one that must be concrete with ``functools.partial``).
+    Flax graph nodes among the arguments (an ``nnx.Rngs`` for ``model(x, rngs=rngs)``, a
+    teacher module) are traced as their state, not differentiated, and their state
+    other than ``nnx.Param`` is updated in place as ``nnx.value_and_grad`` updates it.
     ``f.plans`` holds them, ``f.plan`` is the last one used. The model's state
     (BatchNorm statistics, RNG counters) is updated in place as the plain call would.
     Called eagerly, the step runs compiled (one ``jax.jit`` per plan); it composes with
