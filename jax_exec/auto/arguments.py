@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 from flax import nnx
 
 
@@ -87,3 +88,47 @@ def check_not_in_model(model: Any, nodes: tuple) -> None:
                 f"an argument ({type(node).__name__}) is also part of the model: pass it "
                 f"once (the model's own, or as an argument)"
             )
+
+
+def traced_arguments(planned: Any, binds_nodes: bool, args: tuple, kwargs: dict) -> tuple:
+    """``(traced, bound_nodes)``: the arguments of a call as a plan's loss takes them
+    (:func:`bind_arguments`; ``planned``: its key when the plan was made,
+    ``binds_nodes``: whether graph nodes were bound) and whether graph nodes among them
+    were bound; other Python flags, keywords or structure than planned are refused,
+    naming the argument (``Plan.run``)."""
+    _, traced, given, nodes = bind_arguments(_unused, args, kwargs, nodes=binds_nodes)
+    if given == planned:
+        return traced, bool(nodes)
+    said: list[dict] = []
+    for key in (planned, given):
+        told = {i: repr(v) for i, v in key[1]} if key else {}
+        told.update({i: f"a graph node ({_node_name(d)})" for i, d in (key[2] if key else ())})
+        said.append(told)
+    before, now = said
+    named = [(f"args[{i}]", a) for i, a in enumerate(args)]
+    named += [(key, kwargs[key]) for key in sorted(kwargs)]  # as jax flattens a dict
+    is_leaf = is_node if binds_nodes else None
+    ends = np.cumsum([len(jax.tree_util.tree_leaves(a, is_leaf=is_leaf)) for _, a in named])
+    for i in sorted(set(before) | set(now)):
+        if before.get(i) != now.get(i):
+            where = named[int(np.searchsorted(ends, i, side="right"))][0]
+            raise ValueError(
+                f"{where} holds {now.get(i, 'a traced value')} where the plan was made with "
+                f"{before.get(i, 'a traced value')} (a Python flag is a constant of the "
+                f"plan: plan again for another value)"
+            )
+    raise ValueError(
+        "args: their structure (keywords, graph nodes) differs from the planned arguments'"
+    )
+
+
+def _node_name(graphdef: Any) -> str:
+    """The class of the graph node a graph definition describes, for messages."""
+    try:
+        return graphdef.nodes[0].type.__name__
+    except (AttributeError, IndexError, TypeError):
+        return "Flax"
+
+
+def _unused(*_: Any) -> None:  # pragma: no cover - traced_arguments binds, calls nothing
+    raise AssertionError

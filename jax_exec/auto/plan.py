@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
-import numpy as np
 
 import solvers
-from jax_exec.auto.arguments import bind_arguments, is_node
+from jax_exec.auto.arguments import bind_arguments, traced_arguments
 from jax_exec.auto.exact import Solved, solve
 from jax_exec.auto.methods import check_plan_options, solver_of, whole_limit
 from jax_exec.auto.offload import as_platform, has_host_link
@@ -164,7 +163,7 @@ class Plan:
             exact = self.replan(self.budget, exact=True)
             self.schedule, self.exact, self.problem = exact.schedule, True, exact.problem
             self.model = exact.model
-        args, bound_nodes = self._traced_arguments(args, kwargs)
+        args, bound_nodes = traced_arguments(self.arguments, self.binds_nodes, args, kwargs)
         graphdef, params, rest = split_model(model)
         difference = graph_difference(self.model.traced.graphdef, graphdef)
         if difference is not None:
@@ -188,34 +187,6 @@ class Plan:
         if bound_nodes:  # (aux, the nodes' new state): the run is pure
             result = dataclasses.replace(result, aux=result.aux[0])
         return result
-
-    def _traced_arguments(self, args: tuple, kwargs: dict) -> tuple[tuple, bool]:
-        """The arguments as the planned loss takes them (:func:`bind_arguments`) and
-        whether graph nodes among them were bound; other Python flags, keywords or
-        structure than planned are refused, naming the argument."""
-        _, traced, given, nodes = bind_arguments(_unused, args, kwargs, nodes=self.binds_nodes)
-        if given == self.arguments:
-            return traced, bool(nodes)
-        planned = {i: repr(v) for i, v in self.arguments[1]} if self.arguments else {}
-        now = {i: repr(v) for i, v in given[1]} if given else {}
-        for kept, key in ((planned, self.arguments), (now, given)):
-            for i, graphdef in key[2] if key else ():
-                kept[i] = f"a graph node ({_node_name(graphdef)})"
-        is_leaf = is_node if self.binds_nodes else None
-        named = [(f"args[{i}]", a) for i, a in enumerate(args)]
-        named += [(key, kwargs[key]) for key in sorted(kwargs)]  # as jax flattens a dict
-        ends = np.cumsum([len(jax.tree_util.tree_leaves(a, is_leaf=is_leaf)) for _, a in named])
-        for i in sorted(set(planned) | set(now)):
-            if planned.get(i) != now.get(i):
-                where = named[int(np.searchsorted(ends, i, side="right"))][0]
-                raise ValueError(
-                    f"{where} holds {now.get(i, 'a traced value')} where the plan was made "
-                    f"with {planned.get(i, 'a traced value')} (a Python flag is a constant "
-                    f"of the plan: plan again for another value)"
-                )
-        raise ValueError(
-            "args: their structure (keywords, graph nodes) differs from the planned arguments'"
-        )
 
     def summary(self) -> str:
         """A readable table: per block, what it saves and recomputes, and the totals."""
@@ -423,18 +394,6 @@ def plan(
                   devices)  # fmt: skip
     p.arguments = arguments
     return p
-
-
-def _node_name(graphdef: Any) -> str:
-    """The class of the graph node a graph definition describes, for messages."""
-    try:
-        return graphdef.nodes[0].type.__name__
-    except (AttributeError, IndexError, TypeError):
-        return "Flax"
-
-
-def _unused(*_: Any) -> None:  # pragma: no cover - Plan.run binds arguments, calls nothing
-    raise AssertionError
 
 
 def _sharded_unsupported(method: str, solver: tuple, tolerance: float, platform: Any) -> None:
