@@ -45,11 +45,10 @@ def bind_arguments(
     if not kwargs and not static and not found:
         return loss_fn, tuple(args), None, ()
     fixed = dict(static)
-    defs = {i: nnx.split(node, nnx.Param, ...)[0] for i, node in found}
+    split = {i: nnx.split(node, nnx.Param, ...) for i, node in found}  # once per call
+    defs = {i: parts[0] for i, parts in split.items()}
     traced = tuple(
-        nnx.split(leaf, nnx.Param, ...)[1:] if i in defs else leaf
-        for i, leaf in enumerate(leaves)
-        if i not in fixed
+        split[i][1:] if i in split else leaf for i, leaf in enumerate(leaves) if i not in fixed
     )
 
     def fn(model: Any, *values: Any) -> Any:
