@@ -207,7 +207,10 @@ def build_blocks(program: Program, analysis: Analysis, positions: list[int]) -> 
         raise ValueError(f"cut positions {positions} must be increasing inside (0, {n})")
     globals_ = set(program.input_ids)
     last = _last_reads(program)
-    outputs = {r for r in (program.loss, *program.aux, *program.new_rest) if not isinstance(r, Lit)}
+    outputs = {
+        r for r in (program.loss, *program.aux, *program.new_rest, *program.written_ids)
+        if not isinstance(r, Lit)
+    }  # fmt: skip
     blocks, cuts = [], [()]
     for b, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
         ins: list[int] = []

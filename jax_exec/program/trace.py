@@ -118,6 +118,11 @@ class Program:
         loss: the loss (a value id; a constant loss is one of ``consts``).
         aux: the flattened auxiliary outputs (``has_aux``).
         new_rest: the flattened model state after the call.
+        written: ``(index, value)`` of each parameter ``loss_fn`` wrote (its flat index,
+            its value after the call): layers that normalize a wrapped layer's weights
+            in place (``nnx.WeightNorm``, ``nnx.SpectralNorm``). Gradients are for the
+            values before the call, as ``nnx.value_and_grad`` gives them; the new values
+            come back with the state (:meth:`outputs`).
         treedefs: ``(params, rest, args, aux)`` tree structures.
     """
 
@@ -131,6 +136,7 @@ class Program:
     aux: tuple[Ref, ...]
     new_rest: tuple[Ref, ...]
     treedefs: tuple
+    written: tuple[tuple[int, Ref], ...] = ()
     producer: dict = field(default_factory=dict)  # value id -> index of its equation
     derived: dict = field(default_factory=dict)  # value id -> (global id, index)
     scans: tuple = ()  # per unrolled scan: its ScanInfo
@@ -157,10 +163,17 @@ class Program:
                 found.add(vid)
         return frozenset(found)
 
+    @property
+    def written_ids(self) -> tuple[Ref, ...]:
+        """The values the written parameters hold after the call (:attr:`written`)."""
+        return tuple(ref for _, ref in self.written)
+
     def outputs(self, loss: Any, values: dict, results: dict) -> tuple[Any, Any]:
-        """``(aux, new_rest)`` of a step from the values of the globals (``values``) and
+        """``(aux, new_state)`` of a step from the values of the globals (``values``) and
         of the blocks' results (``results``), the loss given (``aux`` may hold it: the
-        usual metrics), as every executor assembles them."""
+        usual metrics), as every executor assembles them. ``new_state``: the model's
+        state other than its parameters after the call, and the parameters ``loss_fn``
+        wrote (:attr:`written`) with their new values."""
         found = {**results, self.loss: loss}
 
         def value(ref: Ref) -> Any:
@@ -170,7 +183,15 @@ class Program:
 
         _, r_def, _, aux_def = self.treedefs
         aux = jax.tree_util.tree_unflatten(aux_def, [value(r) for r in self.aux])
-        return aux, jax.tree_util.tree_unflatten(r_def, [value(r) for r in self.new_rest])
+        new_rest = jax.tree_util.tree_unflatten(r_def, [value(r) for r in self.new_rest])
+        if not self.written:
+            return aux, new_rest
+        # each parameter's flat index at its place in the tree, to find their paths
+        where = jax.tree_util.tree_unflatten(self.treedefs[0], range(len(self.param_ids)))
+        new = dict(self.written)
+        flat = [(path, var.replace(value(new[var.get_value()])))
+                for path, var in nnx.to_flat_state(where) if var.get_value() in new]  # fmt: skip
+        return aux, nnx.merge_state(new_rest, nnx.from_flat_state(flat))
 
     def nbytes(self, vid: int) -> int:
         """Bytes of value ``vid`` on one device (its largest shard when sharded)."""
@@ -549,7 +570,7 @@ def trace(loss_fn: Callable, model: Any, args: tuple, *, has_aux: bool = False) 
 
     Raises:
         TypeError: not an NNX model, a loss that is not a real scalar, state whose
-            structure changes during the call, parameters written by ``loss_fn``.
+            structure changes during the call.
         UnsupportedModel: an operation with side effects.
     """
     graphdef, params, rest = split_model(model)
@@ -601,9 +622,13 @@ def trace_pure(
     new_params = outs[1 + n_aux : 1 + n_aux + n_par]
     new_rest = tuple(outs[1 + n_aux + n_par :])
     param_ids = tuple(inputs[: counts[0]])
-    if list(new_params) != list(param_ids):
+    written = tuple(
+        (i, new) for i, (new, old) in enumerate(zip(new_params, param_ids, strict=True))
+        if new != old
+    )  # fmt: skip
+    if written:
         made = {vid: e for e in builder.eqns for vid in e.outs}
-        through = next((made[v] for v in new_params if v in made), None)
+        through = next((made[v] for _, v in written if v in made), None)
         if through is not None and _closed(through) is not None:
             raise UnsupportedModel(
                 f"the model's nnx.Param variables pass through operation {through.name} "
@@ -611,10 +636,11 @@ def trace_pure(
                 f"nnx.while_loop...): it cannot tell they come out unchanged; keep the "
                 f"parameters outside the region (close over the values it reads)"
             )
-        raise TypeError(
-            "loss_fn writes to the model's nnx.Param variables; the planner (like a "
-            "gradient step) needs them unchanged during the call"
-        )
+        if graphdef is None:  # a stage list's parameters: no nnx.State to write them to
+            raise TypeError(
+                "loss_fn writes to the model's parameters; a stage list's step needs them "
+                "unchanged during the call"
+            )
     for leaf in p_leaves:
         if not jax.numpy.issubdtype(leaf.dtype, jax.numpy.inexact):
             raise TypeError(
@@ -632,6 +658,7 @@ def trace_pure(
         aux=aux,
         new_rest=new_rest,
         treedefs=(p_def, r_def, a_def, aux_def),
+        written=written,
         producer=producer,
         derived=dict(builder.derived),
         scans=tuple(builder.scans),

@@ -202,3 +202,57 @@ def test_the_plan_of_value_and_grad_runs_on_the_calls_arguments():
     with pytest.raises(ValueError, match=r"^args\[3\] holds 'x' where the plan was made with "
                                          r"a graph node \(Teacher\)"):  # fmt: skip
         step.plan.run(Net(nnx.Rngs(0)), X, Y, again, "x", scale=2.0)
+
+
+class Normalized(nnx.Module):
+    """Flax's weight-normalizing wrappers: each writes its layer's normalized kernel
+    into that layer's ``nnx.Param`` during the call (``SpectralNorm`` also its power
+    iteration's statistics), as GAN discriminators and vocoders use them."""
+
+    def __init__(self, rngs):
+        self.sn = nnx.SpectralNorm(nnx.Linear(8, 16, rngs=rngs), rngs=rngs)
+        self.wn = nnx.WeightNorm(nnx.Linear(16, 16, rngs=rngs), rngs=rngs)
+        self.out = nnx.Linear(16, 1, rngs=rngs)
+
+    def __call__(self, x):
+        h = jnp.tanh(self.sn(x, update_stats=True))
+        return self.out(jnp.tanh(self.wn(h)) + h)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "nnx.jit"])
+def test_layers_that_write_their_weights_are_planned(jit):
+    """``nnx.SpectralNorm`` and ``nnx.WeightNorm`` were refused ("loss_fn writes to the
+    model's nnx.Param variables"). Gradients are for the weights before the call, and
+    the written weights are in the model after it, as ``nnx.value_and_grad`` leaves
+    them: 3 steps (each normalizes the last one's weights again), with an optax update
+    between, on both paths and by ``Plan.run`` at the least budget."""
+    import optax
+
+    plain_step = nnx.value_and_grad(mse)
+    ours = jax_exec.value_and_grad(mse, budget="85%")
+    step = nnx.jit(ours) if jit else ours
+    m1, m2 = Normalized(nnx.Rngs(0)), Normalized(nnx.Rngs(0))
+    o1 = nnx.Optimizer(m1, optax.sgd(0.1), wrt=nnx.Param)
+    o2 = nnx.Optimizer(m2, optax.sgd(0.1), wrt=nnx.Param)
+    for i in range(3):
+        loss, grads = plain_step(m1, X, Y)
+        got, got_grads = step(m2, X, Y)
+        assert_matches(got, got_grads, model_state(m2), (loss, None, grads, model_state(m1)),
+                       f"step {i}")  # fmt: skip
+        assert_tree_close(nnx.state(m2, nnx.Param), nnx.state(m1, nnx.Param), f"weights {i}")
+        o1.update(m1, grads)
+        o2.update(m2, got_grads)
+    p = jax_exec.plan(mse, Normalized(nnx.Rngs(0)), X, Y, budget="100%")
+    least = p.replan(p.least_budget())
+    model = Normalized(nnx.Rngs(0))
+    result = least.run(model, X, Y)
+    assert result.peak_bytes == least.schedule.meta["peak_memory"] <= least.budget
+    reference_model = Normalized(nnx.Rngs(0))
+    loss, grads = plain_step(reference_model, X, Y)
+    assert_matches(result.loss, result.grads, None, (loss, None, grads, None), "Plan.run")
+    written, rest = nnx.split_state(result.new_state, nnx.Param, ...)
+    assert_tree_close(rest, model_state(reference_model), "Plan.run's new state")
+    after = dict(nnx.to_flat_state(nnx.state(reference_model, nnx.Param)))
+    flat = dict(nnx.to_flat_state(written))  # the wrapped layers' kernels only
+    assert sorted(flat) == [("sn", "layer_instance", "kernel"), ("wn", "layer_instance", "kernel")]
+    assert_tree_close([v[...] for v in flat.values()], [after[k][...] for k in flat], "written")

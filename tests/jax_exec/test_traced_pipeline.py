@@ -239,6 +239,11 @@ def test_refusals_name_the_cause():
     case, args = convnext_case(drop_path_rate=0.5)
     with pytest.raises(TypeError, match=r"changes its state .*dropout.*count"):
         plan_pipeline(case.loss_fn, case.factory(), *args, devices=1)
+    normalized = nnx.Sequential(
+        nnx.WeightNorm(nnx.Linear(8, 8, rngs=nnx.Rngs(0)), rngs=nnx.Rngs(0))
+    )
+    with pytest.raises(TypeError, match=r"writes the model's parameter .*kernel.*WeightNorm"):
+        plan_pipeline(mse, normalized, x, x, devices=1)
     with pytest.raises(ValueError, match="at most .* pipeline stages, asked for 4"):
         plan_pipeline(mse, model, x, x, devices=[jax.devices()[0]] * 4)
 
