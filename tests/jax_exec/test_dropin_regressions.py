@@ -481,10 +481,11 @@ def test_store_all_is_the_fastest_plan():
 # [13] One meaning of a budget: value_and_grad plans as plan does (exact), so the least
 # budget plan reports is accepted and "50%" means the same bytes.
 def test_one_meaning_of_a_budget():
-    factory, loss_fn, args = zoo_unet()
+    case = zoo.case("resnet")  # (the U-Net's figures too, in 2.5x the time)
+    factory, loss_fn, args = case.factory, case.loss_fn, case.args
     p = jax_exec.plan(loss_fn, factory(), *args, budget="100%")
-    least = p.least_budget()
-    for budget in (least, "85%"):
+    least = p.least_budget()  # 87% of store-all
+    for budget in (least, "95%"):
         vg = jax_exec.value_and_grad(loss_fn, budget=budget)
         nnx.jit(vg)(factory(), *args)
         assert vg.plan.exact
