@@ -88,7 +88,8 @@ def value_and_grad(
     teacher module) are traced as their state, not differentiated, and their state
     other than ``nnx.Param`` is updated in place as ``nnx.value_and_grad`` updates it.
     ``f.plans`` holds them, ``f.plan`` is the last one used. The model's state
-    (BatchNorm statistics, RNG counters) is updated in place as the plain call would.
+    (BatchNorm statistics, RNG counters, and the weights that ``nnx.WeightNorm`` or
+    ``nnx.SpectralNorm`` write) is updated in place as the plain call would.
     Called eagerly, the step runs compiled (one ``jax.jit`` per plan); it composes with
     ``nnx.jit`` / ``jax.jit`` and optax. Plans are made as :func:`plan` makes them
     (``exact=True`` unless ``plan_options`` say otherwise), so a budget means the same
