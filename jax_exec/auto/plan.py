@@ -137,10 +137,12 @@ class Plan:
         return 0
 
     def lowered(self, *, loops: bool = True) -> Callable:
-        """``fn(params, rest, args) -> (loss, (aux, new_rest))`` following the schedule
-        (the compiled path, :func:`jax_exec.execute.lowering.lower`; ``loops=False``
-        unrolls the scan runs it keeps as loops). Graph schedules have no compiled
-        path (they run op by op, :meth:`run`)."""
+        """``fn(params, rest, args) -> (loss, (aux, new_state))`` following the schedule
+        (``new_state``: the state after the call, with the parameters ``loss_fn`` wrote,
+        :meth:`~jax_exec.program.trace.Program.outputs`; the compiled path,
+        :func:`jax_exec.execute.lowering.lower`; ``loops=False`` unrolls the scan runs
+        it keeps as loops). Graph schedules have no compiled path (they run op by op,
+        :meth:`run`)."""
         if isinstance(self.schedule, GraphSchedule):
             raise ValueError(
                 f"method {self.method!r} makes a graph schedule, which runs op by op only "
