@@ -157,13 +157,14 @@ def check_plan(case, p, reference, what: str, exact=None) -> None:
     """Plan ``p`` of ``case`` op by op (measured peak = predicted <= budget) and compiled:
     loss, gradients and state equal ``reference`` (:func:`plain`; ``exact``: see
     :func:`assert_matches`). Returns the op-by-op run's result."""
-    result = p.run(case.factory(), *case.args)
+    model = case.factory()
+    result = p.run(model, *case.args)  # (modifies no argument: the model serves again)
     assert result.peak_bytes == p.schedule.meta["peak_memory"] <= p.budget, what
     assert_matches(
         result.loss, result.grads, result.new_state, reference, f"{what}, op by op",
         exact=exact,
     )  # fmt: skip
-    _, params, rest = nnx.split(case.factory(), nnx.Param, ...)
+    _, params, rest = nnx.split(model, nnx.Param, ...)
     step = jax.jit(jax.value_and_grad(p.lowered(), has_aux=True))
     (loss, (_, new_rest)), grads = step(params, rest, case.args)
     assert_matches(loss, grads, new_rest, reference, f"{what}, compiled", exact=exact)
