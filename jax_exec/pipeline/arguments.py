@@ -78,15 +78,15 @@ def batch_size(args: tuple, m: int) -> int:
 def refuse_state_changes(model: nnx.Module, program: Program) -> None:
     """A TypeError naming the first state variable that the call writes (parameters
     included: ``nnx.WeightNorm`` writes its layer's)."""
+    _, params, rest = nnx.split(model, nnx.Param, ...)
     if program.written:
-        params = jax.tree_util.tree_flatten_with_path(nnx.split(model, nnx.Param, ...)[1])[0]
-        where = jax.tree_util.keystr(params[program.written[0][0]][0])
+        paths = jax.tree_util.tree_flatten_with_path(params)[0]
+        where = jax.tree_util.keystr(paths[program.written[0][0]][0])
         raise TypeError(
             f"loss_fn writes the model's parameter {where} (nnx.WeightNorm and "
             f"nnx.SpectralNorm write their layer's weights): pipelines refuse it; "
             f"jax_exec.value_and_grad and plan take it"
         )
-    rest = nnx.split(model, nnx.Param, ...)[2]
     flat = jax.tree_util.tree_flatten_with_path(rest)[0]
     for (path, _), before, after in zip(flat, program.rest_ids, program.new_rest, strict=True):
         if before != after:
