@@ -48,7 +48,11 @@ def model_state(model):
 
 
 def scale_of(tree) -> float:
-    norms = [float(jnp.linalg.norm(jnp.asarray(x, jnp.float32))) for x in jax.tree.leaves(tree)]
+    def norm(x) -> float:  # of both parts of a complex leaf
+        x = np.asarray(x)
+        return float(np.linalg.norm(x.astype(np.complex128 if np.iscomplexobj(x) else np.float64)))
+
+    norms = [norm(x) for x in jax.tree.leaves(tree)]
     return max(norms, default=0.0) or 1.0
 
 
@@ -63,7 +67,8 @@ def assert_tree_close(got, want, what: str, rtol: float = RTOL) -> None:
         if not np.issubdtype(w.dtype, np.inexact):
             np.testing.assert_array_equal(g, w, err_msg=f"{what}: leaf {i}")
             continue
-        err = float(np.linalg.norm((g - w).astype(np.float64)))
+        wide = np.complex128 if np.iscomplexobj(w) else np.float64  # complex: both parts
+        err = float(np.linalg.norm((g - w).astype(wide)))
         assert err <= rtol * scale, f"{what}: leaf {i} off by {err / scale:.2e} of the scale"
 
 
@@ -128,7 +133,8 @@ def assert_within_rounding(got, plain_result, exact, what: str) -> None:
     rounding happens to cancel on one leaf, the schedule's need not."""
 
     def far(a, b) -> float:
-        return float(np.linalg.norm(np.asarray(a, np.float64) - np.asarray(b, np.float64)))
+        wide = np.complex128 if np.iscomplexobj(a) or np.iscomplexobj(b) else np.float64
+        return float(np.linalg.norm(np.asarray(a, wide) - np.asarray(b, wide)))
 
     parts = ("loss", "aux", "gradients", "state")
     for part, g, p, e in zip(parts, got, plain_result, exact, strict=True):

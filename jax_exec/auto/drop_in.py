@@ -4,6 +4,7 @@ per model and input shapes (docs/auto.md)."""
 from __future__ import annotations
 
 import inspect
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -64,11 +65,51 @@ class PlanCache:
         return sum(len(e) for e in self.entries.values())
 
 
+def _changed_state_only(step: Callable) -> Callable:
+    """``step`` (``jax.value_and_grad`` of a lowered plan) returning only the state
+    entries the call changed (and the parameters it wrote): an unchanged one comes back
+    as the very tracer passed in (checked while tracing), and a jitted step would return
+    a copy of it (frozen buffers, RoPE tables, statistics in eval mode) where
+    ``nnx.update`` needs nothing."""
+
+    def changed(params: Any, rest: Any, args: tuple) -> Any:
+        (loss, (aux, new_rest)), grads = step(params, rest, args)
+        before = {path: jax.tree.leaves(old) for path, old in nnx.to_flat_state(rest)}
+
+        def unchanged(path: tuple, new: Any) -> bool:
+            old, now = before.get(path), jax.tree.leaves(new)
+            return old is not None and len(old) == len(now) and all(map(operator.is_, old, now))
+
+        kept = [(path, new) for path, new in nnx.to_flat_state(new_rest)  # (and written
+                if not unchanged(path, new)]  # parameters) # fmt: skip
+        return (loss, (aux, nnx.from_flat_state(kept))), grads
+
+    return changed
+
+
 PLAN_KEYWORDS = frozenset(inspect.signature(plan).parameters) - {"loss_fn", "model", "args"}
+
+
+def _wrt_of(argnums: Any) -> Any:
+    """The parameter filter that ``argnums`` differentiates (``0``: every ``nnx.Param``;
+    ``nnx.DiffState(0, filter)``: those the filter selects); other arguments are refused."""
+    if isinstance(argnums, nnx.DiffState):
+        if argnums.argnum != 0:
+            raise ValueError(
+                f"argnums = {argnums!r}: value_and_grad differentiates the model (argument 0) only"
+            )
+        return argnums.filter
+    if isinstance(argnums, int) and not isinstance(argnums, bool) and argnums == 0:
+        return nnx.Param
+    raise ValueError(
+        f"argnums = {argnums!r}: value_and_grad differentiates the model (argument 0) "
+        f"only: give 0 or nnx.DiffState(0, filter) (e.g. nnx.LoRAParam)"
+    )
 
 
 def value_and_grad(
     loss_fn: Callable,
+    argnums: int | nnx.DiffState = 0,
     *,
     budget: int | str,
     method: str = "auto",
@@ -84,6 +125,9 @@ def value_and_grad(
     Python bools and strings among the arguments (``train=True``) are constants of the
     plan, one plan per value, as an eager call sees them; Python numbers are traced, as
     ``jax.jit`` traces them (bind one that must be concrete with ``functools.partial``).
+    ``argnums``: ``0`` (every ``nnx.Param`` of the model) or ``nnx.DiffState(0,
+    filter)``, as ``nnx.value_and_grad`` takes it (``nnx.LoRAParam``: the other
+    parameters are read and not differentiated, and get no gradient).
     Flax graph nodes among the arguments (an ``nnx.Rngs`` for ``model(x, rngs=rngs)``, a
     teacher module) are traced as their state, not differentiated, and their state
     other than ``nnx.Param`` is updated in place as ``nnx.value_and_grad`` updates it.
@@ -96,6 +140,12 @@ def value_and_grad(
     bytes here and there.
     """
     solver = solver_of(method)
+    wrt = _wrt_of(argnums)
+    if "wrt" in plan_options:
+        raise TypeError(
+            f"wrt = {plan_options['wrt']!r}: value_and_grad takes argnums=nnx.DiffState(0, "
+            f"filter), as nnx.value_and_grad does"
+        )
     solver_options = {k: v for k, v in plan_options.items() if k not in PLAN_KEYWORDS}
     check_plan_options(solver, solver_options)  # plan's own: plan checks them
     if solver[0] == "graph":
@@ -107,7 +157,7 @@ def value_and_grad(
 
     def f(model: Any, *args: Any, **kwargs: Any):
         fn, args, bound, nodes = bind_arguments(loss_fn, args, kwargs, has_aux)
-        graphdef, params, rest = split_model(model)
+        graphdef, params, rest = split_model(model, wrt)
         if nodes:
             check_not_in_model(model, nodes)
         shapes = (_shape_key(params), _shape_key(rest), _shape_key(args))
@@ -116,9 +166,9 @@ def value_and_grad(
         found = plans.get(defs, key)
         if found is None:
             p = plan(fn, model, *args, budget=budget, method=method,
-                     has_aux=has_aux or bool(nodes), **plan_options)  # fmt: skip
+                     has_aux=has_aux or bool(nodes), wrt=wrt, **plan_options)  # fmt: skip
             p.arguments, p.binds_nodes = bound, True  # f.plan.run takes the call's
-            found = (p, jax.jit(jax.value_and_grad(p.lowered(), has_aux=True)))
+            found = (p, jax.jit(_changed_state_only(jax.value_and_grad(p.lowered(), has_aux=True))))
             plans.put(defs, key, found)
         f.plan, step = found
         (loss, (aux, new_rest)), grads = step(params, rest, args)

@@ -35,8 +35,9 @@ def solver_of(method: str) -> tuple[str, str]:
     raise ValueError(f"method = {method!r}: expected one of {', '.join(names)}")
 
 
-# nnx.value_and_grad's own options, which a drop-in user may pass on
-NOT_SUPPORTED = frozenset({"argnums", "wrt", "holomorphic", "allow_int"})
+# nnx.value_and_grad's own options, which a drop-in user may pass on (argnums: plan's
+# is wrt, value_and_grad's its own keyword)
+NOT_SUPPORTED = frozenset({"argnums", "holomorphic", "allow_int"})
 
 
 def check_plan_options(solver: tuple[str, str], options: dict) -> None:
@@ -46,10 +47,14 @@ def check_plan_options(solver: tuple[str, str], options: dict) -> None:
     unsupported = sorted(NOT_SUPPORTED.intersection(options))
     if unsupported:
         key = unsupported[0]
+        if key == "argnums":
+            raise TypeError(
+                f"argnums = {options[key]!r}: plan differentiates the model's parameters; "
+                f"give wrt= a filter of them (nnx.LoRAParam) for nnx.DiffState(0, filter)"
+            )
         raise TypeError(
             f"{key} = {options[key]!r}: an option of nnx.value_and_grad that jax_exec does "
-            f"not take: it differentiates the model's nnx.Param variables (argnums=0), not "
-            f"other arguments or filters (nnx.DiffState, nnx.LoRAParam) yet"
+            f"not take: it differentiates the model's real nnx.Param variables"
         )
     family, name = solver
     rest = dict(options)

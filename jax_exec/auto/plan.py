@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+from flax import nnx
 
 import solvers
 from jax_exec.auto.arguments import bind_arguments, traced_arguments
@@ -138,7 +139,9 @@ class Plan:
 
     def lowered(self, *, loops: bool = True) -> Callable:
         """``fn(params, rest, args) -> (loss, (aux, new_state))`` following the schedule
-        (``new_state``: the state after the call, with the parameters ``loss_fn`` wrote,
+        (``params, rest``: ``nnx.split(model, nnx.Param, ...)``, or the plan's ``wrt``
+        filter for ``nnx.Param``; ``new_state``: the state after the call, with the
+        parameters ``loss_fn`` wrote,
         :meth:`~jax_exec.program.trace.Program.outputs`; the compiled path,
         :func:`jax_exec.execute.lowering.lower`; ``loops=False`` unrolls the scan runs
         it keeps as loops). Graph schedules have no compiled path (they run op by op,
@@ -166,7 +169,7 @@ class Plan:
             self.schedule, self.exact, self.problem = exact.schedule, True, exact.problem
             self.model = exact.model
         args, bound_nodes = traced_arguments(self.arguments, self.binds_nodes, args, kwargs)
-        graphdef, params, rest = split_model(model)
+        graphdef, params, rest = split_model(model, self.model.traced.wrt)
         difference = graph_difference(self.model.traced.graphdef, graphdef)
         if difference is not None:
             raise ValueError(
@@ -308,6 +311,7 @@ def plan(
     whole_graph: int = WHOLE_GRAPH_VARIABLES,
     platform: Platform | str | None = None,
     progress: bool | Callable[[float, str], None] = False,
+    wrt: Any = nnx.Param,
     **options: Any,
 ) -> Plan:
     """Plan a training step of ``loss_fn(model, *args)`` under ``budget``.
@@ -350,6 +354,10 @@ def plan(
     stderr once it has run about 2 s: a bar on a terminal, else a line a second; a
     callable ``progress(fraction, message)`` receives the reports instead (fraction NaN
     where none is known).
+    ``wrt``: the parameters differentiated, a Flax filter of ``nnx.Param`` variables
+    (``nnx.DiffState(0, wrt)`` in ``nnx.value_and_grad``; e.g. ``nnx.LoRAParam``: the
+    other parameters are state, read and not differentiated); ``Plan.lowered()`` then
+    takes ``nnx.split(model, wrt, ...)``'s parts.
 
     Raises:
         solvers.Infeasible: the budget is below the least feasible one (``min_budget``).
@@ -374,7 +382,7 @@ def plan(
         )
     loss_fn, args, arguments, _ = bind_arguments(loss_fn, args, {}, has_aux, nodes=False)
     bm = block_model(loss_fn, model, args, has_aux=has_aux, cost_model=cost_model,
-                     max_anchors=max_anchors, ahead=exact)  # fmt: skip
+                     max_anchors=max_anchors, ahead=exact, wrt=wrt)  # fmt: skip
     if bm.sharded:
         _sharded_unsupported(method, solver, activation_tolerance, platform)
     if activation_tolerance:  # low-bit residuals (jax_exec/auto/lowbit.py)
@@ -384,7 +392,7 @@ def plan(
     whole = whole_limit(method, whole_graph)  # low-bit storage plans by the DP alone
     devices = spread_devices((bm.traced.params, bm.traced.rest, tuple(args)))
     if isinstance(budget, str) and budget.strip() == "device":
-        budget = device_room(model, args)
+        budget = device_room(model, args, wrt)
     bm.progress = report
     try:
         done = solve(bm, budget, solver, options, exact, whole, platform)
@@ -426,11 +434,12 @@ def device_memory(field: str = "budget") -> int:
     return int(stats["bytes_limit"])
 
 
-def device_room(model: Any, args: tuple) -> int:
-    """Bytes the device leaves for activations: its memory less the parameters, their
-    gradients (as many bytes), the model's other state and the arguments (arrays
-    sharded over several devices: their shards on the fullest device)."""
-    _, params, rest = split_model(model)
+def device_room(model: Any, args: tuple, wrt: Any = nnx.Param) -> int:
+    """Bytes the device leaves for activations: its memory less the parameters
+    differentiated (``wrt``), their gradients (as many bytes), the model's other state
+    and the arguments (arrays sharded over several devices: their shards on the fullest
+    device)."""
+    _, params, rest = split_model(model, wrt)
     held = 2 * tree_bytes(params) + tree_bytes(rest) + tree_bytes(tuple(args))
     if spread((params, rest, tuple(args))):
         arrays = [x for x in jax.tree.leaves((params, params, rest, tuple(args)))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jax
+from flax import nnx
 
 from jax_exec.program import placement
 from jax_exec.program.analysis import Analysis, CostModel, analyze_program
@@ -509,11 +510,13 @@ def block_model(
     max_anchors: int = 4,
     options: Callable | None = None,
     ahead: bool = False,
+    wrt: Any = nnx.Param,
 ) -> BlockModel:
     """Trace, analyze and cut ``loss_fn(model, *args)``; give each block its options
-    and build the problem (module docstring; ``ahead``: :func:`program_model`'s)."""
+    and build the problem (module docstring; ``ahead``: :func:`program_model`'s;
+    ``wrt``: the parameters differentiated, :func:`jax_exec.program.trace.split_model`)."""
     start = time.perf_counter()
-    traced = trace(loss_fn, model, args, has_aux=has_aux)
+    traced = trace(loss_fn, model, args, has_aux=has_aux, wrt=wrt)
     if spread((traced.params, traced.rest, tuple(args))):  # where each value lives
         where, grads = value_shardings(traced.program, traced.params, traced.rest, args)
         program = replace(traced.program, shardings=where, grad_shardings=grads)

@@ -1,7 +1,8 @@
 """Trace ``loss_fn(model, *args)`` into a flat forward program (docs/auto.md, "Tracing").
 
-The model is split (``nnx.split(model, nnx.Param, ...)``) into its parameters and the
-rest of its state; :func:`trace` builds the pure function
+The model is split (``nnx.split(model, nnx.Param, ...)``, or another filter of its
+parameters: ``nnx.LoRAParam``) into its differentiated parameters and the rest of its
+state; :func:`trace` builds the pure function
 ``f(params, rest, args) -> (loss, aux, new_rest)`` that merges the model, calls
 ``loss_fn`` and splits the updated state back, and traces it with ``jax.make_jaxpr``.
 The jaxpr is flattened into a :class:`Program`: one list of :class:`Eqn` over integer
@@ -21,7 +22,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jax
@@ -447,8 +448,11 @@ class Traced:
         program: the flat forward program.
         graphdef: the model's graph definition (``nnx.split``).
         params, rest: the model's parameter and other state (as split at trace time).
-        pure: ``pure(params, rest, args) -> (loss, aux, new_rest)``, the traced function.
+        pure: ``pure(params, rest, args) -> (loss, aux, new_params, new_rest)``, the
+            traced function.
         has_aux: whether ``loss_fn`` returns ``(loss, aux)``.
+        wrt: the Flax filter that split ``params`` from ``rest`` (:func:`split_model`):
+            the model is split so to run a plan.
     """
 
     program: Program
@@ -457,6 +461,7 @@ class Traced:
     rest: Any
     pure: Callable
     has_aux: bool
+    wrt: Any = nnx.Param
 
 
 def _state_change(before: Any, after: Any) -> str:
@@ -499,14 +504,25 @@ def _warn_debug(eqn: Any, source: str) -> None:
     )
 
 
-def split_model(model: Any) -> tuple[Any, Any, Any]:
-    """``nnx.split(model, nnx.Param, ...)`` with a clear error for non-NNX models."""
+def split_model(model: Any, wrt: Any = nnx.Param) -> tuple[Any, Any, Any]:
+    """``nnx.split(model, wrt, ...)``: the differentiated parameters (``wrt``, a Flax
+    filter of ``nnx.Param`` variables: ``nnx.Param``, ``nnx.LoRAParam``...) and the
+    rest of the state, with a clear error for non-NNX models and for a filter that
+    selects variables other than parameters."""
     if not isinstance(model, nnx.Module):
         raise TypeError(
             f"model must be a Flax nnx.Module (loss_fn(model, *args) is called with it), "
             f"got {type(model).__name__}"
         )
-    return nnx.split(model, nnx.Param, ...)
+    graphdef, params, rest = nnx.split(model, wrt, ...)
+    for path, variable in nnx.to_flat_state(params):
+        if not isinstance(variable, nnx.Param):
+            raise ValueError(
+                f"wrt = {wrt!r} selects {'.'.join(map(str, path))} "
+                f"({type(variable).__name__}), not an nnx.Param: the planner "
+                f"differentiates parameters only"
+            )
+    return graphdef, params, rest
 
 
 def same(a: Any, b: Any) -> bool:
@@ -544,9 +560,12 @@ def graph_difference(planned: Any, given: Any) -> str | None:
     return "its graph definition differs from the planned model's"
 
 
-def pure_function(graphdef: Any, loss_fn: Callable, has_aux: bool) -> Callable:
-    """``f(params, rest, args) -> (loss, aux, new_rest)``: one call of ``loss_fn`` on the
-    merged model, with the model state after the call split back out."""
+def pure_function(
+    graphdef: Any, loss_fn: Callable, has_aux: bool, wrt: Any = nnx.Param
+) -> Callable:
+    """``f(params, rest, args) -> (loss, aux, new_params, new_rest)``: one call of
+    ``loss_fn`` on the merged model, with the model state after the call split back out
+    as it was split (``wrt``: the differentiated parameters)."""
 
     def pure(params: Any, rest: Any, args: tuple) -> tuple:
         model = nnx.merge(graphdef, params, rest)
@@ -559,23 +578,27 @@ def pure_function(graphdef: Any, loss_fn: Callable, has_aux: bool) -> Callable:
             loss, aux = out
         else:
             loss, aux = out, None
-        _, new_params, new_rest = nnx.split(model, nnx.Param, ...)
+        _, new_params, new_rest = nnx.split(model, wrt, ...)
         return loss, aux, new_params, new_rest
 
     return pure
 
 
-def trace(loss_fn: Callable, model: Any, args: tuple, *, has_aux: bool = False) -> Traced:
-    """Trace ``loss_fn(model, *args)`` into a :class:`Traced` (see the module docstring).
+def trace(
+    loss_fn: Callable, model: Any, args: tuple, *, has_aux: bool = False, wrt: Any = nnx.Param
+) -> Traced:
+    """Trace ``loss_fn(model, *args)`` into a :class:`Traced` (see the module docstring;
+    ``wrt``: the parameters differentiated, :func:`split_model`).
 
     Raises:
         TypeError: not an NNX model, a loss that is not a real scalar, state whose
             structure changes during the call.
         UnsupportedModel: an operation with side effects.
     """
-    graphdef, params, rest = split_model(model)
-    pure = pure_function(graphdef, loss_fn, has_aux)
-    return trace_pure(pure, params, rest, args, has_aux=has_aux, graphdef=graphdef)
+    graphdef, params, rest = split_model(model, wrt)
+    pure = pure_function(graphdef, loss_fn, has_aux, wrt)
+    traced = trace_pure(pure, params, rest, args, has_aux=has_aux, graphdef=graphdef)
+    return replace(traced, wrt=wrt)
 
 
 def trace_pure(

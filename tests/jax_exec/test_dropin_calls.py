@@ -256,3 +256,106 @@ def test_layers_that_write_their_weights_are_planned(jit):
     flat = dict(nnx.to_flat_state(written))  # the wrapped layers' kernels only
     assert sorted(flat) == [("sn", "layer_instance", "kernel"), ("wn", "layer_instance", "kernel")]
     assert_tree_close([v[...] for v in flat.values()], [after[k][...] for k in flat], "written")
+
+
+class Adapted(nnx.Module):
+    """LoRA fine-tuning as Flax writes it: ``nnx.LoRALinear`` layers (frozen kernels,
+    trained ``nnx.LoRAParam`` factors), dropout, a frozen head."""
+
+    def __init__(self, rngs):
+        self.l1 = nnx.LoRALinear(8, 16, lora_rank=2, rngs=rngs)
+        self.l2 = nnx.LoRALinear(16, 16, lora_rank=2, rngs=rngs)
+        self.drop = nnx.Dropout(0.2, rngs=rngs)
+        self.out = nnx.Linear(16, 1, rngs=rngs)
+        for layer in (self.l1, self.l2):  # B starts at zero: make every factor matter
+            b = layer.lora.lora_b
+            b[...] = 0.1 * jax.random.normal(rngs.params(), b.shape)
+
+    def __call__(self, x):
+        h = jnp.tanh(self.l1(x))
+        return self.out(self.drop(h + jnp.tanh(self.l2(h))))
+
+
+LORA = nnx.DiffState(0, nnx.LoRAParam)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "nnx.jit"])
+def test_lora_differentiates_the_filtered_parameters(jit):
+    """``argnums=nnx.DiffState(0, nnx.LoRAParam)`` (Flax's LoRA recipe) was refused with a
+    TypeError. The filtered parameters are differentiated, the others read as state:
+    3 optax steps (an ``nnx.Optimizer`` over the LoRA factors) at 85% equal plain's,
+    and ``plan(wrt=...)`` at its least budget runs with measured = predicted <= budget
+    and the gradients of plain, op by op and compiled."""
+    import optax
+
+    plain_step = nnx.value_and_grad(mse, argnums=LORA)
+    ours = jax_exec.value_and_grad(mse, LORA, budget="85%")
+    step = nnx.jit(ours) if jit else ours
+    m1, m2 = Adapted(nnx.Rngs(0)), Adapted(nnx.Rngs(0))
+    o1 = nnx.Optimizer(m1, optax.adam(0.01), wrt=nnx.LoRAParam)
+    o2 = nnx.Optimizer(m2, optax.adam(0.01), wrt=nnx.LoRAParam)
+    for i in range(3):
+        loss, grads = plain_step(m1, X, Y)
+        got, got_grads = step(m2, X, Y)
+        assert len(jax.tree.leaves(got_grads)) == 4  # A and B of each adapter
+        assert_matches(got, got_grads, model_state(m2), (loss, None, grads, model_state(m1)),
+                       f"step {i}")  # fmt: skip
+        o1.update(m1, grads)
+        o2.update(m2, got_grads)
+    assert_tree_close(nnx.state(m2, nnx.Param), nnx.state(m1, nnx.Param), "after 3 steps")
+    p = jax_exec.plan(mse, Adapted(nnx.Rngs(0)), X, Y, budget="100%", wrt=nnx.LoRAParam)
+    least = p.replan(p.least_budget())
+    result = least.run(Adapted(nnx.Rngs(0)), X, Y)
+    assert result.peak_bytes == least.schedule.meta["peak_memory"] <= least.budget
+    loss, grads = plain_step(Adapted(nnx.Rngs(0)), X, Y)
+    assert_matches(result.loss, result.grads, None, (loss, None, grads, None), "Plan.run")
+    _, params, rest = nnx.split(Adapted(nnx.Rngs(0)), nnx.LoRAParam, ...)
+    compiled = jax.jit(jax.value_and_grad(least.lowered(), has_aux=True))
+    (got, _), got_grads = compiled(params, rest, (X, Y))
+    assert_matches(got, got_grads, None, (loss, None, grads, None), "compiled")
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda: jax_exec.value_and_grad(mse, 1, budget="100%"), ValueError,
+         r"^argnums = 1: value_and_grad differentiates the model \(argument 0\) only"),
+        (lambda: jax_exec.value_and_grad(mse, nnx.DiffState(1, nnx.Param), budget="100%"),
+         ValueError, r"^argnums = DiffState\(argnum=1"),
+        (lambda: jax_exec.value_and_grad(mse, budget="100%", wrt=nnx.LoRAParam), TypeError,
+         r"^wrt = .*LoRAParam.*: value_and_grad takes argnums=nnx.DiffState\(0, filter\)"),
+        (lambda: jax_exec.plan(mse, Net(nnx.Rngs(0)), X, Y, budget="100%", argnums=LORA),
+         TypeError, r"^argnums = .*: plan differentiates the model's parameters; give wrt="),
+        (lambda: jax_exec.plan(mse, Net(nnx.Rngs(0)), X, Y, budget="100%", wrt=nnx.Variable),
+         ValueError, r"^wrt = .* selects bn\.mean \(BatchStat\), not an nnx.Param"),
+    ],
+    ids=["argnums=1", "DiffState(1)", "wrt", "plan-argnums", "not-a-param"],
+)  # fmt: skip
+def test_what_is_not_differentiated_is_refused(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_the_eager_step_returns_only_the_state_that_changed():
+    """The eager step (one ``jax.jit``) returned the whole model state, each unchanged
+    array as a copy (a frozen buffer, RoPE tables, LoRA's frozen kernels): it returns
+    what the call changed, and ``nnx.update`` leaves the rest in place."""
+
+    class Buffered(nnx.Module):
+        def __init__(self, rngs):
+            self.l = nnx.Linear(8, 8, rngs=rngs)
+            self.bn = nnx.BatchNorm(8, rngs=rngs)
+            self.table = nnx.Variable(jnp.ones((256, 8)))  # 8 KiB, only read
+
+        def __call__(self, x):
+            return self.bn(self.l(x)) @ self.table[...][:8]
+
+    step = jax_exec.value_and_grad(mse, budget="100%")
+    model = Buffered(nnx.Rngs(0))
+    table = model.table[...]
+    step(model, X, jnp.ones((32, 8)))
+    assert model.table[...] is table  # not replaced by a copy
+    _, compiled = step.plans.values()[0]
+    _, params, rest = nnx.split(model, nnx.Param, ...)
+    out = compiled.lower(params, rest, (X, jnp.ones((32, 8)))).compile().memory_analysis()
+    assert out.output_size_in_bytes < table.nbytes  # loss, gradients, the statistics

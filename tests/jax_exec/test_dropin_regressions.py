@@ -199,12 +199,13 @@ def test_an_option_the_method_does_not_take_is_refused_at_every_budget(budget):
 
 def test_value_and_grads_own_options_are_refused_naming_them():
     """argnums (LoRA's nnx.DiffState(0, nnx.LoRAParam)) and wrt were taken for solver
-    options: ignored where store-all fits, gradients of every nnx.Param returned."""
-    lora = nnx.DiffState(0, nnx.LoRAParam)
-    with pytest.raises(TypeError, match=r"^argnums = DiffState.*not take: it differentiates"):
-        jax_exec.value_and_grad(mse, budget="100%", argnums=lora)
-    with pytest.raises(TypeError, match=r"^wrt = .*an option of nnx.value_and_grad"):
-        jax_exec.plan(mse, MLP(nnx.Rngs(0)), X, Y, budget="100%", wrt=nnx.LoRAParam)
+    options: ignored where store-all fits, gradients of every nnx.Param returned. They are
+    taken now (``value_and_grad``'s ``argnums``, ``plan``'s ``wrt``:
+    test_dropin_calls.py); nnx.value_and_grad's other options are refused."""
+    with pytest.raises(TypeError, match=r"^holomorphic = True: an option of nnx.value_and_grad"):
+        jax_exec.value_and_grad(mse, budget="100%", holomorphic=True)
+    with pytest.raises(TypeError, match=r"^argnums = 0: plan differentiates the model's"):
+        jax_exec.plan(mse, MLP(nnx.Rngs(0)), X, Y, budget="100%", argnums=0)
     with pytest.raises(TypeError, match=r"^slot = 10: solver 'block_rotor'"):
         jax_exec.value_and_grad(mse, budget="100%", exact=False, slot=10)
     step = jax_exec.value_and_grad(mse, budget="100%", exact=False, whole_graph=0, slots=100)
