@@ -6,7 +6,8 @@ The drop-in, for any Flax NNX model (docs/auto.md):
   choose what each block saves, recomputes or stores in low bits under a memory
   budget; ``Plan.run`` executes it op by op with measured memory (a
   :class:`RunResult`), ``Plan.lowered`` compiles it.
-- :func:`value_and_grad`: ``nnx.value_and_grad`` following such a plan.
+- :func:`value_and_grad`, :func:`grad`: ``nnx.value_and_grad`` and ``nnx.grad`` following
+  such a plan.
 - :func:`plan_device` -> :class:`DevicePlan`: the whole device's budget (parameters,
   gradients and optimizer state as ZeRO stages or on the host, with the activations;
   docs/device_memory.md).
@@ -25,7 +26,7 @@ programs), :mod:`jax_exec.auto` (the planner).
 import logging
 
 from jax_exec import auto, execute, graph, parallel, program, stages  # noqa: F401 (subpackages)
-from jax_exec.auto import CostModel, Plan, UnsupportedModel, plan, value_and_grad
+from jax_exec.auto import CostModel, Plan, UnsupportedModel, grad, plan, value_and_grad
 from jax_exec.device_plan import DevicePlan, plan_device
 from jax_exec.execute.copies import measure_platform
 from jax_exec.execute.result import RunResult
@@ -40,6 +41,7 @@ __all__ = [
     "Plan",
     "RunResult",
     "UnsupportedModel",
+    "grad",
     "measure_platform",
     "plan",
     "plan_device",

@@ -3,12 +3,13 @@ budget, from its code alone (docs/auto.md).
 
 - :func:`plan`: trace ``loss_fn(model, *args)``, cut it into blocks, give each block its
   save options, and choose a schedule (a :class:`Plan`: ``.summary()``, ``.run()``).
-- :func:`value_and_grad`: a drop-in ``nnx.value_and_grad`` following a plan.
+- :func:`value_and_grad`, :func:`grad`: drop-in ``nnx.value_and_grad`` and
+  ``nnx.grad`` following a plan.
 """
 
-from jax_exec.auto.drop_in import value_and_grad
+from jax_exec.auto.drop_in import grad, value_and_grad
 from jax_exec.auto.plan import Plan, plan
 from jax_exec.program.analysis import CostModel
 from jax_exec.program.trace import UnsupportedModel
 
-__all__ = ["CostModel", "Plan", "UnsupportedModel", "plan", "value_and_grad"]
+__all__ = ["CostModel", "Plan", "UnsupportedModel", "grad", "plan", "value_and_grad"]

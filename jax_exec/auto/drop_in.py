@@ -190,3 +190,27 @@ def value_and_grad(
     f.plan = None  # type: ignore[attr-defined]
     f.summary = summary  # type: ignore[attr-defined]
     return f
+
+
+def grad(
+    loss_fn: Callable,
+    argnums: int | nnx.DiffState = 0,
+    *,
+    budget: int | str,
+    method: str = "auto",
+    has_aux: bool = False,
+    **plan_options: Any,
+) -> Callable:
+    """``f(model, *args, **kwargs) -> grads`` (``(grads, aux)`` with ``has_aux``), like
+    ``nnx.grad(loss_fn, argnums, has_aux=has_aux)``: :func:`value_and_grad` without the
+    loss (the same plans, ``f.plans``, ``f.plan``, ``f.summary``)."""
+    both = value_and_grad(loss_fn, argnums, budget=budget, method=method, has_aux=has_aux,
+                          **plan_options)  # fmt: skip
+
+    def f(model: Any, *args: Any, **kwargs: Any):
+        out, grads = both(model, *args, **kwargs)
+        f.plan = both.plan
+        return (grads, out[1]) if has_aux else grads
+
+    f.plans, f.plan, f.summary = both.plans, None, both.summary  # type: ignore[attr-defined]
+    return f

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from flax import nnx
-from plain_reference import assert_matches, assert_tree_close, model_state, plain
+from plain_reference import assert_matches, assert_tree_close, model_state, plain, state_arrays
 
 import jax_exec
 
@@ -359,3 +359,23 @@ def test_the_eager_step_returns_only_the_state_that_changed():
     _, params, rest = nnx.split(model, nnx.Param, ...)
     out = compiled.lower(params, rest, (X, jnp.ones((32, 8)))).compile().memory_analysis()
     assert out.output_size_in_bytes < table.nbytes  # loss, gradients, the statistics
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "nnx.jit"])
+def test_grad_is_value_and_grad_without_the_loss(jit):
+    """``jax_exec.grad`` mirrors ``nnx.grad``: the gradients, with ``has_aux`` ``(grads,
+    aux)``; the model's state updated, as plain leaves it."""
+    for has_aux, loss_fn in (
+        (False, mse),
+        (True, lambda m, x, y: (mse(m, x, y), {"l": mse(m, x, y)})),
+    ):
+        ours = jax_exec.grad(loss_fn, budget="100%", has_aux=has_aux)
+        m1, m2 = Adapted(nnx.Rngs(0)), Adapted(nnx.Rngs(0))  # (its dropout's stream)
+        want = nnx.grad(loss_fn, has_aux=has_aux)(m1, X, Y)
+        got = (nnx.jit(ours) if jit else ours)(m2, X, Y)
+        if has_aux:
+            (want, want_aux), (got, got_aux) = want, got
+            assert_tree_close(got_aux, want_aux, "aux")
+        assert_tree_close(got, want, "grads")
+        assert_tree_close(state_arrays(model_state(m2)), state_arrays(model_state(m1)), "state")
+        assert ours.plan is not None and len(ours.plans) == 1
