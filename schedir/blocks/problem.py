@@ -463,13 +463,24 @@ def simulate_blocks(problem: BlockChain, schedule_or_ops, *, record_buffers: boo
     states = CopyStates({("a", 0): "dev"})
     done = [False] * (L + 1)
 
-    def total(held: dict) -> int:  # device bytes: residuals kept on the host ("h") are not
+    class Bytes(dict):  # item -> nbytes(item), each computed once (summed in C below)
+        def __init__(self, device: bool) -> None:
+            super().__init__()
+            self.device = device  # residuals kept on the host ("h") count 0 on the device
+
+        def __missing__(self, item: tuple) -> int:
+            self[item] = 0 if self.device and item[0] == "h" else nbytes(item)
+            return self[item]
+
+    size, on_device = Bytes(device=False), Bytes(device=True)
+
+    def total(held: dict) -> int:  # device bytes
         live = set().union(*held.values()) if held else set()
-        return sum(nbytes(i) for i in live if i[0] != "h")
+        return sum(map(on_device.__getitem__, live))
 
     def host_total() -> int:  # copies of offloaded buffers and held host residuals, once
         late = {i for held in resident.values() for i in held if i[0] == "h"}
-        return sum(nbytes(i) for i in late.union(*host.values()))
+        return sum(map(size.__getitem__, late.union(*host.values())))
 
     def fail(i: int, op, why: str) -> InvalidSchedule:
         return InvalidSchedule(f"op {i}: {op}: {why}")

@@ -109,31 +109,37 @@ class _Needs:
         """What ``F_ck(i) F_n(i+1..j-1)`` needs with d_{t+1} resident."""
         return self.g[t + 1] + self.sweep[i][j]
 
-    def least(self) -> dict[tuple[int, int], int]:
-        """``need[(i, t)]``: the least memory of stages i..t over every persistent
-        schedule (the recursion's minimum over its moves)."""
+    def least(self) -> np.ndarray:
+        """``need[i, t]``: the least memory of stages i..t over every persistent
+        schedule (the recursion's minimum over its moves; int64, ``need[i + 1, i]`` = 0).
+        The splits of (i, t) are one vectorized pass over j: the same integers as the
+        recursion written out."""
         L = self.z.L
-        need: dict[tuple[int, int], int] = {(L, L): self.loss}
+        need = np.zeros((L + 2, L + 1), dtype=np.int64)
+        need[L, L] = self.loss
+        x = np.asarray(self.x, dtype=np.int64)
+        sweep = np.asarray(self.sweep, dtype=np.int64)
         for i in range(L - 1, -1, -1):
-            need[i + 1, i] = 0
             for t in range(i, L + 1):
                 best = min(
-                    max(self.record(i, t, o), self.s[i][o] + need[i + 1, t])
+                    max(self.record(i, t, o), self.s[i][o] + int(need[i + 1, t]))
                     for o in range(len(self.s[i]))
                 )
-                for j in range(i + 1, t + 1):
-                    split = max(self.split(i, j, t), self.x[i][j] + need[j, t], need[i, j - 1])
-                    best = min(best, split)
+                if t > i:  # splits at j = i+1..t
+                    split = np.maximum(self.g[t + 1] + sweep[i, i + 1 : t + 1],
+                                       x[i, i + 1 : t + 1] + need[i + 1 : t + 1, t])  # fmt: skip
+                    np.maximum(split, need[i, i:t], out=split)
+                    best = min(best, int(split.min()))
                 need[i, t] = best
         return need
 
 
-def least_memory(p: BlockChain) -> tuple[int, dict]:
+def least_memory(p: BlockChain) -> tuple[int, np.ndarray]:
     """The least budget (bytes, a_0 included) of any persistent schedule, and the
     table ``need[(i, t)]`` (bytes besides a_i) behind it; exact integers."""
     z = _Sizes(p)
     need = _Needs(z).least()
-    return z.x0 + need[0, z.L], need
+    return z.x0 + int(need[0, z.L]), need
 
 
 def _ops(L: int, choose, m: int) -> tuple[tuple, list[int | None]]:
@@ -177,7 +183,7 @@ def least_memory_ops(
     z = _Sizes(p)
     n = _Needs(z)
     need = n.least()
-    least = z.x0 + need[0, z.L]
+    least = z.x0 + int(need[0, z.L])
     if budget < least:
         raise ValueError(f"budget {budget} < least feasible {least}")
 
@@ -194,23 +200,38 @@ def least_memory_ops(
 
 
 class _Table:
-    """C(m, i, t) for m = 0..M slots (sizes rounded up to ``slot`` bytes)."""
+    """C(m, i, t) for m = 0..M slots (sizes rounded up to ``slot`` bytes).
+
+    A row is computed once per distinct sub-problem: rows whose moves read the same
+    numbers and the same rows below (a transformer's layers repeat, so do the rows of
+    their sub-chains) are one array. The forward time of ``F_ck(i) F_n(i+1..j-1)`` is
+    summed from stage i on (``fwd[i][j]``), so that repeated stages give the same
+    float."""
 
     def __init__(self, p: BlockChain, M: int, slot: int) -> None:
         z = _Sizes(p)
         n = _Needs(z, slot)
         self.z, self.n, self.M, self.slot = z, n, M, slot
         L, W = z.L, M + 1
+        self.fwd = [[0.0] * (L + 1) for _ in range(L + 1)]  # fwd[i][j]: f[i] + .. + f[j-1]
+        for i in range(L):
+            total = 0.0
+            for j in range(i + 1, L + 1):
+                total += z.f[j - 1]
+                self.fwd[i][j] = total
         self.rows: dict[tuple[int, int], np.ndarray] = {}
+        row_id: dict[tuple[int, int], int] = {}  # (i, t) -> its sub-problem's number
+        numbered: dict[tuple, int] = {}  # what a row's moves read -> its number
         inf = np.full(W, np.inf)
         loss = inf.copy()
         loss[min(n.loss, W) :] = z.loss_time
         self.rows[L, L] = loss
-        self.prefix = np.concatenate([[0.0], np.cumsum(z.f)])
-        shifted: dict[tuple[int, int, int], np.ndarray] = {}
+        row_id[L, L] = numbered.setdefault(("loss", n.loss, z.loss_time), len(numbered))
+        shifted: dict[tuple[int, int], np.ndarray] = {}  # (row number, k) -> row shifted by k
+        first: dict[int, tuple[int, int]] = {}  # row number -> the (i, t) computed for it
 
         def shift(j: int, t: int, k: int) -> np.ndarray:
-            key = (j, t, k)
+            key = (row_id[j, t], k)
             if key not in shifted:
                 out = np.full(W, np.inf)
                 if k < W:
@@ -220,6 +241,21 @@ class _Table:
 
         for i in range(L - 1, -1, -1):
             for t in range(i, L + 1):
+                records = tuple(
+                    (n.s[i][o], n.record(i, t, o), opt.rec_time + opt.bwd_time)
+                    for o, opt in enumerate(z.opts[i])
+                )  # fmt: skip
+                splits = tuple(
+                    (n.split(i, j, t), n.x[i][j], self.fwd[i][j], row_id[j, t], row_id[i, j - 1])
+                    for j in range(i + 1, t + 1)
+                )  # fmt: skip
+                key = (records, row_id[i + 1, t] if t > i else -1, splits)
+                number = numbered.setdefault(key, len(numbered))
+                row_id[i, t] = number
+                if number in first:  # the same moves on the same rows: the same row
+                    self.rows[i, t] = self.rows[first[number]]
+                    continue
+                first[number] = (i, t)
                 best = np.full(W, np.inf)
                 for o, opt in enumerate(z.opts[i]):
                     s, thr = n.s[i][o], n.record(i, t, o)
@@ -236,7 +272,7 @@ class _Table:
                     if thr >= W:
                         continue
                     cand = shift(j, t, n.x[i][j]) + self.rows[i, j - 1]
-                    cand += self.prefix[j] - self.prefix[i]
+                    cand += self.fwd[i][j]
                     cand[:thr] = np.inf
                     np.minimum(best, cand, out=best)
                 self.rows[i, t] = best
@@ -259,8 +295,7 @@ class _Table:
             xj = n.x[i][j]
             if m < n.split(i, j, t) or m < xj:
                 continue
-            forward = self.prefix[j] - self.prefix[i]
-            value = forward + self.rows[j, t][m - xj] + self.rows[i, j - 1][m]
+            value = self.fwd[i][j] + self.rows[j, t][m - xj] + self.rows[i, j - 1][m]
             if value < best:
                 best, move = value, ("split", j, m - xj)
         if move is None:  # pragma: no cover - only called where the table is finite
@@ -274,7 +309,7 @@ def least_slots(z: _Sizes, slot: int) -> int:
     (``O(L^2)`` moves instead of a row of ``M`` slots each). Where it exceeds the table's
     slots, that table finds nothing: at budgets near the least one the discretized
     tables do not fit (:func:`block_rotor` skips building them)."""
-    return _Needs(z, slot).least()[0, z.L]
+    return int(_Needs(z, slot).least()[0, z.L])
 
 
 def table_bytes(p: BlockChain, slots: int) -> int:
