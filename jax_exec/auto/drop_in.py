@@ -157,7 +157,7 @@ def value_and_grad(
 
     def f(model: Any, *args: Any, **kwargs: Any):
         fn, args, bound, nodes = bind_arguments(loss_fn, args, kwargs, has_aux)
-        graphdef, params, rest = split_model(model, wrt)
+        graphdef, params, rest = split_model(model, wrt, f"argnums = {argnums!r}")
         if nodes:
             check_not_in_model(model, nodes)
         shapes = (_shape_key(params), _shape_key(rest), _shape_key(args))

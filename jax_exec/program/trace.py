@@ -504,11 +504,11 @@ def _warn_debug(eqn: Any, source: str) -> None:
     )
 
 
-def split_model(model: Any, wrt: Any = nnx.Param) -> tuple[Any, Any, Any]:
+def split_model(model: Any, wrt: Any = nnx.Param, field: str = "") -> tuple[Any, Any, Any]:
     """``nnx.split(model, wrt, ...)``: the differentiated parameters (``wrt``, a Flax
     filter of ``nnx.Param`` variables: ``nnx.Param``, ``nnx.LoRAParam``...) and the
     rest of the state, with a clear error for non-NNX models and for a filter that
-    selects variables other than parameters."""
+    selects variables other than parameters (naming ``field``, default ``wrt = ...``)."""
     if not isinstance(model, nnx.Module):
         raise TypeError(
             f"model must be a Flax nnx.Module (loss_fn(model, *args) is called with it), "
@@ -518,7 +518,7 @@ def split_model(model: Any, wrt: Any = nnx.Param) -> tuple[Any, Any, Any]:
     for path, variable in nnx.to_flat_state(params):
         if not isinstance(variable, nnx.Param):
             raise ValueError(
-                f"wrt = {wrt!r} selects {'.'.join(map(str, path))} "
+                f"{field or f'wrt = {wrt!r}'} selects {'.'.join(map(str, path))} "
                 f"({type(variable).__name__}), not an nnx.Param: the planner "
                 f"differentiates parameters only"
             )

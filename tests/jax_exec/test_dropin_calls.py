@@ -328,8 +328,11 @@ def test_lora_differentiates_the_filtered_parameters(jit):
          TypeError, r"^argnums = .*: plan differentiates the model's parameters; give wrt="),
         (lambda: jax_exec.plan(mse, Net(nnx.Rngs(0)), X, Y, budget="100%", wrt=nnx.Variable),
          ValueError, r"^wrt = .* selects bn\.mean \(BatchStat\), not an nnx.Param"),
+        (lambda: jax_exec.value_and_grad(mse, nnx.DiffState(0, nnx.BatchStat), budget="100%")(
+            Net(nnx.Rngs(0)), X, Y), ValueError,
+         r"^argnums = DiffState\(argnum=0, .*\) selects bn\.mean \(BatchStat\), not an nnx.Param"),
     ],
-    ids=["argnums=1", "DiffState(1)", "wrt", "plan-argnums", "not-a-param"],
+    ids=["argnums=1", "DiffState(1)", "wrt", "plan-argnums", "not-a-param", "filter-not-params"],
 )  # fmt: skip
 def test_what_is_not_differentiated_is_refused(call, error, message):
     with pytest.raises(error, match=message):
