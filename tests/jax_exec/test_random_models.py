@@ -8,7 +8,8 @@ is below the exact least budget, the ``Infeasible`` error's ``min_budget`` (exac
 planned instead, so the least budgets are covered too. The plan runs op by op (measured
 peak = predicted <= budget) and compiled (``Plan.lowered`` under ``jax.jit``); every
 tenth model also through ``jax_exec.value_and_grad`` with ``has_aux`` (metrics holding
-the loss) eagerly.
+the loss) eagerly, and every twentieth with a filter of its parameters
+(``argnums=nnx.DiffState(0, filter)``, the biases frozen) eagerly and op by op.
 
 Tolerance: plain_reference.RTOL (1e-5 of the largest gradient leaf's norm). The only
 differences seen are float32 rounding: a schedule that recomputes a block, or lowers it
@@ -32,6 +33,7 @@ import functools
 
 import jax
 import pytest
+from flax import nnx
 from plain_reference import assert_matches, check_plan, float64_reference, model_state, plain
 from random_models import random_case
 
@@ -56,6 +58,8 @@ def check(seed: int) -> None:
         p = top.replan(err.min_budget)
     what += f" at {p.budget:,} B ({p.budget / top.budget:.0%} of store-all)"
     check_plan(case, p, reference, what, exact)
+    if seed % 20 == 5:
+        check_filtered(case, p.budget, what)
     if seed % 10 == 0:
         vg = jax_exec.value_and_grad(case.aux_loss_fn, budget=p.budget, has_aux=True)
         model = case.factory()
@@ -71,6 +75,32 @@ def check(seed: int) -> None:
         assert_matches(
             loss, grads, model_state(model), aux_reference, f"{what}, has_aux", aux, aux_exact
         )
+
+
+# A filter of the parameters, as nnx.DiffState gives it (LoRA's recipe): the biases are
+# read as state, not differentiated.
+FROZEN_BIASES = nnx.DiffState(0, nnx.All(nnx.Param, nnx.Not(nnx.PathContains("bias"))))
+
+
+def check_filtered(case, budget: int, what: str) -> None:
+    """``value_and_grad`` with ``argnums=FROZEN_BIASES`` at ``budget`` (or the least
+    budget above it) against plain's, and its plan op by op."""
+    plain_model = case.factory()
+    step = nnx.jit(nnx.value_and_grad(case.loss_fn, argnums=FROZEN_BIASES))
+    loss, grads = step(plain_model, *case.args)
+    want = (loss, None, grads, model_state(plain_model))
+    model = case.factory()
+    try:
+        vg = jax_exec.value_and_grad(case.loss_fn, FROZEN_BIASES, budget=budget)
+        got = vg(model, *case.args)
+    except solvers.Infeasible as err:
+        vg = jax_exec.value_and_grad(case.loss_fn, FROZEN_BIASES, budget=err.min_budget)
+        got = vg(model, *case.args)
+    what += ", biases frozen"
+    assert_matches(*got, model_state(model), want, what)
+    result = vg.plan.run(case.factory(), *case.args)
+    assert result.peak_bytes == vg.plan.schedule.meta["peak_memory"] <= vg.plan.budget, what
+    assert_matches(result.loss, result.grads, None, want[:3] + (None,), f"{what}, op by op")
 
 
 @pytest.mark.parametrize("chunk", range(CHUNKS))
