@@ -159,7 +159,8 @@ class Plan:
         (as planned: the same shapes, Python flags and keywords; ``value_and_grad``'s
         plans, ``f.plan``, take the call's). The model is not modified (nor graph nodes
         among the arguments): the state after the step is
-        ``result.new_state`` (``nnx.update(model, result.new_state)`` applies it). An
+        ``result.new_state`` (``nnx.update(model, result.new_state)`` applies it), the
+        graph nodes' ``result.node_states``. An
         inexact plan is made exact first (its schedule may change). A plan of sharded
         arrays runs its kernels on the devices they are sharded over, each value where
         it was planned (arrays placed otherwise are copied there first); its figures
@@ -190,7 +191,8 @@ class Plan:
         else:
             result = run_schedule(self.model, self.schedule, params, rest, args)
         if bound_nodes:  # (aux, the nodes' new state): the run is pure
-            result = dataclasses.replace(result, aux=result.aux[0])
+            aux, states = result.aux
+            result = dataclasses.replace(result, aux=aux, node_states=tuple(states))
         return result
 
     def summary(self) -> str:

@@ -30,6 +30,10 @@ class RunResult:
             gives None for the layers another process ran.
         new_state: a traced model's state (non-parameter variables) after the step
             (``nnx.update(model, result.new_state)`` applies it), else None.
+        node_states: a traced model's run: the state after the step of each Flax graph
+            node among the call's arguments (an ``nnx.Rngs``, a teacher module), in
+            their order (``nnx.update(node, state)`` applies it; their ``nnx.Param``
+            variables are not in it: the call leaves them unchanged).
         outputs: the model outputs (inference runs), else None.
         peak_bytes: max over the initial state and every op of ``op_peak_bytes``
             (device activation bytes).
@@ -87,6 +91,7 @@ class RunResult:
     aux: Any = None
     grads: Any = None
     new_state: Any = None
+    node_states: tuple = ()
     outputs: Any = None
     peak_bytes: int = 0
     initial_bytes: int = 0

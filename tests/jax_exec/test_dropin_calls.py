@@ -188,14 +188,21 @@ def test_sown_values_read_by_capture_are_planned_and_left_ones_named():
 
 # f.plan.run took only the traced arguments of the loss value_and_grad had bound (a
 # TypeError or a wrong argument count with keywords, flags or graph nodes): it takes the
-# call's own, and leaves the nodes as they are (a run is pure).
+# call's own, and leaves the nodes as they are (a run is pure); their state after the
+# step is in result.node_states.
 def test_the_plan_of_value_and_grad_runs_on_the_calls_arguments():
     step = jax_exec.value_and_grad(distill_aux, budget="100%", has_aux=True)
-    rngs = nnx.Rngs(dropout=1)
-    (loss, aux), grads = step(Net(nnx.Rngs(0)), X, Y, rngs, Teacher(nnx.Rngs(1)), scale=2.0)
+    rngs, step_teacher = nnx.Rngs(dropout=1), Teacher(nnx.Rngs(1))
+    (loss, aux), grads = step(Net(nnx.Rngs(0)), X, Y, rngs, step_teacher, scale=2.0)
+    step_teacher_stats = nnx.state(step_teacher, nnx.BatchStat)
     again = nnx.Rngs(dropout=1)
-    result = step.plan.run(Net(nnx.Rngs(0)), X, Y, again, Teacher(nnx.Rngs(1)), scale=2.0)
+    teacher = Teacher(nnx.Rngs(1))
+    result = step.plan.run(Net(nnx.Rngs(0)), X, Y, again, teacher, scale=2.0)
     assert int(again.dropout.count[...]) == 0  # not modified
+    nnx.update(again, result.node_states[0])  # the state the call leaves
+    nnx.update(teacher, result.node_states[1])
+    assert int(again.dropout.count[...]) == int(rngs.dropout.count[...]) == 1
+    assert_tree_close(nnx.state(teacher, nnx.BatchStat), step_teacher_stats, "teacher")
     assert_matches(result.loss, result.grads, None, (loss, aux, grads, None), "f.plan.run",
                    result.aux)  # fmt: skip
     assert result.peak_bytes == step.plan.schedule.meta["peak_memory"]
