@@ -389,3 +389,28 @@ def test_grad_is_value_and_grad_without_the_loss(jit):
         assert_tree_close(got, want, "grads")
         assert_tree_close(state_arrays(model_state(m2)), state_arrays(model_state(m1)), "state")
         assert ours.plan is not None and len(ours.plans) == 1
+
+
+def test_tracing_reads_no_sharding_of_a_tracer_and_restores_jax():
+    """While the planner traces, ``Tracer.sharding`` raises a short AttributeError (JAX's
+    walks every equation recorded so far for a message Python then drops, and Flax asks
+    at every RNG counter write: quadratic in the model's depth); the loss sees what it
+    saw (``getattr`` with a default, ``hasattr``, JAX's error), and JAX's own property
+    is back after the plan, also after a failing trace."""
+    jax_property = jax.core.Tracer.__dict__["sharding"]
+    seen = []
+
+    def probing(model, x, y):
+        seen.append((getattr(x, "sharding", "none"), hasattr(x, "sharding")))
+        return mse(model, x, y)
+
+    jax_exec.plan(probing, Adapted(nnx.Rngs(0)), X, Y, budget="100%")
+    assert seen == [("none", False)]
+    assert jax.core.Tracer.__dict__["sharding"] is jax_property
+
+    def failing(model, x, y):
+        return x.sharding
+
+    with pytest.raises(AttributeError, match="'sharding' attribute is not available"):
+        jax_exec.plan(failing, Adapted(nnx.Rngs(0)), X, Y, budget="100%")
+    assert jax.core.Tracer.__dict__["sharding"] is jax_property
