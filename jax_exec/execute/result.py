@@ -49,7 +49,9 @@ class RunResult:
             ``"bwd v"``, ``"loss"``, v a DAG module's name or a block's index, whose
             backward runs as several phase kernels; None for an op that launches none).
         total_time: wall time of the whole step, seconds.
-        param_bytes: bytes of the parameters, each once (not in the activation figures).
+        param_bytes: bytes of the parameters, each once (not in the activation figures;
+            a traced model planned with a ``wrt`` filter: those it differentiates, the
+            others are state, read like the rest of it).
         grad_bytes: bytes of the parameter gradients (not in the activation figures).
         batch_bytes: bytes of the inputs and the target (a traced model: the call's
             arguments).
