@@ -228,7 +228,7 @@ class _Table:
         self.rows[L, L] = loss
         row_id[L, L] = numbered.setdefault(("loss", n.loss, z.loss_time), len(numbered))
         shifted: dict[tuple[int, int], np.ndarray] = {}  # (row number, k) -> row shifted by k
-        first: dict[int, tuple[int, int]] = {}  # row number -> the (i, t) computed for it
+        computed: dict[int, np.ndarray] = {}  # row number -> its row
 
         def shift(j: int, t: int, k: int) -> np.ndarray:
             key = (row_id[j, t], k)
@@ -252,10 +252,9 @@ class _Table:
                 key = (records, row_id[i + 1, t] if t > i else -1, splits)
                 number = numbered.setdefault(key, len(numbered))
                 row_id[i, t] = number
-                if number in first:  # the same moves on the same rows: the same row
-                    self.rows[i, t] = self.rows[first[number]]
+                if number in computed:  # the same moves on the same rows: the same row
+                    self.rows[i, t] = computed[number]
                     continue
-                first[number] = (i, t)
                 best = np.full(W, np.inf)
                 for o, opt in enumerate(z.opts[i]):
                     s, thr = n.s[i][o], n.record(i, t, o)
@@ -275,7 +274,7 @@ class _Table:
                     cand += self.fwd[i][j]
                     cand[:thr] = np.inf
                     np.minimum(best, cand, out=best)
-                self.rows[i, t] = best
+                self.rows[i, t] = computed[number] = best
 
     def value(self, m: int) -> float:
         return float(self.rows[0, self.z.L][min(m, self.M)])
