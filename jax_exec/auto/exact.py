@@ -137,9 +137,8 @@ def _solve_lazily(
     compiled yet are priced with estimated temporaries): until the answer runs only
     compiled kernels, or after :data:`MAX_ROUNDS` solves, the fastest exactly priced
     answer that fits (the store-all reference among them). The reference's kernels are
-    compiled first, together with those of the answer at a budget in bytes as first
-    estimated (one round fewer; a percentage of the reference waits for its exact
-    peak). For ``min_budget``, every option's kernels are compiled (the least
+    compiled first, together with those of the answer at the estimated budget (one
+    round fewer). For ``min_budget``, every option's kernels are compiled (the least
     budget is then exact). Chain and graph methods compile every kernel of the
     store-all options first and solve once. ``whole`` > 0: the block DP's answer
     competes with the whole-graph MILP's when that has at most ``whole`` variables
