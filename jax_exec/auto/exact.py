@@ -153,15 +153,10 @@ def _solve_lazily(
     if exact:  # the reference's kernels, and a first answer's at the estimated budget
         guess = []
         if family == "blocks" and solver == "block_rotor":
-            relative = []  # a percentage of the store-all peak, which is only estimated here
-
-            def estimated_peak() -> int:
-                relative.append(True)
-                return simulate(bm.problem, ref).peak_memory
-
             try:  # (none where store-all fits: it is the fastest answer)
+                estimated_peak = simulate(bm.problem, ref).peak_memory
                 estimated = parse_budget(budget, estimated_peak)
-                if not relative and estimated < simulate(bm.problem, ref).peak_memory:
+                if estimated < estimated_peak:
                     guess = bm.used_kernels(solvers.solve(bm.problem, estimated, method=solver))
             except solvers.Infeasible:
                 pass
