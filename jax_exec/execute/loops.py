@@ -376,11 +376,14 @@ def forward_runs(model: BlockModel, options: tuple, start: int, stop: int) -> di
     forward, :mod:`jax_exec.execute.segments`), by first block: from each block on the
     longest run (:func:`_run_at`) of :data:`MIN_FORWARD_LENGTH` periods or more, the
     blocks between runs single. Nothing is recorded, so no run needs its stacks held
-    whole (:func:`_stacks_held_whole`)."""
+    whole (:func:`_stacks_held_whole`). The blocks' options do not matter: a block's
+    forward is the same under every option (its option 0's stands for them), so a run
+    goes on where the schedule records the next blocks under another option."""
     found: dict[int, ScanRun] = {}
+    same = (0,) * len(options)
     k = start
     while k < stop:
-        run = _run_at(model, options, list(range(k, stop)), False)
+        run = _run_at(model, same, list(range(k, stop)), False)
         if run is None or run.length < MIN_FORWARD_LENGTH:
             k += 1
         else:

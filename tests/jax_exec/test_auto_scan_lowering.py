@@ -244,6 +244,37 @@ def test_segments_forward_as_loops():
     assert ops[0] < 0.9 * ops[1]
 
 
+def test_a_segments_forward_loops_over_blocks_recorded_under_other_options():
+    """A block's forward is the same under every option, so a Segment's first forward
+    loops over repeated blocks that the schedule records later under different options
+    (the 43-block BiLSTM at its least budget: 18,178 optimized HLO lines instead of
+    19,219); the compiled step still equals plain autodiff and saves the plan's bytes."""
+    factory, loss_fn, args = make_scan(width=8, depth=8, batch=4)
+    ref = reference(factory, loss_fn, args)
+    p = auto.plan(loss_fn, factory(), *args, budget="100%", exact=False)
+    least = p.least_budget()
+    for step in range(10):  # the first budget above the least where a Segment mixes options
+        q = p.replan(least + (p.budget - least) * step // 20)
+        options = schedule_options(q.model.problem, q.schedule)
+        todo, mixed = [parse_tree(q.schedule.ops, q.model.length)], []
+        while todo:
+            node = todo.pop()
+            if isinstance(node, Segment):
+                runs = forward_runs(q.model, options, node.start, node.stop).values()
+                mixed += [r for r in runs if len({options[k] for k in r.blocks}) > 1]
+                todo += [node.inside, node.after]
+            elif isinstance(node, Record):
+                todo.append(node.rest)
+        if mixed:
+            break
+    assert mixed, "no Segment over blocks of several options"
+    check_loops(q, factory, loss_fn, args, ref, looped=True)
+    _, params, rest = nnx.split(factory(), nnx.Param, ...)
+    assert whiles(q.lowered(), params, rest, args) - whiles(
+        lower(q.model, q.schedule, loops=False), params, rest, args
+    ) == loops_lowered(q)
+
+
 @pytest.mark.parametrize("reverse", [False, True])
 def test_scan_emitting_outputs_is_a_loop(reverse):
     """A scan whose steps emit ys: the unrolled cuts grow (each iteration's ys wait for
