@@ -179,6 +179,7 @@ class StagePlans:
         self.curve = cache(self._curve)
         self.rotor_held = cache(self._rotor_held)
         self.budgets = cache(self._budgets)
+        self.offload_at = cache(self._offload_at)
 
     def _store_all(self, i: int, j: int, storage: str | None = None) -> Plan:
         """Chunk [i, j) storing every activation (in ``storage``; None: full
@@ -279,8 +280,7 @@ class StagePlans:
                 elif best is not None and hit[0] >= best.time - 1e-15:
                     got = None  # not faster: its schedule is not read
                 else:
-                    ops = curve.table.ops(hit[1])
-                    got = self._offload_plan(i, j, hit[0], hit[1], curve.exact, ops)
+                    got = self.offload_at(i, j, hit[1])
             if got is not None and (best is None or got.time < best.time - 1e-15):
                 best = got
         if best is not None:
@@ -304,6 +304,15 @@ class StagePlans:
         if s.meta.get("fallback") == "rotor":
             return self._rotor(i, j, t, int(s.meta["peak_memory"]), exact)
         return self._offload_plan(i, j, t, int(s.meta["peak_memory"]), exact, s.ops)
+
+    def _offload_at(self, i: int, j: int, footprint: int) -> Plan:
+        """The offload plan of chunk [i, j) that its table keeps at ``footprint`` bytes
+        (a tabulated budget, :meth:`Curve.at`): every budget up to the next tabulated
+        one reads the same schedule, emitted and simulated once."""
+        curve = self.curve(i, j, "offload")
+        seconds, _ = curve.at(footprint)
+        ops = curve.table.ops(footprint)
+        return self._offload_plan(i, j, seconds, footprint, curve.exact, ops)
 
     def _offload_plan(self, i: int, j: int, seconds: float, footprint: int, exact: bool,
                       ops: tuple) -> Plan:  # fmt: skip
