@@ -47,12 +47,16 @@ def model_state(model):
     return nnx.split(model, nnx.Param, ...)[2]
 
 
-def scale_of(tree) -> float:
-    def norm(x) -> float:  # of both parts of a complex leaf
-        x = np.asarray(x)
-        return float(np.linalg.norm(x.astype(np.complex128 if np.iscomplexobj(x) else np.float64)))
+def distance(a, b=0.0) -> float:
+    """The norm of ``a - b`` computed in float64 (complex128 where either is complex:
+    both parts count)."""
+    a, b = np.asarray(a), np.asarray(b)
+    wide = np.complex128 if np.iscomplexobj(a) or np.iscomplexobj(b) else np.float64
+    return float(np.linalg.norm(a.astype(wide) - b.astype(wide)))
 
-    norms = [norm(x) for x in jax.tree.leaves(tree)]
+
+def scale_of(tree) -> float:
+    norms = [distance(x) for x in jax.tree.leaves(tree)]
     return max(norms, default=0.0) or 1.0
 
 
@@ -67,8 +71,7 @@ def assert_tree_close(got, want, what: str, rtol: float = RTOL) -> None:
         if not np.issubdtype(w.dtype, np.inexact):
             np.testing.assert_array_equal(g, w, err_msg=f"{what}: leaf {i}")
             continue
-        wide = np.complex128 if np.iscomplexobj(w) else np.float64  # complex: both parts
-        err = float(np.linalg.norm((g - w).astype(wide)))
+        err = distance(g, w)
         assert err <= rtol * scale, f"{what}: leaf {i} off by {err / scale:.2e} of the scale"
 
 
@@ -132,10 +135,6 @@ def assert_within_rounding(got, plain_result, exact, what: str) -> None:
     largest leaf's norm); other leaves equal. Per part, not per leaf: where plain's
     rounding happens to cancel on one leaf, the schedule's need not."""
 
-    def far(a, b) -> float:
-        wide = np.complex128 if np.iscomplexobj(a) or np.iscomplexobj(b) else np.float64
-        return float(np.linalg.norm(np.asarray(a, wide) - np.asarray(b, wide)))
-
     parts = ("loss", "aux", "gradients", "state")
     for part, g, p, e in zip(parts, got, plain_result, exact, strict=True):
         if part == "state":
@@ -147,14 +146,14 @@ def assert_within_rounding(got, plain_result, exact, what: str) -> None:
         inexact = [np.issubdtype(np.asarray(x).dtype, np.inexact) for x in p]
         scale = scale_of(e)
         pairs = zip(p, e, inexact, strict=True)
-        rounding = max((far(x, y) for x, y, f in pairs if f), default=0.0)
+        rounding = max((distance(x, y) for x, y, f in pairs if f), default=0.0)
         allowed = max(ROUNDING_FACTOR * rounding, RTOL * scale)
         for i, (gl, pl, el, f) in enumerate(zip(g, p, e, inexact, strict=True)):
             if not f:
                 np.testing.assert_array_equal(gl, pl, err_msg=f"{what}: {part} leaf {i}")
                 continue
-            assert far(gl, el) <= allowed, (
-                f"{what}: {part} leaf {i} is {far(gl, el) / scale:.2e} of the scale from the "
+            assert distance(gl, el) <= allowed, (
+                f"{what}: {part} leaf {i} is {distance(gl, el) / scale:.2e} of the scale from the "
                 f"float64 result; plain's leaves up to {rounding / scale:.2e}"
             )
 

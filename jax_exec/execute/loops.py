@@ -371,16 +371,16 @@ def _run_at(model: BlockModel, options: tuple, chain: list[int], top: bool) -> S
     )  # fmt: skip
 
 
-def forward_runs(model: BlockModel, options: tuple, start: int, stop: int) -> dict[int, ScanRun]:
+def forward_runs(model: BlockModel, start: int, stop: int) -> dict[int, ScanRun]:
     """The scan runs of blocks ``start .. stop - 1`` run forward only (a Segment's first
     forward, :mod:`jax_exec.execute.segments`), by first block: from each block on the
     longest run (:func:`_run_at`) of :data:`MIN_FORWARD_LENGTH` periods or more, the
     blocks between runs single. Nothing is recorded, so no run needs its stacks held
-    whole (:func:`_stacks_held_whole`). The blocks' options do not matter: a block's
+    whole (:func:`_stacks_held_whole`). The schedule's options do not matter: a block's
     forward is the same under every option (its option 0's stands for them), so a run
     goes on where the schedule records the next blocks under another option."""
     found: dict[int, ScanRun] = {}
-    same = (0,) * len(options)
+    same = (0,) * model.length
     k = start
     while k < stop:
         run = _run_at(model, same, list(range(k, stop)), False)

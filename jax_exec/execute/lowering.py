@@ -260,7 +260,7 @@ def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Calla
 
             region_state = {v: state[v] for v in held(cuts[node.start], stacked)}
             looping = loops and name is None  # (an offloaded input: a checkpoint policy's)
-            first = forward_runs(model, options, node.start, node.stop) if looping else {}
+            first = forward_runs(model, node.start, node.stop) if looping else {}
             if first:  # the first forward with loops (segments.py)
                 reads = globals_read(model, node.start, node.stop, run_blocks)
                 inner_stacks = {

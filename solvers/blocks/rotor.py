@@ -136,7 +136,7 @@ class _Needs:
 
 def least_memory(p: BlockChain) -> tuple[int, np.ndarray]:
     """The least budget (bytes, a_0 included) of any persistent schedule, and the
-    table ``need[(i, t)]`` (bytes besides a_i) behind it; exact integers."""
+    table ``need[i, t]`` (bytes besides a_i) behind it; exact integers."""
     z = _Sizes(p)
     need = _Needs(z).least()
     return z.x0 + int(need[0, z.L]), need

@@ -163,18 +163,22 @@ def whiles(fn, params, rest, args) -> int:
     return step.lower(params, rest, args).as_text().count("stablehlo.while")
 
 
-def segment_loops(q) -> int:
-    """The loops of the Segments' first forwards (forward_runs), over the schedule's tree."""
-    options = schedule_options(q.model.problem, q.schedule)
-    found, todo = 0, [parse_tree(q.schedule.ops, q.model.length)]
+def segments(q) -> list:
+    """The Segments of the schedule's tree, at every level."""
+    found, todo = [], [parse_tree(q.schedule.ops, q.model.length)]
     while todo:
         node = todo.pop()
         if isinstance(node, Segment):
-            found += len(forward_runs(q.model, options, node.start, node.stop))
+            found.append(node)
             todo += [node.inside, node.after]
         elif isinstance(node, Record):
             todo.append(node.rest)
     return found
+
+
+def segment_loops(q) -> int:
+    """The loops of the Segments' first forwards (forward_runs), over the schedule's tree."""
+    return sum(len(forward_runs(q.model, s.start, s.stop)) for s in segments(q))
 
 
 def loops_lowered(q) -> int:
@@ -182,14 +186,13 @@ def loops_lowered(q) -> int:
     it is differentiated), each time it runs: in a ``jax.checkpoint``-ed Segment's first
     forward and again in its recomputation; a Segment with loops in its first forward
     (segments.py) runs them, then its structure in its backward."""
-    options = schedule_options(q.model.problem, q.schedule)
     runs = scan_runs(q.model, q.schedule)
 
     def walk(node, primal: bool) -> int:
         n = 0
         while isinstance(node, Record | Segment):
             if isinstance(node, Segment):
-                first = forward_runs(q.model, options, node.start, node.stop)
+                first = forward_runs(q.model, node.start, node.stop)
                 n += len(first) if first else walk(node.inside, True)
                 n += 0 if primal else walk(node.inside, False)
                 node = node.after
@@ -256,15 +259,10 @@ def test_a_segments_forward_loops_over_blocks_recorded_under_other_options():
     for step in range(10):  # the first budget above the least where a Segment mixes options
         q = p.replan(least + (p.budget - least) * step // 20)
         options = schedule_options(q.model.problem, q.schedule)
-        todo, mixed = [parse_tree(q.schedule.ops, q.model.length)], []
-        while todo:
-            node = todo.pop()
-            if isinstance(node, Segment):
-                runs = forward_runs(q.model, options, node.start, node.stop).values()
-                mixed += [r for r in runs if len({options[k] for k in r.blocks}) > 1]
-                todo += [node.inside, node.after]
-            elif isinstance(node, Record):
-                todo.append(node.rest)
+        mixed = [
+            r for s in segments(q) for r in forward_runs(q.model, s.start, s.stop).values()
+            if len({options[k] for k in r.blocks}) > 1
+        ]  # fmt: skip
         if mixed:
             break
     assert mixed, "no Segment over blocks of several options"

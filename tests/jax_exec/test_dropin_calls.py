@@ -226,6 +226,27 @@ class Normalized(nnx.Module):
         return self.out(jnp.tanh(self.wn(h)) + h)
 
 
+def steps_match(plain_step, step, factory, tx, wrt, steps: int = 3) -> list:
+    """``steps`` training steps of two models from ``factory``, one by ``plain_step``,
+    one by ``step``, each followed by an ``nnx.Optimizer(tx, wrt=wrt)`` update: every
+    step's loss, gradients and state, and the parameters after it, equal. Returns
+    ``step``'s gradients."""
+    m1, m2 = factory(), factory()
+    o1, o2 = nnx.Optimizer(m1, tx, wrt=wrt), nnx.Optimizer(m2, tx, wrt=wrt)
+    found = []
+    for i in range(steps):
+        loss, grads = plain_step(m1, X, Y)
+        got, got_grads = step(m2, X, Y)
+        assert_matches(got, got_grads, model_state(m2), (loss, None, grads, model_state(m1)),
+                       f"step {i}")  # fmt: skip
+        assert_tree_close(nnx.state(m2, nnx.Param), nnx.state(m1, nnx.Param), f"weights {i}")
+        o1.update(m1, grads)
+        o2.update(m2, got_grads)
+        found.append(got_grads)
+    assert_tree_close(nnx.state(m2, nnx.Param), nnx.state(m1, nnx.Param), "after the steps")
+    return found
+
+
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "nnx.jit"])
 def test_layers_that_write_their_weights_are_planned(jit):
     """``nnx.SpectralNorm`` and ``nnx.WeightNorm`` were refused ("loss_fn writes to the
@@ -238,17 +259,7 @@ def test_layers_that_write_their_weights_are_planned(jit):
     plain_step = nnx.value_and_grad(mse)
     ours = jax_exec.value_and_grad(mse, budget="85%")
     step = nnx.jit(ours) if jit else ours
-    m1, m2 = Normalized(nnx.Rngs(0)), Normalized(nnx.Rngs(0))
-    o1 = nnx.Optimizer(m1, optax.sgd(0.1), wrt=nnx.Param)
-    o2 = nnx.Optimizer(m2, optax.sgd(0.1), wrt=nnx.Param)
-    for i in range(3):
-        loss, grads = plain_step(m1, X, Y)
-        got, got_grads = step(m2, X, Y)
-        assert_matches(got, got_grads, model_state(m2), (loss, None, grads, model_state(m1)),
-                       f"step {i}")  # fmt: skip
-        assert_tree_close(nnx.state(m2, nnx.Param), nnx.state(m1, nnx.Param), f"weights {i}")
-        o1.update(m1, grads)
-        o2.update(m2, got_grads)
+    steps_match(plain_step, step, lambda: Normalized(nnx.Rngs(0)), optax.sgd(0.1), nnx.Param)
     p = jax_exec.plan(mse, Normalized(nnx.Rngs(0)), X, Y, budget="100%")
     least = p.replan(p.least_budget())
     model = Normalized(nnx.Rngs(0))
@@ -298,18 +309,9 @@ def test_lora_differentiates_the_filtered_parameters(jit):
     plain_step = nnx.value_and_grad(mse, argnums=LORA)
     ours = jax_exec.value_and_grad(mse, LORA, budget="85%")
     step = nnx.jit(ours) if jit else ours
-    m1, m2 = Adapted(nnx.Rngs(0)), Adapted(nnx.Rngs(0))
-    o1 = nnx.Optimizer(m1, optax.adam(0.01), wrt=nnx.LoRAParam)
-    o2 = nnx.Optimizer(m2, optax.adam(0.01), wrt=nnx.LoRAParam)
-    for i in range(3):
-        loss, grads = plain_step(m1, X, Y)
-        got, got_grads = step(m2, X, Y)
-        assert len(jax.tree.leaves(got_grads)) == 4  # A and B of each adapter
-        assert_matches(got, got_grads, model_state(m2), (loss, None, grads, model_state(m1)),
-                       f"step {i}")  # fmt: skip
-        o1.update(m1, grads)
-        o2.update(m2, got_grads)
-    assert_tree_close(nnx.state(m2, nnx.Param), nnx.state(m1, nnx.Param), "after 3 steps")
+    got_grads = steps_match(plain_step, step, lambda: Adapted(nnx.Rngs(0)), optax.adam(0.01),
+                            nnx.LoRAParam)  # fmt: skip
+    assert all(len(jax.tree.leaves(g)) == 4 for g in got_grads)  # A and B of each adapter
     p = jax_exec.plan(mse, Adapted(nnx.Rngs(0)), X, Y, budget="100%", wrt=nnx.LoRAParam)
     least = p.replan(p.least_budget())
     result = least.run(Adapted(nnx.Rngs(0)), X, Y)
