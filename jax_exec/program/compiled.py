@@ -149,9 +149,8 @@ def traced_kernels(
             events.put(None)
         return order
 
-    workers = max(1, os.cpu_count() or 1)
-    with ThreadPoolExecutor(max_workers=1) as lower, ThreadPoolExecutor(workers) as pool:
-        done = lower.submit(lower_all, pool)
+    with ThreadPoolExecutor(max_workers=1) as lower:
+        done = lower.submit(lower_all, _COMPILING)
         while (lowered := events.get()) is not None:
             if progress is not None:
                 progress(math.nan, f"lowered {lowered} kernels")
@@ -173,6 +172,10 @@ def _lowered(fn: Callable, args: tuple, out_shardings: Any = None) -> tuple[str,
     trees = f"{lowered.in_tree} -> {lowered.out_tree}"  # the executable's calling convention
     return hashlib.sha256((trees + text).encode()).hexdigest(), lowered
 
+
+# XLA's compilations, for the whole process: a thread started while the lowering thread
+# holds the GIL waits for it (Python's switch interval, 5 ms), per kernel batch
+_COMPILING = ThreadPoolExecutor(max(1, os.cpu_count() or 1), thread_name_prefix="jax_exec-xla")
 
 # one thread compiles ahead (it starts the lowering and compiling threads of its kernels)
 _AHEAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jax_exec-kernels-ahead")
