@@ -370,7 +370,9 @@ class BlockModel:
         if lower:
             raise ValueError(f"block {k} option {o}: no lower bound before trace_options()")
         back = sum(self.host_residuals(k, o).values())  # on the device at its peak
-        return temp_estimate(self, "backward", k, self.option(k, o).on_device()) + back, 0, False
+        option = self.option(k, o).on_device()
+        missed = self._missed("backward", k, option)
+        return temp_estimate(self, "backward", k, option) + missed + back, 0, False
 
     def temp_bytes(self, kind: str, k: int, o: int = 0, lower: bool = False) -> tuple[int, bool]:
         """``(bytes, exact)``: the kernel's compiled temporary bytes if it was compiled,
@@ -387,7 +389,29 @@ class BlockModel:
         if lower:
             return 0, False
         option = self.option(k, o) if kind in ("record", "backward") else None
-        return temp_estimate(self, kind, k, option), False
+        return temp_estimate(self, kind, k, option) + self._missed(kind, k, option), False
+
+    def _missed(self, kind: str, k: int, option: SaveOption | None) -> int:
+        """The temporary bytes the estimate missed on block k's store-all kernel of this
+        kind, once this solve compiled it (:attr:`known`), else 0: what XLA adds whatever
+        the option (a convolution's gradient, for one) is added to the other options'
+        estimates of the block. Only this solve's kernels count: a plan never depends
+        on what other plans compiled."""
+        from jax_exec.program.options import store_all_options, temp_estimate
+
+        if kind not in ("record", "backward"):  # a forward is the same under every option
+            return 0
+        reference = store_all_options(self)[k]
+        if option == reference or reference not in self.options[k]:
+            return 0
+        o = self.options[k].index(reference)
+        if kind == "backward":
+            tmp, _, exact = self.backward_bytes(k, o)
+        else:
+            tmp, exact = self.temp_bytes(kind, k, o)
+        if not exact:
+            return 0
+        return max(0, tmp - temp_estimate(self, kind, k, reference))
 
     def trace_options(self) -> None:
         """Trace every option's recording and phased backward: their saved bytes become

@@ -197,6 +197,8 @@ def _temp_estimate(model: Any, kind: str, k: int, option: SaveOption | None) -> 
             returned |= {v for v in made if lay.local[v] in option.names}
         elif option.kind == "dots":
             returned |= {v for v in made if program.eqns[program.producer[v]].name == "dot_general"}
+        elif option.kind == "fused":
+            returned |= fused_saved(model, k)
         else:
             returned |= made_set
     nbytes = program.nbytes
@@ -247,6 +249,44 @@ def _temp_estimate(model: Any, kind: str, k: int, option: SaveOption | None) -> 
     return extra + peak
 
 
+def fused_saved(model: Any, k: int) -> frozenset[int]:
+    """The values of block k that ``xla_fused`` keeps (an estimate before its recording
+    is traced; cached per distinct block): walking back from what the backward reads,
+    a value made by an operation XLA does not fuse is kept, one made by a fused
+    (cheap elementwise or layout) operation is recomputed from its inputs; an
+    unfused operation whose backward reads its own output keeps it."""
+    return model.cached(("fused", model.blocks.blocks[k].key), lambda: _fused_saved(model, k))
+
+
+def _fused_saved(model: Any, k: int) -> frozenset[int]:
+    program, analysis = model.program, model.analysis
+    block, lay = model.blocks.blocks[k], model.layouts[k]
+    free = set(lay.outs) | set(lay.ins) | set(program.input_ids)
+    graph, _ = option_graph(model, k)
+    eqns = program.eqns[block.start : block.stop]
+
+    def fused(n: int) -> bool:
+        return eqns[n].name in FUSED
+
+    kept: set[int] = set()
+    todo = [r for refs in graph.needs for r in refs]
+    recomputed: set[int] = set()
+    for n, own in enumerate(graph.self_recompute):
+        if own and fused(n):
+            recomputed.add(n)
+            todo.extend(graph.inputs[n])
+        elif own:
+            kept.update(eqns[n].outs[j] for j in analysis.infos[block.start + n].needs_out)
+    while todo:
+        node = graph.maker(todo.pop())
+        if not fused(node):
+            kept.update(eqns[node].outs)
+        elif node not in recomputed:
+            recomputed.add(node)
+            todo.extend(graph.inputs[node])
+    return frozenset(v for v in kept if v not in free)
+
+
 def saved_estimate(model: Any, k: int, option: SaveOption) -> int:
     """Cached per distinct block: see :func:`_saved_estimate`."""
     key = ("saved", model.blocks.blocks[k].key, option)
@@ -261,13 +301,18 @@ def _saved_estimate(model: Any, k: int, option: SaveOption) -> int:
     new JVP values), each value once."""
     program, analysis = model.program, model.analysis
     block, lay = model.blocks.blocks[k], model.layouts[k]
-    if option.kind in ("everything", "fused"):
+    if option.kind == "fused":
+        return sum(map(program.nbytes, fused_saved(model, k))) + sum(
+            analysis.infos[i].new_bytes for i in range(block.start, block.stop)
+            if analysis.infos[i].has_backward and program.eqns[i].name not in FUSED
+        )  # fmt: skip
+    if option.kind == "everything":
         free = set(lay.outs) | set(lay.ins) | set(program.input_ids)
         values: set[int] = set()
         new = 0
         for i in range(block.start, block.stop):
             eqn, info = program.eqns[i], analysis.infos[i]
-            if not info.has_backward or (option.kind == "fused" and eqn.name in FUSED):
+            if not info.has_backward:
                 continue
             values.update(eqn.ins[j] for j in info.needs_in)
             values.update(eqn.outs[j] for j in info.needs_out)
