@@ -401,7 +401,7 @@ class BlockModel:
 
         if kind not in ("record", "backward"):  # a forward is the same under every option
             return 0
-        reference = store_all_options(self)[k]
+        reference = self.cached("store_all", lambda: store_all_options(self))[k]
         if option == reference or reference not in self.options[k]:
             return 0
         o = self.options[k].index(reference)
