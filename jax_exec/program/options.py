@@ -33,6 +33,13 @@ from solvers.blocks.options import OptionGraph, pareto_save_sets, read_values, r
 MAX_PARETO = 4
 
 
+def _free(model: Any, k: int) -> set[int]:
+    """Values block k's recording never keeps as its own residuals: its inputs and
+    outputs, and the program's inputs."""
+    lay = model.layouts[k]
+    return set(lay.outs) | set(lay.ins) | set(model.program.input_ids)
+
+
 def option_graph(model: Any, k: int) -> tuple[OptionGraph, list]:
     """The block's :class:`~solvers.blocks.options.OptionGraph` and, per candidate value
     of the graph, its local key (equation offset, output index); cached per distinct
@@ -46,7 +53,7 @@ def _option_graph(model: Any, k: int) -> tuple[OptionGraph, list]:
     lay = model.layouts[k]
     eqns = list(range(block.start, block.stop))
     pos = {i: n for n, i in enumerate(eqns)}
-    free = set(lay.outs) | set(lay.ins) | set(program.input_ids)
+    free = _free(model, k)
     cand_ids = [
         v for i in eqns for v in program.eqns[i].outs if lay.local[v] in lay.named and v not in free
     ]
@@ -259,9 +266,8 @@ def fused_saved(model: Any, k: int) -> frozenset[int]:
 
 
 def _fused_saved(model: Any, k: int) -> frozenset[int]:
-    program, analysis = model.program, model.analysis
-    block, lay = model.blocks.blocks[k], model.layouts[k]
-    free = set(lay.outs) | set(lay.ins) | set(program.input_ids)
+    program, analysis, block = model.program, model.analysis, model.blocks.blocks[k]
+    free = _free(model, k)
     graph, _ = option_graph(model, k)
     eqns = program.eqns[block.start : block.stop]
 
@@ -298,16 +304,16 @@ def _saved_estimate(model: Any, k: int, option: SaveOption) -> int:
     the equations' residuals (before the option's function is traced): for a save set,
     the saved values its backward reads (:func:`solvers.blocks.options.read_values`);
     for plain autodiff, every residual of every equation (inputs and outputs it reads,
-    new JVP values), each value once."""
-    program, analysis = model.program, model.analysis
-    block, lay = model.blocks.blocks[k], model.layouts[k]
+    new JVP values), each value once; for ``xla_fused``, :func:`fused_saved`'s values
+    and the new JVP values of the operations XLA does not fuse."""
+    program, analysis, block = model.program, model.analysis, model.blocks.blocks[k]
     if option.kind == "fused":
         return sum(map(program.nbytes, fused_saved(model, k))) + sum(
             analysis.infos[i].new_bytes for i in range(block.start, block.stop)
             if analysis.infos[i].has_backward and program.eqns[i].name not in FUSED
         )  # fmt: skip
     if option.kind == "everything":
-        free = set(lay.outs) | set(lay.ins) | set(program.input_ids)
+        free = _free(model, k)
         values: set[int] = set()
         new = 0
         for i in range(block.start, block.stop):
