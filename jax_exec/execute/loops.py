@@ -426,7 +426,12 @@ def scan_runs(model: BlockModel, schedule: Schedule) -> dict[int, ScanRun]:
         bad = [k for k, r in found.items() if not _stacks_held_whole(model, r, found)]
         if not bad:
             return found
-        del found[bad[0]]
+        r = found.pop(bad[0])
+        # Its last period unrolled, where the next run's first block reads that period's
+        # outputs as its carry (two scan runs of one scan under two options):
+        shorter = _run_at(model, options, list(r.blocks)[: -r.period], r.top)
+        if shorter is not None:  # (fewer blocks: the fixed point is reached)
+            found[r.start] = shorter
 
 
 def _stacks_held_whole(model: BlockModel, run: ScanRun, runs: dict) -> bool:

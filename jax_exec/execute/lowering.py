@@ -308,6 +308,8 @@ def expected_residuals(model: BlockModel, schedule: Schedule, *, loops: bool = T
     wherever they are held after it. Compare with :func:`saved_residuals`."""
     trace = simulate_blocks(model.problem, schedule, record_buffers=True)
     options = schedule_options(model.problem, schedule)
+    chain_ops, offloaded = split_copies(schedule.ops)
+    loops = loops and not offloaded  # as lower's
     at = next(i for i, op in enumerate(schedule.ops) if isinstance(op, Loss))
     names = trace.buffers[at - 1] if at > 0 else frozenset({"a[0]"})
     avals = model.program.avals
@@ -375,7 +377,38 @@ def expected_residuals(model: BlockModel, schedule: Schedule, *, loops: bool = T
                 read.add(v)
     found.update(key(avals[v]) for v in model.program.derived if v in read)
     found.update(key(avals[v], n) for v, n in stacks.values())
+    # a weakly typed input is made strongly typed once per step (global_values): that
+    # value, not the argument, is what the blocks reading it keep
+    found.update(key(avals[v]) for v in model.program.weak if v in read)
+    found.update(key(avals[v]) for v in segment_stacks(model, schedule) if loops)
     return found
+
+
+def segment_stacks(model: BlockModel, schedule: Schedule) -> frozenset[int]:
+    """The stacked globals that the top-level Segments whose first forward loops
+    (:mod:`~jax_exec.execute.segments`) save beside the slices their blocks read
+    (:func:`~jax_exec.execute.segments.globals_read`), where they are residuals: held as
+    constants or computed by the step (a stacked parameter or argument is not). The
+    unrolled step saves the slices alone: the loops save these bytes more."""
+    chain_ops, offloaded = split_copies(schedule.ops)
+    if offloaded:  # lowered without loops
+        return frozenset()
+    program = model.program
+    inputs = {*program.param_ids, *program.rest_ids, *program.arg_ids}
+    sources = {src for src, _ in program.derived.values()} - inputs
+    looped = frozenset(k for r in scan_runs(model, schedule).values() for k in r.blocks)
+    found: set = set()
+    for node in _top_nodes(parse_tree(chain_ops, model.length)):
+        if isinstance(node, Segment) and forward_runs(model, node.start, node.stop):
+            found.update(sources.intersection(globals_read(model, node.start, node.stop, looped)))
+    return frozenset(found)
+
+
+def _top_nodes(node: Any):
+    """The nodes of the tree's top level, in order (a Segment's ``inside`` left out)."""
+    while isinstance(node, Record | Segment):
+        yield node
+        node = node.rest if isinstance(node, Record) else node.after
 
 
 def saved_residuals(fn: Callable, *args: Any) -> Counter:

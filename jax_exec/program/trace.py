@@ -127,6 +127,9 @@ class Program:
             values before the call, as ``nnx.value_and_grad`` gives them; the new values
             come back with the state (:meth:`outputs`).
         treedefs: ``(params, rest, args, aux)`` tree structures.
+        weak: the inputs traced weakly typed (a parameter made from a Python scalar):
+            both executors give their blocks them strongly typed, a value of the step
+            (:func:`~jax_exec.program.model.global_values`).
     """
 
     avals: tuple
@@ -148,6 +151,7 @@ class Program:
     # device, bytes are whole
     shardings: dict = field(default_factory=dict)
     grad_shardings: dict = field(default_factory=dict)
+    weak: frozenset = frozenset()
 
     @property
     def input_ids(self) -> tuple[int, ...]:
@@ -730,6 +734,7 @@ def trace_pure(
         producer=producer,
         derived=dict(builder.derived),
         scans=tuple(builder.scans),
+        weak=frozenset(i for i, v in zip(inputs, jaxpr.invars, strict=True) if v.aval.weak_type),
     )
     return Traced(program, graphdef, params, rest, pure, has_aux)
 

@@ -3,7 +3,8 @@ implementations of well-known architectures are). Per family, at a budget: ``pla
 op by op (measured peak = predicted <= budget) and compiled (``Plan.lowered``), and
 ``jax_exec.value_and_grad`` eagerly, under ``nnx.jit`` and with ``has_aux`` (metrics
 holding the loss) under ``nnx.jit``: loss, gradients and state equal plain
-``nnx.value_and_grad`` (tests/plain_reference.py). The default run covers one budget per
+``nnx.value_and_grad`` (tests/plain_reference.py); the compiled step saves the residuals
+``expected_residuals`` predicts. The default run covers one budget per
 family (store-all, 80% or 65% of it by turns; the least budget where that is below it);
 ``-m slow`` covers store-all, the least budget and two between, on every path."""
 
@@ -16,6 +17,7 @@ from plain_reference import assert_matches, check_plan, model_state, plain
 
 import jax_exec
 import solvers
+from jax_exec.execute.lowering import expected_residuals, saved_residuals
 
 FAMILIES = sorted(zoo.FAMILIES)
 TURNS = ("100%", "80%", "65%")
@@ -27,6 +29,17 @@ def planned(case, budget):
         return jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget=budget)
     except solvers.Infeasible as err:
         return jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget=err.min_budget)
+
+
+def check_residuals(case, p, what: str) -> None:
+    """What the compiled step saves at its top level is what ``expected_residuals``
+    predicts (loops kept: stacked residuals; a Segment whose first forward loops saves
+    the stacked constants it slices; weakly typed inputs are saved as the strongly
+    typed values the blocks read)."""
+    _, params, rest = nnx.split(case.factory(), nnx.Param, ...)
+    got = saved_residuals(p.lowered(), params, rest, case.args)
+    want = expected_residuals(p.model, p.schedule)
+    assert got == want, f"{what}: saved {dict(got - want)} beyond, {dict(want - got)} short"
 
 
 def check_drop_in(case, budget, reference, what: str) -> None:
@@ -49,6 +62,7 @@ def test_family_at_one_budget(family):
     p = planned(case, TURNS[FAMILIES.index(family) % len(TURNS)])
     what = f"{family} at {p.budget:,} B ({p.budget / p.store_all_peak:.0%})"
     check_plan(case, p, reference, what)
+    check_residuals(case, p, what)
     check_drop_in(case, p.budget, reference, what)
     vg = jax_exec.value_and_grad(case.aux_loss_fn, budget=p.budget, has_aux=True)
     model = case.factory()
@@ -74,4 +88,5 @@ def test_family_from_store_all_to_the_least_budget(family):
         p = top.replan(budget)
         what = f"{family} at {budget:,} B ({budget / top.store_all_peak:.0%})"
         check_plan(case, p, reference, what)
+        check_residuals(case, p, what)
         check_drop_in(case, budget, reference, what)
