@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -219,7 +220,7 @@ def aval_bytes(aval: Any, sharding: Any = None) -> int:
     its largest shard (``sharding.shard_shape``); the planner and the op-by-op runtime
     both count a value so."""
     shape = tuple(aval.shape) if sharding is None else sharding.shard_shape(tuple(aval.shape))
-    return int(np.prod(shape, dtype=np.int64)) * int(aval.dtype.itemsize)
+    return math.prod(shape) * int(aval.dtype.itemsize)  # (math.prod: ~10x numpy's, per call)
 
 
 def source_of(eqn: Any, fallback: str = "") -> str:
@@ -713,10 +714,11 @@ def trace_pure(
                 "loss_fn writes to the model's parameters; a stage list's step needs them "
                 "unchanged during the call"
             )
-    for leaf in p_leaves:
-        if not jax.numpy.issubdtype(leaf.dtype, jax.numpy.inexact):
+    for leaf in p_leaves:  # (a leaf may be a Python scalar: nnx.Param(1.5))
+        dtype = jax.typeof(leaf).dtype
+        if not jax.numpy.issubdtype(dtype, jax.numpy.inexact):
             raise TypeError(
-                f"an nnx.Param has dtype {leaf.dtype}: gradients need floating-point parameters"
+                f"an nnx.Param has dtype {dtype}: gradients need floating-point parameters"
             )
     producer = {vid: i for i, e in enumerate(builder.eqns) for vid in e.outs}
     program = Program(

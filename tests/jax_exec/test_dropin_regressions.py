@@ -539,3 +539,41 @@ def test_rounds_near_the_least_budget_are_bounded_and_beat_the_least_memory_sche
     assert least == p.budget
     trace = simulate(p.model.problem, schedule)
     assert trace.peak_memory <= least and p.schedule.meta["makespan"] <= trace.makespan
+
+
+# Python scalars as a parameter, as state and as an argument (weakly typed leaves): the
+# planner read the parameters' dtypes off the leaves (AttributeError: 'float' object has
+# no attribute 'dtype'), and the compiled step saved the strongly typed values made of
+# them, which ``expected_residuals`` left out (ConvNeXt's, DINO's in the zoo).
+class Scalars(MLP):
+    def __init__(self, rngs):
+        super().__init__(rngs)
+        self.t = nnx.Param(1.5)
+        self.calls = nnx.Variable(0.0)
+
+    def __call__(self, x):
+        self.calls[...] = self.calls[...] + 1.0
+        return super().__call__(x * self.t[...])
+
+
+def tempered(model, x, y, temperature):
+    return jnp.mean((model(x) / temperature - y) ** 2)
+
+
+def test_python_scalars_as_parameters_state_and_arguments():
+    from jax_exec.execute.lowering import expected_residuals, saved_residuals
+
+    factory, args = (lambda: Scalars(nnx.Rngs(0))), (X, Y, 0.7)
+    reference = plain(factory, tempered, args)
+    p = jax_exec.plan(tempered, factory(), *args, budget="60%")
+    assert len(p.model.program.weak) == 3
+    result = p.run(factory(), *args)
+    assert result.peak_bytes == p.schedule.meta["peak_memory"] <= p.budget
+    assert_matches(result.loss, result.grads, result.new_state, reference, "op by op")
+    assert_matches(*compiled(p, factory, args), reference, "lowered")
+    _, params, rest = nnx.split(factory(), nnx.Param, ...)
+    saved = saved_residuals(p.lowered(), params, rest, args)
+    assert saved == expected_residuals(p.model, p.schedule)
+    model = factory()
+    loss, grads = nnx.jit(jax_exec.value_and_grad(tempered, budget="60%"))(model, *args)
+    assert_matches(loss, grads, model_state(model), reference, "nnx.jit")
