@@ -8,7 +8,8 @@
    seconds from cold caches (``jax_exec.program.compiled.clear_caches``; JAX's own tracing
    caches stay warm after the first family), the kernels compiled, and the XLA compile
    seconds of the planned step (``jax.jit`` of ``jax.value_and_grad(plan.lowered())``)
-   over plain ``jax.jit(nnx.value_and_grad)``'s. Targets: planned in under 5 s, the
+   over plain ``jax.jit(nnx.value_and_grad)``'s (medians of ``REPEAT`` compiles of each,
+   in turns). Targets: planned in under 5 s, the
    planned step's compile at most 1.5x the plain one's.
 2. ``examples/auto_models.py``'s 24-layer GPT planned at 50% (target: under 10 s), with
    the time of each phase; ``--scan`` also plans the scanned transformer of the same depth
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -59,11 +61,23 @@ def load() -> str:
     return "load average " + ", ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+REPEAT = 3  # XLA compiles of each step timed (the median: one compile moves by 10-20%)
+
+
 def compile_seconds(step, *args) -> float:
-    lowered = jax.jit(step).lower(*args)
+    """XLA compile seconds of ``step`` (a fresh wrapper: JAX caches the executable of a
+    traced function, so each call compiles)."""
+    lowered = jax.jit(lambda *a: step(*a)).lower(*args)
     start = time.perf_counter()
     lowered.compile()
     return time.perf_counter() - start
+
+
+def compile_ratio(step, plain, *args) -> float:
+    """Median XLA compile seconds of ``step`` over ``plain``'s, compiled in turns
+    (``REPEAT`` pairs: this machine's speed moves from minute to minute)."""
+    pairs = [(compile_seconds(step, *args), compile_seconds(plain, *args)) for _ in range(REPEAT)]
+    return statistics.median(a for a, _ in pairs) / statistics.median(b for _, b in pairs)
 
 
 def plain_step(factory, loss_fn):
@@ -93,18 +107,15 @@ def zoo_rows(families, budgets, measure_compile: bool = True) -> list[tuple]:
     for name in families:
         case = zoo.case(name)
         _, params, rest = nnx.split(case.factory(), nnx.Param, ...)
-        plain = None  # the plain step's compile seconds, where measured
-        if measure_compile:
-            plain = compile_seconds(plain_step(case.factory, case.loss_fn), params, rest,
-                                    case.args)  # fmt: skip
+        plain = plain_step(case.factory, case.loss_fn)
         for budget in budgets:
             clear_caches()
             p, seconds = timed_plan(case.loss_fn, case.factory(), case.args, budget)
             compiled = len(_KERNELS)  # executables compiled since clear_caches()
             ratio = None
-            if plain is not None:
+            if measure_compile:
                 step = jax.value_and_grad(p.lowered(), has_aux=True)
-                ratio = compile_seconds(step, params, rest, case.args) / plain
+                ratio = compile_ratio(step, plain, params, rest, case.args)
             rows.append((name, p.budget / p.store_all_peak, p.model.length, seconds,
                          compiled, ratio, p.overhead))  # fmt: skip
             shown = f"{'-':>9}" if ratio is None else f"{ratio:>8.2f}x"
