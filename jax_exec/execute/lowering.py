@@ -308,8 +308,7 @@ def expected_residuals(model: BlockModel, schedule: Schedule, *, loops: bool = T
     wherever they are held after it. Compare with :func:`saved_residuals`."""
     trace = simulate_blocks(model.problem, schedule, record_buffers=True)
     options = schedule_options(model.problem, schedule)
-    chain_ops, offloaded = split_copies(schedule.ops)
-    loops = loops and not offloaded  # as lower's
+    loops = loops and not split_copies(schedule.ops)[1]  # as lower's
     at = next(i for i, op in enumerate(schedule.ops) if isinstance(op, Loss))
     names = trace.buffers[at - 1] if at > 0 else frozenset({"a[0]"})
     avals = model.program.avals
@@ -380,7 +379,8 @@ def expected_residuals(model: BlockModel, schedule: Schedule, *, loops: bool = T
     # a weakly typed input is made strongly typed once per step (global_values): that
     # value, not the argument, is what the blocks reading it keep
     found.update(key(avals[v]) for v in model.program.weak if v in read)
-    found.update(key(avals[v]) for v in segment_stacks(model, schedule) if loops)
+    if loops:
+        found.update(key(avals[v]) for v in segment_stacks(model, schedule))
     return found
 
 
