@@ -21,6 +21,7 @@ from jax_exec.auto.arguments import bind_arguments, traced_arguments
 from jax_exec.auto.exact import Solved, solve
 from jax_exec.auto.methods import check_plan_options, solver_of, whole_limit
 from jax_exec.auto.offload import as_platform, has_host_link
+from jax_exec.auto.pause_gc import without_gc
 from jax_exec.auto.whole import WHOLE_GRAPH_VARIABLES
 from jax_exec.execute.graph import run_graph_schedule
 from jax_exec.execute.interpreter import run_schedule
@@ -102,6 +103,7 @@ class Plan:
             return self.schedule.options
         return self.graph_options
 
+    @without_gc
     def replan(
         self, budget: int | str, method: str | None = None, exact: bool | None = None,
         whole_graph: int | None = None, platform: Platform | str | None | bool = False,
@@ -298,6 +300,7 @@ def _record_counts(model: BlockModel, schedule: Schedule, options: tuple) -> lis
     return counts
 
 
+@without_gc
 def plan(
     loss_fn: Callable,
     model: Any,

@@ -147,3 +147,33 @@ def test_bad_models_and_losses():
         auto.plan(lambda m, x: m(x), lin, x, budget="50%")
     with pytest.raises(TypeError, match="has_aux=True"):
         auto.plan(_sum_loss, lin, x, budget="50%", has_aux=True)
+
+
+def test_planning_pauses_the_cyclic_collector_and_resumes_it():
+    """``plan`` and ``replan`` run with Python's cyclic garbage collector paused (it
+    walked the plan's long-lived jaxprs again and again: jax_exec/auto/pause_gc.py) and
+    resume it after, also when planning raises; a collector the caller paused stays
+    paused."""
+    import gc
+
+    import solvers
+
+    factory, loss_fn, args = make_mlp(depth=2)
+    seen = []
+
+    def watched(model, *batch):
+        seen.append(gc.isenabled())  # traced while planning
+        return loss_fn(model, *batch)
+
+    assert gc.isenabled()
+    p = auto.plan(watched, factory(), *args, budget="100%")
+    assert seen and not any(seen) and gc.isenabled()
+    with pytest.raises(solvers.Infeasible):
+        p.replan(1)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        auto.plan(watched, factory(), *args, budget="100%")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
