@@ -1,4 +1,4 @@
-"""Planning with Python's cyclic garbage collector paused (docs/auto.md, "Planning time").
+"""Planning with Python's cyclic garbage collector paused (docs/auto.md, "Planning exactly").
 
 Planning traces hundreds of small JAX functions and keeps what it traced (jaxprs,
 lowered kernels): some hundred thousand long-lived objects, which every full collection
