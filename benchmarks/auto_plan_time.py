@@ -23,7 +23,9 @@ restarted script does; the plans are the same). The compiled step's ratio is not
 measured then (its compile would be a cache read too).
 
 Every figure is one run on this machine, with its load average printed: a shared 2-core
-machine's times are upper bounds of an idle one's.
+machine's times are upper bounds of an idle one's. The machine's speed at the start and
+the end is printed too (``machine_speed``: one fixed step's tracing and XLA compile), to
+compare runs made at other times.
 
     python benchmarks/auto_plan_time.py [--quick] [--families a,b] [--least] [--depth 24] [--scan]
                                         [--compilation-cache DIR]
@@ -59,6 +61,38 @@ QUICK_FAMILIES = ("decoder_lm", "resnet", "t5", "vit")
 
 def load() -> str:
     return "load average " + ", ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def machine_speed(repeat: int = 5) -> str:
+    """This machine's speed now, for comparing runs made at other times (it moves by up
+    to 1.5x within an hour): medians of ``repeat`` tracings and XLA compiles (at the
+    planner's ``KERNEL_OPTIONS``) of one fixed gradient step, the two halves of a plan's
+    work (with ``--compilation-cache`` the compiles are reads from it after the first
+    run)."""
+    import jax.numpy as jnp
+
+    from jax_exec.program.compiled import KERNEL_OPTIONS
+
+    def step(ws, x):
+        for w in ws:
+            x = jnp.tanh(x @ w) + x
+        return jnp.sum(x * x)
+
+    shapes = (
+        [jax.ShapeDtypeStruct((64, 64), jnp.float32)] * 8,
+        jax.ShapeDtypeStruct((16, 64), jnp.float32),
+    )
+    traces, compiles = [], []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        lowered = jax.jit(jax.grad(lambda *a: step(*a))).lower(*shapes)  # a fresh function
+        traces.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        lowered.compile(compiler_options=KERNEL_OPTIONS)
+        compiles.append(time.perf_counter() - start)
+    traced, compiled = statistics.median(traces) * 1e3, statistics.median(compiles) * 1e3
+    return (f"reference step: tracing and lowering {traced:.0f} ms, XLA compile "
+            f"{compiled:.0f} ms (medians of {repeat})")  # fmt: skip
 
 
 REPEAT = 3  # XLA compiles of each step timed (the median: one compile moves by 10-20%)
@@ -178,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     families = ns.families.split(",") if ns.families else (
         QUICK_FAMILIES if ns.quick else sorted(zoo.FAMILIES))  # fmt: skip
-    print(f"jax {jax.__version__}, {os.cpu_count()} cores, {load()}")
+    print(f"jax {jax.__version__}, {os.cpu_count()} cores, {load()}; {machine_speed()}")
     if not ns.no_zoo:
         print(
             f"{'family':>12} {'budget':>6} {'blocks':>6} {'plan s':>8} {'kernels':>8} "
@@ -200,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"   {'within' if total < GPT_TARGET else 'OVER'} the target of {GPT_TARGET:.0f} s")
     if ns.scan:
         gpt_report("scanned", scanned, ns.depth, True)
+    print(f"at the end: {load()}; {machine_speed()}")
     return 0
 
 
