@@ -49,6 +49,7 @@ from jax_exec.kernels import Recipe as NodeRecipe
 from jax_exec.program.kernels import BlockFunctions, Recipe, SaveOption, block_functions
 from jax_exec.program.model import BlockModel
 from jax_exec.program.problem import build_problem
+from jax_exec.program.trace import aval_bytes
 from schedir import B, F_all, Loss, Schedule
 from schedir.blocks.schedule import BlockSchedule
 from schedir.pipeline.schedule import STORAGES
@@ -90,10 +91,6 @@ def _parts(spec: Any, storage: str) -> tuple[jax.ShapeDtypeStruct, ...]:
     return (stored, jax.ShapeDtypeStruct((), jnp.float32))
 
 
-def _nbytes(spec: Any) -> int:
-    return int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
-
-
 def compressible(spec: Any, storage: str) -> bool:
     """Whether a residual of ``spec`` is stored in ``storage``: a floating dtype wider
     than the storage, and fewer bytes once compressed (with the scale)."""
@@ -102,7 +99,7 @@ def compressible(spec: Any, storage: str) -> bool:
     dtype = np.dtype(spec.dtype)
     if dtype.itemsize <= np.dtype(_stored_dtype(storage)).itemsize:
         return False
-    return sum(_nbytes(p) for p in _parts(spec, storage)) < _nbytes(spec)
+    return sum(aval_bytes(p) for p in _parts(spec, storage)) < aval_bytes(spec)
 
 
 def encode(x: jax.Array, storage: str) -> tuple[jax.Array, ...]:
@@ -154,7 +151,7 @@ class ResidualCodec:
         and writes it compressed; the decoder reads it compressed (its output fuses into
         the backward's consumers)."""
         reads = 1 if self.storage == "bfloat16" else 2
-        return sum(reads * _nbytes(s) + 2 * sum(_nbytes(p) for p in _parts(s, self.storage))
+        return sum(reads * aval_bytes(s) + 2 * sum(aval_bytes(p) for p in _parts(s, self.storage))
                    for s, c in zip(self.specs, self.which, strict=True) if c)  # fmt: skip
 
 

@@ -37,12 +37,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from jax_exec.program.analysis import ELEMENTWISE, EXPENSIVE, LAYOUT, Analysis
 from jax_exec.program.blocks import Block
-from jax_exec.program.trace import Lit, Program
+from jax_exec.program.trace import Lit, Program, aval_bytes
 
 OPTION_KINDS = ("names", "everything", "dots", "fused")
 FUSED = (ELEMENTWISE - EXPENSIVE) | LAYOUT
@@ -238,7 +237,7 @@ class Recipe:
 
     @property
     def new_bytes(self) -> int:
-        return sum(int(np.prod(s.shape, dtype=np.int64)) * s.dtype.itemsize for s in self.new)
+        return sum(aval_bytes(s) for s in self.new)
 
 
 @dataclass(frozen=True)

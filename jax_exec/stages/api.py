@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
-import numpy as np
 
 import solvers
 from jax_exec.execute.lowering import expected_residuals
@@ -27,6 +26,7 @@ from jax_exec.execute.result import RunResult
 from jax_exec.execute.tree import parse_tree, split_copies
 from jax_exec.profile import check_timing
 from jax_exec.program.analysis import CostModel
+from jax_exec.program.trace import aval_bytes
 from jax_exec.stages.program import StageStep, stage_step
 from jax_exec.stages.split import LayerWatch, StageList, split_layers
 from schedir import Chain, OffloadSchedule, Schedule
@@ -266,7 +266,7 @@ def saved_activations(lowered: Lowered, x: Any, y: Any, *, host: bool = False) -
         on_host = "host" in str(getattr(aval, "memory_space", "")).lower()
         if on_host == host:
             shape = tuple(int(d) for d in aval.shape)
-            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize
+            nbytes = aval_bytes(aval)
             found.append(Residual(shape, str(aval.dtype), nbytes, on_host, source))
     return found
 
