@@ -64,8 +64,8 @@ def load() -> str:
 
 
 def machine_speed(repeat: int = 5) -> str:
-    """This machine's speed now, for comparing runs made at other times (it moves by up
-    to 1.5x within an hour): medians of ``repeat`` tracings and XLA compiles (at the
+    """This machine's speed now, for comparing runs made at other times (it moved by up
+    to 2x within an hour on 2026-12-06): medians of ``repeat`` tracings and XLA compiles (at the
     planner's ``KERNEL_OPTIONS``) of one fixed gradient step, the two halves of a plan's
     work (with ``--compilation-cache`` the compiles are reads from it after the first
     run)."""
