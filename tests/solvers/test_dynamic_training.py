@@ -177,6 +177,43 @@ def test_every_policy_runs_training_within_the_memory_caps(seed):
     assert modes["drop"] and modes["offload"] and modes["free"]  # every path ran
 
 
+@pytest.mark.parametrize(("seed", "cap", "policy"), [(5, 350, "eager"), (7, 350, "dmdas"),
+                                                     (24, 500, "guided")])  # fmt: skip
+def test_an_offload_whose_datum_dies_meanwhile_frees_both_copies(seed, cap, policy):
+    """A copy being offloaded from one device while its last reader runs on another
+    (a reader that rebuilt it there): the offload holds its bytes until it ends, and
+    then neither copy is kept (these runs raised KeyError in the state's bookkeeping)."""
+    rng = random.Random(seed)
+    pb = random_problem(rng, L=rng.randint(3, 6), P=rng.randint(2, 4), training=True,
+                        microbatches=rng.randint(3, 8))  # fmt: skip
+    g = training_graph(pb)
+    plat = _with_host(pb.platform, 200.0)
+    caps = {d.name: cap for d in plat.devices}
+    state = None
+
+    class Recorder:  # the policy, keeping the state to look at after the run
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def complete(self, t, u, seconds, st):
+            nonlocal state
+            state = st
+            return self.inner.complete(t, u, seconds, st)
+
+    pol = Recorder(make_policy(policy, g, plat, memory=caps))
+    tr = simulate_dynamic(g, plat, pol, memory=caps, noise=Noise(0.3, seed))
+    _check_run(g, plat, tr, caps)
+    assert any(mode == "offload" for *_, mode in tr.evictions)
+    mem = state._memory
+    kept = {d for d, k in enumerate(state.layout.kind) if k in ("output", "accumulator")}
+    assert all(not mem.copies[d] for d in range(len(mem.copies)) if d not in kept)
+    assert not any(mem.on_host[d] and mem.left[d] == 0 for d in range(len(mem.copies))
+                   if state.layout.kind[d] not in ("param", "input"))  # fmt: skip
+
+
 def test_runs_are_seeded_and_policies_named():
     pb = random_problem(random.Random(7), L=3, P=3, training=True, microbatches=5)
     g = training_graph(pb)

@@ -106,6 +106,6 @@ class Eviction:
                 mem.dropped[d] = True
 
     def offloaded(self, d: int, u: str) -> None:
-        """The offload of ``d`` from ``u`` ended: it is on the host now."""
-        self.memory.on_host[d] = True
-        self.memory.free_copy(d, u)
+        """The offload of ``d`` from ``u`` ended: it is on the host now (unless no task
+        reads it any more: :meth:`.residency.Residency.offload_ended`)."""
+        self.memory.offload_ended(d, u)

@@ -10,8 +10,10 @@ there in any state, plus the temporaries of the task running there and the parti
 sums it gathered (``extra``).
 
 **Freeing.** A datum is freed everywhere when its last reader ends; an output is
-kept; a datum read by no task is freed when its writer ends (an output aside). An
-accumulator lives as one partial sum per device that wrote it.
+kept; a datum read by no task is freed when its writer ends (an output aside). A copy
+being offloaded when its last reader ends (on another device) holds its bytes until
+the offload ends, and the host copy it made is freed then (:meth:`Residency.offload_ended`).
+An accumulator lives as one partial sum per device that wrote it.
 """
 
 from __future__ import annotations
@@ -79,10 +81,20 @@ class Residency:
         self.grow(u, -self.layout.size[d], data=True)
 
     def free_all(self, d: int) -> None:
-        for v in list(self.copies[d]):
-            self.free_copy(d, v)
+        for v, state in list(self.copies[d].items()):
+            if state != "leaving":  # an offload under way: freed when it ends
+                self.free_copy(d, v)
         if self.on_host[d]:
             self.on_host[d] = False
+            self._freed.append((d, HOST))
+
+    def offload_ended(self, d: int, u: str) -> None:
+        """The offload of ``d`` from ``u`` ended: the device copy is freed; the host copy
+        is kept unless the datum's last reader ended meanwhile (then it is freed too)."""
+        self.free_copy(d, u)
+        if self.left[d]:
+            self.on_host[d] = True
+        else:
             self._freed.append((d, HOST))
 
     def grow(self, u: str, nbytes: int, data: bool = False) -> None:
