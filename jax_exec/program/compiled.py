@@ -149,16 +149,15 @@ def traced_kernels(
             events.put(None)
         return order
 
-    with ThreadPoolExecutor(max_workers=1) as lower:
-        done = lower.submit(lower_all, _COMPILING)
-        while (lowered := events.get()) is not None:
-            if progress is not None:
-                progress(math.nan, f"lowered {lowered} kernels")
-        order = done.result()
-        for i, (key, future) in enumerate(futures.items()):
-            _KERNELS[key] = future.result()
-            if progress is not None:
-                progress((i + 1) / len(futures), f"compiled {i + 1}/{len(futures)} kernels")
+    done = _LOWERING.submit(lower_all, _COMPILING)
+    while (lowered := events.get()) is not None:
+        if progress is not None:
+            progress(math.nan, f"lowered {lowered} kernels")
+    order = done.result()
+    for i, (key, future) in enumerate(futures.items()):
+        _KERNELS[key] = future.result()
+        if progress is not None:
+            progress((i + 1) / len(futures), f"compiled {i + 1}/{len(futures)} kernels")
     return [(name, _KERNELS[key]) for name, key in order]
 
 
@@ -176,6 +175,11 @@ def _lowered(fn: Callable, args: tuple, out_shardings: Any = None) -> tuple[str,
 # XLA's compilations, for the whole process: a thread started while the lowering thread
 # holds the GIL waits for it (Python's switch interval, 5 ms), per kernel batch
 _COMPILING = ThreadPoolExecutor(max(1, os.cpu_count() or 1), thread_name_prefix="jax_exec-xla")
+
+# The lowering threads, for the whole process: a thread started per call waited for the
+# GIL to start (up to Python's switch interval); two, for the caller's thread and the one
+# that compiles ahead (a batch's tracing never lowers kernels itself: no call nests)
+_LOWERING = ThreadPoolExecutor(2, thread_name_prefix="jax_exec-lowering")
 
 # one thread compiles ahead (it starts the lowering and compiling threads of its kernels)
 _AHEAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jax_exec-kernels-ahead")
