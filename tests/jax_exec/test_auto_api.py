@@ -177,3 +177,30 @@ def test_planning_pauses_the_cyclic_collector_and_resumes_it():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_kernels_lower_in_the_same_threads_every_time():
+    """The planner's kernels are lowered in two process-wide threads, not in a thread
+    started per compile call (each start waited for Python's lock while another thread
+    held it: jax_exec/program/compiled.py ``_LOWERING``); the threads that lowered two
+    plans' kernels are the same."""
+    import threading
+
+    from jax_exec.program import compiled
+
+    lowering = set()
+    lowered = compiled._lowered
+
+    def spy(*a, **k):
+        lowering.add(threading.current_thread().name)
+        return lowered(*a, **k)
+
+    compiled._lowered = spy
+    try:
+        for depth in (2, 3):
+            factory, loss_fn, args = make_mlp(depth=depth, width=8 * depth)
+            auto.plan(loss_fn, factory(), *args, budget="100%")
+    finally:
+        compiled._lowered = lowered
+    assert lowering and all(name.startswith("jax_exec-lowering") for name in lowering)
+    assert len(lowering) <= 2
