@@ -250,8 +250,11 @@ def test_seeded_random_runs_complete_or_stall_with_the_reason():
         cap = rng.choice([None, 250, 350, 500, 800])
         caps = {} if cap is None else {d.name: cap for d in plat.devices}
         for policy in POLICY_NAMES:
-            options = dict(noise=Noise(rng.choice([0.0, 0.3]), seed),
-                           prefetch=rng.random() < 0.7, window=rng.choice([None, 1, 2, 3]))
+            options = dict(
+                noise=Noise(rng.choice([0.0, 0.3]), seed),
+                prefetch=rng.random() < 0.7,
+                window=rng.choice([None, 1, 2, 3]),
+            )
             try:
                 tr, state = _run_keeping_state(g, plat, policy, caps, **options)
             except InvalidProblem as err:
