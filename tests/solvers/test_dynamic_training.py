@@ -16,6 +16,7 @@ import schedir
 import solvers
 from schedir import CopyEngine, Device, InvalidProblem, Platform
 from schedir.dynamic import (
+    SOURCES,
     Datum,
     GroupCosts,
     Task,
@@ -25,6 +26,7 @@ from schedir.dynamic import (
     training_graph,
     training_task_graph,
 )
+from schedir.dynamic.runtime.residency import PINNED
 from schedir.pipeline.baselines import gpipe_ops
 from schedir.pipeline.simulate import Noise, simulate_pipeline
 from solvers.pipeline.dynamic import POLICIES, make_policy, run_policy
@@ -204,9 +206,9 @@ def _check_nothing_left(state) -> None:
     none on the host but the sources' (what no task reads is freed everywhere)."""
     mem, kind = state._memory, state.layout.kind
     for d in range(len(kind)):
-        if kind[d] not in ("output", "accumulator"):
+        if kind[d] not in PINNED:
             assert not mem.copies[d], (state.layout.name[d], mem.copies[d])
-        if kind[d] not in ("param", "input"):
+        if kind[d] not in SOURCES:
             assert not mem.on_host[d], state.layout.name[d]
 
 
