@@ -251,6 +251,17 @@ class BlockFunctions:
     layout: Layout
 
 
+def as_planned(x: tuple) -> tuple:
+    """A block's inputs ``x`` strongly typed, as its functions were traced (at the cut
+    values' shapes and dtypes, ``Program.spec``): a weakly typed value (a scalar made from
+    a Python number, ``jnp.minimum(1.0, step / 10)``) that crosses a cut would otherwise
+    trace the block's equations otherwise than planned (a ``convert_element_type`` that
+    was the identity becomes a new value). The identity on strongly typed values."""
+    return tuple(
+        jax.lax.convert_element_type(v, v.dtype) if getattr(v, "weak_type", False) else v for v in x
+    )
+
+
 def _split(values: tuple, mask: tuple[bool, ...]) -> tuple:
     return tuple(v for v, m in zip(values, mask, strict=True) if m)
 
@@ -314,7 +325,7 @@ def block_functions(
         checkpointed = jax.checkpoint(body, policy=policy, prevent_cse=True)
 
     def forward(p: tuple, g: tuple, x: tuple) -> tuple:
-        return fn(p, g, x)
+        return fn(p, g, as_planned(x))
 
     def linearize(p: tuple, g: tuple, x: tuple):
         rest = tuple(v for v, a in zip(x, lay.act_in, strict=True) if not a)
@@ -333,6 +344,7 @@ def block_functions(
     def record(p: tuple, g: tuple, x: tuple) -> tuple:
         if not all(isinstance(a, jax.core.Tracer) for a in jax.tree_util.tree_leaves((p, x))):
             return traced_record(p, g, x)  # eager: classify the closure's tracers (below)
+        x = as_planned(x)
         outs, results, vjp_fn = linearize(p, g, x)
         leaves, treedef = jax.tree_util.tree_flatten(vjp_fn)
         known = {"param": p, "other": g, "in": x, "out": outs, "result": results}
@@ -361,6 +373,7 @@ def block_functions(
     recipe = Recipe(treedef, sources, new_specs, consts)
 
     def backward(p, g, x, outs, results, new, d_outs, d_through) -> tuple:
+        x = as_planned(x)
         pick = {"param": p, "other": g, "in": x, "out": outs, "result": results, "new": new,
                 "const": recipe.consts}  # fmt: skip
         leaves = [pick[kind][j] for kind, j in recipe.sources]
@@ -378,6 +391,8 @@ def loss_function(program: Program, block: Block, lay: Layout) -> Callable:
     fn = block_function(program, block, lay, naming=False)
 
     def loss_step(p: tuple, g: tuple, x: tuple) -> tuple:
+        x = as_planned(x)
+
         def f(pd: tuple, xd: tuple):
             it = iter(xd)
             xs = tuple(next(it) if a else v for v, a in zip(x, lay.act_in, strict=True))

@@ -577,3 +577,46 @@ def test_python_scalars_as_parameters_state_and_arguments():
     model = factory()
     loss, grads = nnx.jit(jax_exec.value_and_grad(tempered, budget="60%"))(model, *args)
     assert_matches(loss, grads, model_state(model), reference, "nnx.jit")
+
+
+# A weakly typed value crossing a cut (stop 44, found as a new user): a warm-up factor
+# made from a Python int step, ``jnp.minimum(1.0, (step + 1) / 10)``, read by every layer.
+# The blocks were traced with their inputs strongly typed (the cut values' specs), but
+# the compiled step passed the weak scalar itself, so a ``convert_element_type`` that was
+# the identity when planned made a new value and the vjp closure's recipe no longer
+# matched: RuntimeError on the compiled path at every budget (op by op was right). Block
+# functions now take their inputs as planned (kernels.as_planned).
+class Warmed(nnx.Module):
+    def __init__(self, rngs):
+        self.layers = nnx.List([nnx.Linear(16, 16, rngs=rngs) for _ in range(4)])
+
+    def __call__(self, x, step):
+        s = jnp.minimum(1.0, (step + 1) / 10)
+        for layer in self.layers:
+            x = x + s * jnp.tanh(layer(x))
+        return x * s
+
+
+def warmed(model, x, y, step):
+    return jnp.mean((model(x, step) - y) ** 2)
+
+
+def test_a_weakly_typed_value_crossing_a_cut():
+    factory = lambda: Warmed(nnx.Rngs(0))  # noqa: E731
+    top = jax_exec.plan(warmed, factory(), X, Y, 3, budget="100%")
+    assert top.model.program.weak and top.model.length > 2
+    reference = plain(factory, warmed, (X, Y, 3))
+    for budget in sorted({top.budget, (top.budget + top.least_budget()) // 2, top.least_budget()}):
+        p = top.replan(budget)
+        result = p.run(factory(), X, Y, 3)
+        assert result.peak_bytes == p.schedule.meta["peak_memory"] <= p.budget
+        assert_matches(result.loss, result.grads, result.new_state, reference, f"{budget} op by op")
+        assert_matches(*compiled(p, factory, (X, Y, 3)), reference, f"{budget} compiled")
+    vg = jax_exec.value_and_grad(warmed, budget="60%")
+    for step in (2, 3):  # one plan for every step: the int is an argument, not a constant
+        for call in (vg, nnx.jit(vg)):
+            model = factory()
+            loss, grads = call(model, X, Y, step)
+            want = plain(factory, warmed, (X, Y, step))
+            assert_matches(loss, grads, model_state(model), want, f"step {step}")
+    assert len(vg.plans) == 1
