@@ -113,9 +113,13 @@ def float64_reference(factory, loss_fn, args, has_aux: bool = False):
     parameters, the state and the arguments cast): the exact result that float32
     rounding departs from."""
 
-    def wide(tree):
+    def wide(tree):  # (a Python scalar argument stays as it is)
         return jax.tree.map(
-            lambda x: x.astype(jnp.float64) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+            lambda x: (
+                x.astype(jnp.float64)
+                if jnp.issubdtype(jnp.result_type(x), jnp.floating) and hasattr(x, "astype")
+                else x
+            ),
             tree,
         )
 

@@ -7,12 +7,17 @@ Linear; dropout of a random rate; a small softmax attention; a learnable scale; 
 reduction; an integer mask), with residual adds and concatenations of earlier
 activations drawn between them (skips across several blocks). The loss is a mean squared
 error, a cross-entropy against integer labels, or a weighted sum with a learnable loss
-weight read by the loss function after the model call. Layers are drawn from a fixed
+weight read by the loss function after the model call. A learnable scale is also
+multiplied by a warm-up factor computed from a Python int argument, and so is the
+loss: ``jnp.minimum(1.0, (step + 1) / 4)``, a weakly typed scalar that cuts carry to
+later blocks and the loss stage (``step`` = 7 makes it exactly 1.0: the values are those
+without it).
+Layers are drawn from a fixed
 menu at one width, so that blocks recur from model to model as they do in real models
 and hundreds of models plan in a test (kernels are shared by what they compute).
 
 Each case is a ``RandomCase``: ``factory()`` builds the same model every call,
-``loss_fn(model, x, mask, labels, target)``, ``aux_loss_fn`` returning ``(loss, {"loss":
+``loss_fn(model, x, mask, labels, target, step)``, ``aux_loss_fn`` returning ``(loss, {"loss":
 loss, ...})``, ``args``, ``ops`` (the drawn operations, for messages) and ``fraction``, a
 random number in [0, 1) for the test to draw a budget from.
 """
@@ -29,6 +34,7 @@ from flax import nnx
 
 ACTS = ("gelu", "relu", "tanh", "silu")
 WIDTH, BATCH = 8, 4
+STEP = 7  # the Python int argument: warm-up factor min(1, (7 + 1) / 4) = 1.0
 
 
 @dataclass(frozen=True)
@@ -74,7 +80,8 @@ class RandomModel(nnx.Module):
         self.head = nnx.Linear(w, 3, rngs=rngs)
         self.loss_weight = nnx.Param(jnp.array(0.5))  # weakly typed, as users write it
 
-    def __call__(self, x, mask):
+    def __call__(self, x, mask, step):
+        warm = jnp.minimum(1.0, (step + 1) / 4)  # weakly typed, as a Python int makes it
         seen = [x]
         for (kind, arg), layer in zip(self.ops, self.layers, strict=True):
             if kind in ("linear", "linear2", "linear_back", "layernorm", "rmsnorm",
@@ -87,7 +94,7 @@ class RandomModel(nnx.Module):
                 skip = same[arg % len(same)]
                 x = x + skip if kind == "residual" else layer(jnp.concatenate([x, skip], -1))
             elif kind == "scale":
-                x = x * layer[...]
+                x = x * layer[...] * warm
             elif kind == "attention":
                 q, k = jnp.split(layer(x), 2, axis=-1)
                 weights = jax.nn.softmax(q @ k.T / np.sqrt(x.shape[-1]), axis=-1)
@@ -147,15 +154,16 @@ def random_case(seed: int) -> RandomCase:
     labels = jnp.asarray(rng.integers(0, 3, (batch,)), jnp.int32)
     target = jnp.asarray(rng.standard_normal((batch, 3)), jnp.float32)
 
-    def loss_fn(model, x, mask, labels, target):
-        out = model(x, mask)
+    def loss_fn(model, x, mask, labels, target, step):
+        warm = jnp.minimum(1.0, (step + 1) / 4)  # read by the loss stage: the cuts carry it
+        out = model(x, mask, step)
         if loss_kind == "mse":
-            return jnp.mean((out - target) ** 2)
+            return jnp.mean((out - target) ** 2) * warm
         logp = jax.nn.log_softmax(out)
         xent = -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=-1))
         if loss_kind == "xent":
-            return xent
-        return xent * model.loss_weight[...] + jnp.mean(out**2)
+            return xent * warm
+        return (xent * model.loss_weight[...] + jnp.mean(out**2)) * warm
 
     def aux_loss_fn(model, *args):
         loss = loss_fn(model, *args)
@@ -164,5 +172,5 @@ def random_case(seed: int) -> RandomCase:
     def factory():
         return RandomModel(ops, width, rngs=nnx.Rngs(seed))
 
-    return RandomCase(seed, ops, factory, loss_fn, aux_loss_fn, (x, mask, labels, target),
-                      float(rng.random()))  # fmt: skip
+    args = (x, mask, labels, target, STEP)
+    return RandomCase(seed, ops, factory, loss_fn, aux_loss_fn, args, float(rng.random()))
