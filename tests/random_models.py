@@ -7,18 +7,17 @@ Linear; dropout of a random rate; a small softmax attention; a learnable scale; 
 reduction; an integer mask), with residual adds and concatenations of earlier
 activations drawn between them (skips across several blocks). The loss is a mean squared
 error, a cross-entropy against integer labels, or a weighted sum with a learnable loss
-weight read by the loss function after the model call. A learnable scale is also
-multiplied by a warm-up factor computed from a Python int argument, and so is the
-loss: ``jnp.minimum(1.0, (step + 1) / 4)``, a weakly typed scalar that cuts carry to
-later blocks and the loss stage (``step`` = 7 makes it exactly 1.0: the values are those
-without it).
-Layers are drawn from a fixed
-menu at one width, so that blocks recur from model to model as they do in real models
-and hundreds of models plan in a test (kernels are shared by what they compute).
+weight read by the loss function after the model call. The learnable scales and the
+loss are multiplied by a warm-up factor made from a Python int argument,
+``jnp.minimum(1.0, (step + 1) / 4)``: a weakly typed scalar that the cuts carry to later
+blocks and to the loss stage (``step`` = 7 makes it exactly 1.0: the values are those
+without it). Layers are drawn from a fixed menu at one width, so that blocks recur from
+model to model as they do in real models and hundreds of models plan in a test (kernels
+are shared by what they compute).
 
 Each case is a ``RandomCase``: ``factory()`` builds the same model every call,
-``loss_fn(model, x, mask, labels, target, step)``, ``aux_loss_fn`` returning ``(loss, {"loss":
-loss, ...})``, ``args``, ``ops`` (the drawn operations, for messages) and ``fraction``, a
+``loss_fn(model, x, mask, labels, target, step)``, ``aux_loss_fn`` returning ``(loss,
+{"loss": loss, ...})``, ``args``, ``ops`` (the drawn operations, for messages) and ``fraction``, a
 random number in [0, 1) for the test to draw a budget from.
 """
 
