@@ -256,6 +256,13 @@ def _build(node: Any, in_specs: tuple) -> NodeFunctions:
         out, vjp_fn = jax.vjp(lambda p, *xs: node.apply(p, rest, *xs), params, *ins)
         leaves, treedef = jax.tree_util.tree_flatten(vjp_fn)
         sources, new = split_residuals(leaves, known(params, rest, ins, out), consts)
+        if "recipe" in found and sources != found["recipe"]:
+            # the backward rebuilds the closure from the recipe: other pieces would be
+            # taken from the wrong arrays
+            raise RuntimeError(
+                f"{node.name}: its vjp closure is made of other pieces than when it was "
+                f"traced for its recipe: call with the traced shapes and dtypes"
+            )
         found["treedef"], found["sources"] = treedef, sources
         return out, new
 
@@ -265,6 +272,7 @@ def _build(node: Any, in_specs: tuple) -> NodeFunctions:
     out_spec, new_specs = jax.eval_shape(lambda *args: rec(*args), node.params, node.rest, in_specs)
     const_values = tuple(consts[m] for m in sorted(consts))
     recipe = Recipe(found["treedef"], found["sources"], tuple(new_specs), const_values)
+    found["recipe"] = recipe.sources
 
     def fwd(params: Any, rest: Any, ins: tuple) -> jax.Array:
         return node.apply(params, rest, *ins)

@@ -58,8 +58,9 @@ def batch_size(args: tuple, m: int) -> int:
         where = f"args{jax.tree_util.keystr(path)}"
         if not hasattr(leaf, "dtype"):
             raise ValueError(
-                f"{where} is a {type(leaf).__name__}: every argument leaf must "
-                f"be an array with the batch on axis 0"
+                f"{where} is a {type(leaf).__name__}: every argument leaf must be an "
+                f"array with the batch on axis 0 (give a value shared by the micro-batches, "
+                f"a step counter, in loss_fn's closure: functools.partial(loss_fn, step=...))"
             )
         if batch is None:
             batch = shape[0] if shape else None

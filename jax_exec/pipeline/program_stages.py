@@ -152,7 +152,7 @@ def wire_dtype(dtype: Any) -> Any:
 def encode(v: jax.Array) -> jax.Array:
     """A carried value as a float array: itself, or its bits (module docstring)."""
     if jnp.issubdtype(v.dtype, jnp.inexact):
-        return v
+        return jax.lax.convert_element_type(v, v.dtype) if getattr(v, "weak_type", False) else v
     if v.dtype.itemsize < 4:
         v = v.astype(jnp.int32)
     return jax.lax.bitcast_convert_type(v, wire_dtype(v.dtype))

@@ -216,6 +216,42 @@ def test_a_summed_loss_is_summed_over_micro_batches():
     assert_close(step.grads, nnx.grad(loss_fn)(model, x), "gradients")
 
 
+class Warmed(nnx.Module):
+    """Every layer scaled by a factor the call computes from Python numbers."""
+
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.layers = nnx.List([nnx.Linear(8, 8, rngs=rngs) for _ in range(4)])
+
+    def __call__(self, x, warm):
+        for layer in self.layers:
+            x = x + warm * jnp.tanh(layer(x))
+        return x
+
+
+def test_a_weakly_typed_value_carried_between_stages():
+    """A warm-up factor made from a Python number (``functools.partial(loss_fn,
+    step=3)``, as the refusal of a scalar argument says) is a weakly typed scalar that
+    stage 0 computes and the later stages read: it was carried weakly typed, while the
+    stages had been traced with their inputs strongly typed, so a stage's vjp closure was
+    rebuilt from other pieces (ValueError: "Expected cotangent type float32[16,16] but
+    got float32[16,4]" on the 16-wide model of the probe). Stages now pass such values
+    strongly typed (``program_stages.encode``), and a closure made of other pieces than
+    its recipe's raises instead of being rebuilt (``jax_exec.kernels``)."""
+    import functools
+
+    def loss_fn(model, x, step):
+        return jnp.mean(model(x, jnp.minimum(1.0, (step + 1) / 10)) ** 2)
+
+    model, x = Warmed(nnx.Rngs(0)), jax.random.normal(jax.random.key(0), (8, 8))
+    warm = functools.partial(loss_fn, step=3)
+    plan = plan_pipeline(warm, model, x, devices=[jax.devices()[0]] * 2, microbatches=2)
+    assert len(plan.cuts) == 3
+    step = plan.run(model, x)
+    loss, grads = nnx.value_and_grad(warm)(model, x)
+    assert_close(step.loss, loss, "loss")
+    assert_close(step.grads, grads, "gradients")
+
+
 def test_refusals_name_the_cause():
     model = MLP(rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(0), (8, 8))
@@ -225,6 +261,8 @@ def test_refusals_name_the_cause():
 
     with pytest.raises(ValueError, match=r"args\[1\] has shape \[3, 8\]: .*batch size 8"):
         plan_pipeline(mse, model, x, jnp.zeros((3, 8)), devices=1)
+    with pytest.raises(ValueError, match=r"args\[1\] is a int: .*functools.partial"):
+        plan_pipeline(lambda m, x, step: mse(m, x, x) * step, model, x, 3, devices=1)
     with pytest.raises(ValueError, match="not divisible into 3 micro-batches"):
         plan_pipeline(mse, model, x, x, devices=1, microbatches=3)
     with pytest.raises(ValueError, match="schedule = 'zb'"):
