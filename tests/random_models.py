@@ -36,6 +36,11 @@ WIDTH, BATCH = 8, 4
 STEP = 7  # the Python int argument: warm-up factor min(1, (7 + 1) / 4) = 1.0
 
 
+def warm_up(step):
+    """The warm-up factor of a Python int ``step``: weakly typed, as users make it."""
+    return jnp.minimum(1.0, (step + 1) / 4)
+
+
 @dataclass(frozen=True)
 class RandomCase:
     seed: int
@@ -80,7 +85,7 @@ class RandomModel(nnx.Module):
         self.loss_weight = nnx.Param(jnp.array(0.5))  # weakly typed, as users write it
 
     def __call__(self, x, mask, step):
-        warm = jnp.minimum(1.0, (step + 1) / 4)  # weakly typed, as a Python int makes it
+        warm = warm_up(step)
         seen = [x]
         for (kind, arg), layer in zip(self.ops, self.layers, strict=True):
             if kind in ("linear", "linear2", "linear_back", "layernorm", "rmsnorm",
@@ -154,7 +159,7 @@ def random_case(seed: int) -> RandomCase:
     target = jnp.asarray(rng.standard_normal((batch, 3)), jnp.float32)
 
     def loss_fn(model, x, mask, labels, target, step):
-        warm = jnp.minimum(1.0, (step + 1) / 4)  # read by the loss stage: the cuts carry it
+        warm = warm_up(step)  # read by the loss stage: the cuts carry it
         out = model(x, mask, step)
         if loss_kind == "mse":
             return jnp.mean((out - target) ** 2) * warm

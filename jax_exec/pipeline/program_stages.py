@@ -23,7 +23,7 @@ from flax import nnx
 
 from jax_exec.program.blocks import Blocks
 from jax_exec.program.model import BlockModel
-from jax_exec.program.trace import Lit, Program, evaluate, read
+from jax_exec.program.trace import Lit, Program, evaluate, read, strongly_typed
 from jax_exec.stages.split import Stage
 
 
@@ -152,7 +152,7 @@ def wire_dtype(dtype: Any) -> Any:
 def encode(v: jax.Array) -> jax.Array:
     """A carried value as a float array: itself, or its bits (module docstring)."""
     if jnp.issubdtype(v.dtype, jnp.inexact):
-        return jax.lax.convert_element_type(v, v.dtype) if getattr(v, "weak_type", False) else v
+        return strongly_typed(v)  # as the next stage was traced
     if v.dtype.itemsize < 4:
         v = v.astype(jnp.int32)
     return jax.lax.bitcast_convert_type(v, wire_dtype(v.dtype))

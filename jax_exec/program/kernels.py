@@ -41,7 +41,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jax_exec.program.analysis import ELEMENTWISE, EXPENSIVE, LAYOUT, Analysis
 from jax_exec.program.blocks import Block
-from jax_exec.program.trace import Lit, Program, aval_bytes
+from jax_exec.program.trace import Lit, Program, aval_bytes, strongly_typed
 
 OPTION_KINDS = ("names", "everything", "dots", "fused")
 FUSED = (ELEMENTWISE - EXPENSIVE) | LAYOUT
@@ -252,14 +252,10 @@ class BlockFunctions:
 
 
 def as_planned(x: tuple) -> tuple:
-    """A block's inputs ``x`` strongly typed, as its functions were traced (at the cut
-    values' shapes and dtypes, ``Program.spec``): a weakly typed value (a scalar made from
-    a Python number, ``jnp.minimum(1.0, step / 10)``) that crosses a cut would otherwise
-    trace the block's equations otherwise than planned (a ``convert_element_type`` that
-    was the identity becomes a new value). The identity on strongly typed values."""
-    return tuple(
-        jax.lax.convert_element_type(v, v.dtype) if getattr(v, "weak_type", False) else v for v in x
-    )
+    """A block's inputs ``x`` as its functions were traced: strongly typed
+    (:func:`~jax_exec.program.trace.strongly_typed`; a weakly typed scalar that crosses a
+    cut would otherwise trace the block otherwise than planned)."""
+    return tuple(map(strongly_typed, x))
 
 
 def _split(values: tuple, mask: tuple[bool, ...]) -> tuple:

@@ -215,6 +215,16 @@ class Program:
         return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding, weak_type=weak)
 
 
+def strongly_typed(v: Any) -> Any:
+    """``v`` without its weak type (a value the step made from Python numbers,
+    ``jnp.minimum(1.0, step / 10)``): the same dtype, strongly typed as the cut values'
+    specs (``Program.spec``) that blocks and stages are traced at. Traced with a weakly
+    typed input, a function's ``convert_element_type`` that was the identity makes a new
+    value, and a vjp closure no longer matches the recipe made from the first trace. The
+    identity on strongly typed values."""
+    return jax.lax.convert_element_type(v, v.dtype) if getattr(v, "weak_type", False) else v
+
+
 def aval_bytes(aval: Any, sharding: Any = None) -> int:
     """Bytes of an array of this shape and dtype on one device: with a ``sharding``, of
     its largest shard (``sharding.shard_shape``); the planner and the op-by-op runtime
