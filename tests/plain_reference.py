@@ -162,10 +162,12 @@ def assert_within_rounding(got, plain_result, exact, what: str) -> None:
             )
 
 
-def check_plan(case, p, reference, what: str, exact=None) -> None:
-    """Plan ``p`` of ``case`` op by op (measured peak = predicted <= budget) and compiled:
-    loss, gradients and state equal ``reference`` (:func:`plain`; ``exact``: see
-    :func:`assert_matches`). Returns the op-by-op run's result."""
+def check_plan(case, p, reference, what: str, exact=None, compiled: bool = True) -> None:
+    """Plan ``p`` of ``case`` op by op (measured peak = predicted <= budget) and
+    compiled (unless ``compiled`` is False: a caller that runs the same plan compiled
+    otherwise, as ``value_and_grad`` does): loss, gradients and state equal
+    ``reference`` (:func:`plain`; ``exact``: see :func:`assert_matches`). Returns the
+    op-by-op run's result."""
     model = case.factory()
     result = p.run(model, *case.args)  # (modifies no argument: the model serves again)
     assert result.peak_bytes == p.schedule.meta["peak_memory"] <= p.budget, what
@@ -173,6 +175,8 @@ def check_plan(case, p, reference, what: str, exact=None) -> None:
         result.loss, result.grads, result.new_state, reference, f"{what}, op by op",
         exact=exact,
     )  # fmt: skip
+    if not compiled:
+        return result
     _, params, rest = nnx.split(model, nnx.Param, ...)
     step = jax.jit(jax.value_and_grad(p.lowered(), has_aux=True))
     (loss, (_, new_rest)), grads = step(params, rest, case.args)
