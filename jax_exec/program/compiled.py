@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,7 @@ def clear_caches() -> None:
     for table in BLOCK_TABLES.values():
         table.clear()
     _KERNELS.clear()
+    _LOWERINGS.clear()
 
 
 def kernels_of(sources: list[tuple], progress: Callable | None = None) -> list[Kernel]:
@@ -134,13 +136,19 @@ def traced_kernels(
     futures: dict[str, Future] = {}
     events: queue.SimpleQueue = queue.SimpleQueue()  # lowered kernels, for progress
 
+    def known(key: str) -> bool:  # compiled, or being compiled
+        return key in _KERNELS or key in futures
+
     def lower_all(pool: ThreadPoolExecutor) -> list[tuple[Any, str]]:
         order = []
         try:
             for batch in batches:
                 for name, ((fn, *args), placed) in batch():
-                    key, low = _lowered(fn, tuple(args), placed)
+                    key, low = _lowered(fn, tuple(args), placed, known)
                     order.append((name, key))
+                    if low is None:  # known by its traced program: not lowered again
+                        events.put(len(order))
+                        continue
                     if key not in _KERNELS and key not in futures:
                         futures[key] = pool.submit(lowered_kernel, low, KERNEL_OPTIONS,
                                                    placed is not None)  # fmt: skip
@@ -161,15 +169,75 @@ def traced_kernels(
     return [(name, _KERNELS[key]) for name, key in order]
 
 
-def _lowered(fn: Callable, args: tuple, out_shardings: Any = None) -> tuple[str, Any]:
-    """``jax.jit(fn).lower(*args)`` (with ``out_shardings`` if any) and its cache key:
-    the lowered program's text (its module name aside, the shardings in it) and calling
-    convention."""
+def _lowered(
+    fn: Callable, args: tuple, out_shardings: Any = None, known: Callable = _KERNELS.__contains__
+) -> tuple[str, Any]:
+    """The cache key of ``jax.jit(fn)`` for ``args`` (with ``out_shardings`` if any) and
+    its lowering (``.lower(*args)``), or None for a program lowered before whose kernel
+    is ``known`` (compiled, or being compiled): a key is the
+    lowered program's text (its module name aside, the shardings in it) and calling
+    convention, and the traced program's key (:func:`_traced_key`) says which lowering
+    it gave. Lowering (StableHLO emission, ~10-40 ms a kernel, holding Python's lock) is
+    the larger part of a kernel's cost on the planner's critical path, and different
+    options and blocks trace to the same program often (a fifth of the zoo's kernels at
+    their least budgets: t5 17 of 125, ViT 23 of 116)."""
     jitted = jax.jit(fn) if out_shardings is None else jax.jit(fn, out_shardings=out_shardings)
-    lowered = jitted.lower(*args)
+    traced = jitted.trace(*args)
+    before = _traced_key(traced, args, out_shardings)
+    if before is not None and before in _LOWERINGS and known(_LOWERINGS[before]):
+        return _LOWERINGS[before], None
+    lowered = traced.lower()
     text = re.sub(r"^module @\S+", "module @kernel", lowered.as_text(), count=1)  # its name
     trees = f"{lowered.in_tree} -> {lowered.out_tree}"  # the executable's calling convention
-    return hashlib.sha256((trees + text).encode()).hexdigest(), lowered
+    key = hashlib.sha256((trees + text).encode()).hexdigest()
+    if before is not None:
+        _LOWERINGS[before] = key
+    return key, lowered
+
+
+# Lowered programs' keys by their traced program's (_traced_key), for the whole process.
+_LOWERINGS: dict[str, str] = {}
+
+
+def _traced_key(traced: Any, args: tuple, out_shardings: Any) -> str | None:
+    """A key of what ``traced.lower()`` gives: the jaxpr's text, the bytes of its
+    constants (nested programs' too), the arguments' and results' types with their weak
+    types and shardings, the calling convention and ``out_shardings``. None where the
+    text may not say all (lowered then): where it names a Python object by address
+    (``<... at 0x...>``: a callback, whose lowering embeds it, and an address that a
+    later object may reuse) or abridges (``...``: numpy's print of a large array)."""
+    closed = traced.jaxpr
+    text = str(closed.jaxpr)
+    if " at 0x" in text or "..." in text:
+        return None
+    digest = hashlib.sha256(text.encode())
+    for const in _consts(closed):
+        if jax.dtypes.issubdtype(getattr(const, "dtype", None), jax.dtypes.extended):
+            digest.update(f"|{const.dtype}|".encode())  # a PRNG key: its type and bits
+            const = jax.random.key_data(const)
+        array = np.asarray(const)
+        digest.update(f"|{array.dtype}{array.shape}|".encode())
+        digest.update(array.tobytes())
+    avals = jax.tree.leaves((traced.in_avals, traced.out_avals))
+    types = [(a.shape, str(a.dtype), a.weak_type) for a in avals]
+    places = [getattr(leaf, "sharding", None) for leaf in jax.tree.leaves(args)]
+    digest.update(
+        f"|{types}|{places}|{traced.in_tree} -> {traced.out_tree}|{out_shardings}".encode()
+    )
+    return digest.hexdigest()
+
+
+def _consts(closed: Any):
+    """The constants of a closed jaxpr and of every closed jaxpr in its equations'
+    parameters (a ``custom_jvp_call``'s, a branch's), in order."""
+    yield from closed.consts
+    for eqn in closed.jaxpr.eqns:
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, tuple | list) else (param,):
+                if isinstance(sub, jax.extend.core.ClosedJaxpr):
+                    yield from _consts(sub)
+                elif isinstance(sub, jax.extend.core.Jaxpr):
+                    yield from _consts(jax.extend.core.ClosedJaxpr(sub, ()))
 
 
 # XLA's compilations, for the whole process: a thread started while the lowering thread

@@ -1,0 +1,78 @@
+"""The process-wide kernel cache (jax_exec.program.compiled): a function whose traced
+program was lowered before is not lowered again, and what the traced program does not
+say (constants, argument shardings, callbacks) keeps programs apart."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_exec.program import compiled
+from jax_exec.program.compiled import clear_caches, kernels_of
+
+SPEC = jax.ShapeDtypeStruct((4, 8), jnp.float32)
+X = jnp.arange(32.0).reshape(4, 8)
+
+
+def lowerings(fns, spec=SPEC) -> list[bool]:
+    """Per function (compiled in turn), whether it was lowered (else known by its
+    traced program), counted through ``compiled._lowered``."""
+    lowered = []
+    original = compiled._lowered
+
+    def counting(*args, **kwargs):
+        key, low = original(*args, **kwargs)
+        lowered.append(low is not None)
+        return key, low
+
+    compiled._lowered = counting
+    try:
+        for fn in fns:
+            kernels_of([((fn, spec), None)])
+    finally:
+        compiled._lowered = original
+    return lowered
+
+
+def test_a_program_traced_again_is_not_lowered_again():
+    clear_caches()
+    # two function objects (two blocks, two options) that trace to the same program
+    first, second = (lambda x: jnp.tanh(x) @ x.T for _ in range(2))
+    assert lowerings([first, second]) == [True, False]
+    a, b = kernels_of([((first, SPEC), None), ((second, SPEC), None)])
+    assert a is b  # one executable
+    np.testing.assert_array_equal(b.call(X), jnp.tanh(X) @ X.T)
+
+
+def test_constants_shardings_and_types_keep_programs_apart():
+    clear_caches()
+    ones, twos = np.ones((4, 8), np.float32), np.full((4, 8), 2.0, np.float32)
+    # the same jaxpr text, other constants (closed over: not printed in the text)
+    assert lowerings([lambda x: x * ones, lambda x: x * twos]) == [True, True]
+    a, b = kernels_of([((lambda x: x * ones, SPEC), None), ((lambda x: x * twos, SPEC), None)])
+    np.testing.assert_array_equal(b.call(X), X * 2.0)
+    key = jax.random.key(1)  # a typed PRNG key constant: its bits count
+    assert lowerings([lambda x: x + jax.random.normal(key, x.shape)] * 2) == [True, False]
+    other = jax.random.key(2)
+    assert lowerings([lambda x: x + jax.random.normal(other, x.shape)]) == [True]
+    weak = jax.ShapeDtypeStruct((), jnp.float32, weak_type=True)
+    strong = jax.ShapeDtypeStruct((), jnp.float32)
+    assert lowerings([lambda x: x * 3], weak) + lowerings([lambda x: x * 3], strong) == [True, True]
+    on_host = jax.ShapeDtypeStruct(
+        (4, 8), jnp.float32, sharding=jax.sharding.SingleDeviceSharding(
+            jax.devices()[0], memory_kind="pinned_host")
+    )  # fmt: skip
+    assert lowerings([jnp.sin]) + lowerings([jnp.sin], on_host) == [True, True]
+
+
+def test_a_callback_is_always_lowered():
+    """A callback's lowering embeds the Python object, which the jaxpr names by its
+    address only (an address a later object may reuse): never known by the text."""
+    clear_caches()
+
+    def with_callback(x):
+        jax.debug.callback(lambda v: None, x)
+        return x + 1
+
+    assert lowerings([with_callback, with_callback]) == [True, True]
