@@ -174,13 +174,12 @@ def _lowered(
 ) -> tuple[str, Any]:
     """The cache key of ``jax.jit(fn)`` for ``args`` (with ``out_shardings`` if any) and
     its lowering (``.lower(*args)``), or None for a program lowered before whose kernel
-    is ``known`` (compiled, or being compiled): a key is the
-    lowered program's text (its module name aside, the shardings in it) and calling
-    convention, and the traced program's key (:func:`_traced_key`) says which lowering
-    it gave. Lowering (StableHLO emission, ~10-40 ms a kernel, holding Python's lock) is
-    the larger part of a kernel's cost on the planner's critical path, and different
-    options and blocks trace to the same program often (a fifth of the zoo's kernels at
-    their least budgets: t5 17 of 125, ViT 23 of 116)."""
+    is ``known`` (compiled, or being compiled). A key is the lowered program's text (its
+    module name aside, the shardings in it) and calling convention; the traced
+    program's key (:func:`_traced_key`) says which lowering it gave. Lowering (StableHLO
+    emission, ~10-40 ms a kernel, holding Python's lock) is the larger part of a
+    kernel's cost on the planner's critical path, and different options and blocks
+    trace to the same program often (at 65%, 213 of the zoo's 1,119 lowerings)."""
     jitted = jax.jit(fn) if out_shardings is None else jax.jit(fn, out_shardings=out_shardings)
     traced = jitted.trace(*args)
     before = _traced_key(traced, args, out_shardings)
@@ -229,15 +228,19 @@ def _traced_key(traced: Any, args: tuple, out_shardings: Any) -> str | None:
 
 def _consts(closed: Any):
     """The constants of a closed jaxpr and of every closed jaxpr in its equations'
-    parameters (a ``custom_jvp_call``'s, a branch's), in order."""
+    parameters, nested (a ``custom_jvp_call``'s, a branch's), in order."""
     yield from closed.consts
-    for eqn in closed.jaxpr.eqns:
+    yield from _nested_consts(closed.jaxpr)
+
+
+def _nested_consts(jaxpr: Any):
+    for eqn in jaxpr.eqns:
         for param in eqn.params.values():
             for sub in param if isinstance(param, tuple | list) else (param,):
                 if isinstance(sub, jax.extend.core.ClosedJaxpr):
                     yield from _consts(sub)
-                elif isinstance(sub, jax.extend.core.Jaxpr):
-                    yield from _consts(jax.extend.core.ClosedJaxpr(sub, ()))
+                elif isinstance(sub, jax.extend.core.Jaxpr):  # a checkpoint's, a shard_map's
+                    yield from _nested_consts(sub)
 
 
 # XLA's compilations, for the whole process: a thread started while the lowering thread
