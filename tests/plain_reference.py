@@ -162,7 +162,7 @@ def assert_within_rounding(got, plain_result, exact, what: str) -> None:
             )
 
 
-def check_plan(case, p, reference, what: str, exact=None, compiled: bool = True) -> None:
+def check_plan(case, p, reference, what: str, exact=None, compiled: bool = True):
     """Plan ``p`` of ``case`` op by op (measured peak = predicted <= budget) and
     compiled (unless ``compiled`` is False: a caller that runs the same plan compiled
     otherwise, as ``value_and_grad`` does): loss, gradients and state equal

@@ -32,7 +32,15 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, primal_dtype_to_tangent_dtype
 
-from jax_exec.program.trace import INLINED, Eqn, Lit, Program, UnsupportedModel, aval_bytes
+from jax_exec.program.trace import (
+    INLINED,
+    Eqn,
+    Lit,
+    Program,
+    UnsupportedModel,
+    aval_bytes,
+    sub_jaxprs,
+)
 
 ELEMENTWISE = frozenset(
     """abs acos acosh add add_any and asin asinh atan atan2 atanh bessel_i0e bessel_i1e
@@ -163,15 +171,8 @@ def _jaxpr_cost(jaxpr: Jaxpr, model: CostModel) -> tuple[float, float, float]:
 
 
 def _sub_jaxprs(params: dict) -> list[Jaxpr]:
-    found = []
-    for value in params.values():
-        items = value if isinstance(value, tuple | list) else (value,)
-        for item in items:
-            if isinstance(item, ClosedJaxpr):
-                found.append(item.jaxpr)
-            elif isinstance(item, Jaxpr):
-                found.append(item)
-    return found
+    """The open jaxprs of an equation's parameters (:func:`sub_jaxprs`)."""
+    return [getattr(item, "jaxpr", item) for item in sub_jaxprs(params)]
 
 
 def _primitive_cost(

@@ -28,6 +28,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from jax_exec.program.trace import sub_jaxprs
+
 
 @dataclass(frozen=True)
 class Kernel:
@@ -149,7 +151,7 @@ def traced_kernels(
                     if low is None:  # known by its traced program: not lowered again
                         events.put(len(order))
                         continue
-                    if key not in _KERNELS and key not in futures:
+                    if not known(key):
                         futures[key] = pool.submit(lowered_kernel, low, KERNEL_OPTIONS,
                                                    placed is not None)  # fmt: skip
                     events.put(len(order))
@@ -235,12 +237,11 @@ def _consts(closed: Any):
 
 def _nested_consts(jaxpr: Any):
     for eqn in jaxpr.eqns:
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, tuple | list) else (param,):
-                if isinstance(sub, jax.extend.core.ClosedJaxpr):
-                    yield from _consts(sub)
-                elif isinstance(sub, jax.extend.core.Jaxpr):  # a checkpoint's, a shard_map's
-                    yield from _nested_consts(sub)
+        for sub in sub_jaxprs(eqn.params):
+            if isinstance(sub, jax.extend.core.ClosedJaxpr):
+                yield from _consts(sub)
+            else:  # an open jaxpr (a checkpoint's, a shard_map's)
+                yield from _nested_consts(sub)
 
 
 # XLA's compilations, for the whole process: a thread started while the lowering thread

@@ -225,6 +225,18 @@ def strongly_typed(v: Any) -> Any:
     return jax.lax.convert_element_type(v, v.dtype) if getattr(v, "weak_type", False) else v
 
 
+def sub_jaxprs(params: dict) -> list:
+    """The jaxprs among an equation's parameters (a loop's body, a branch, a checkpoint's
+    or a custom rule's program), searched in tuples and lists too, in order: each a
+    ``ClosedJaxpr`` or an open ``Jaxpr`` as the parameter holds it."""
+    found = []
+    for value in params.values():
+        for item in value if isinstance(value, tuple | list) else (value,):
+            if isinstance(item, ClosedJaxpr | Jaxpr):
+                found.append(item)
+    return found
+
+
 def aval_bytes(aval: Any, sharding: Any = None) -> int:
     """Bytes of an array of this shape and dtype on one device: with a ``sharding``, of
     its largest shard (``sharding.shard_shape``); the planner and the op-by-op runtime
