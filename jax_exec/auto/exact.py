@@ -44,7 +44,11 @@ def solve(
     platform: Platform | None = None,
 ) -> Solved:  # fmt: skip
     """:func:`_solve_lazily`; with low-bit storage, until the schedule's measured
-    gradient error is within the tolerance (:func:`jax_exec.auto.lowbit.within_tolerance`).
+    gradient error is within the tolerance (:func:`jax_exec.auto.lowbit.within_tolerance`),
+    and where the answer stores residuals in low bits, the full-precision options alone
+    (:func:`jax_exec.auto.lowbit.full_precision`) are solved too and the faster answer is
+    kept (``meta["lowbit"]["low_bit_makespan"]`` where full precision won): never slower
+    than without low bits.
     With a host link, the block DP also solves a copy of ``bm`` whose options have
     their host-memory variants (:func:`jax_exec.program.host_variants.with_host_variants`; the
     whole-graph MILP competes with those variants too) and the faster answer is kept:
@@ -89,9 +93,20 @@ def solve(
         return _report_copies(found)
 
     if getattr(bm, "tolerance", 0.0) > 0:
-        from jax_exec.auto.lowbit import within_tolerance
+        from jax_exec.auto.lowbit import full_precision, within_tolerance
 
-        return within_tolerance(bm, lambda: once(0))
+        found = within_tolerance(bm, lambda: once(0))
+        if not any(found.schedule.meta["lowbit"]["storage"]):
+            return found
+        try:  # never slower than without low bits (the rounds compile what answers run:
+            # with more options, estimates can lead them to a slower exact answer)
+            full = solve(full_precision(bm), budget, solver, options, exact, 0, platform)
+        except solvers.Infeasible:
+            return found
+        if full.schedule.meta["makespan"] <= found.schedule.meta["makespan"]:
+            full.schedule.meta["lowbit"]["low_bit_makespan"] = found.schedule.meta["makespan"]
+            return full
+        return found
     return once(whole)
 
 

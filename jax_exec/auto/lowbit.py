@@ -391,6 +391,16 @@ def with_lowbit(
     return lbm
 
 
+def full_precision(model: LowBitModel) -> LowBitModel:
+    """A copy of ``model`` whose blocks have their full-precision options alone, with
+    its own known kernels and analyses: the plan without low bits that a low-bit
+    answer competes with (:func:`jax_exec.auto.exact.solve`)."""
+    values = {f.name: getattr(model, f.name) for f in fields(LowBitModel)}
+    copy = LowBitModel(**{**values, "known": set(), "_cache": {}, "ahead": None})
+    _set_storages(copy, ())
+    return copy
+
+
 def tolerated(
     solve: Callable[[], Any],
     used: Callable[[Any], set],
