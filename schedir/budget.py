@@ -90,6 +90,12 @@ def parse_budget(budget: object, reference: Reference = None, *, field: str = "b
     return value
 
 
+def is_percentage(budget: object) -> bool:
+    """Whether ``budget`` is a percentage (``"50%"``): its bytes need the reference."""
+    match = _TEXT.match(budget) if isinstance(budget, str) else None
+    return match is not None and match.group(2) == "%"
+
+
 def _parse_text(text: str, reference: Reference, field: str) -> int:
     shown = _shown(text)
     match = _TEXT.match(text)

@@ -19,7 +19,7 @@ from jax_exec.program.model import BlockModel
 from jax_exec.program.problem import build_problem
 from schedir import Platform, Schedule, simulate
 from schedir.blocks.schedule import BlockSchedule
-from schedir.budget import in_units_of, parse_budget
+from schedir.budget import in_units_of, is_percentage, parse_budget
 from solvers.blocks.policies import POLICIES, policy_schedule
 from solvers.blocks.rotor import least_memory, least_memory_ops
 
@@ -165,6 +165,8 @@ def _solve_lazily(
         bm.known.clear()
         bm.problem = build_problem(bm)
     ref = reference_schedule(bm)
+    if exact and solver == "block_rotor" and not (has_host_link(platform) or is_percentage(budget)):
+        _refuse_below_least(bm, budget, solver)
     if exact:  # the reference's kernels, and a first answer's at the estimated budget
         guess = []
         if family == "blocks" and solver == "block_rotor":
@@ -223,6 +225,29 @@ def _solve_lazily(
                 candidate.meta["remat_only_makespan"] = makespan
                 schedule, makespan = candidate, seconds
     return Solved(schedule, nbytes, reference, rounds, model)
+
+
+def _refuse_below_least(bm: BlockModel, budget: Any, solver: str) -> None:
+    """``solvers.Infeasible`` where ``budget`` (bytes) is below the exact least budget,
+    before the store-all reference's kernels are compiled: those are read by every
+    answer's rounds (their exact figures guide the DP) and by a percentage, and a
+    budget below the least one needs no answer. Only where the estimated problem has
+    no answer either (then the rounds would compute the exact least budget first too,
+    :func:`_least_answer`)."""
+    nbytes = parse_budget(budget)
+    try:
+        solvers.solve(bm.problem, nbytes, method=solver)
+        return
+    except solvers.Infeasible as err:
+        why = err.detail
+    before = set(bm.known)
+    least, _ = least_schedule(bm, solver)
+    if nbytes < least:
+        err = solvers.Infeasible(solver, nbytes, least, why)
+        raise in_user_units(err, budget, None, "store-all") from None
+    bm.known.clear()  # feasible: the solve goes on as if this had not run (its kernels
+    bm.known.update(before)  # stay compiled, the rounds' least budget reads them again)
+    bm.problem = build_problem(bm)
 
 
 def _least_options(bm: BlockModel) -> tuple[int, ...]:
@@ -407,9 +432,9 @@ def _host_resident(solved: Solved) -> tuple[int, ...]:
     return simulate(solved.model.problem, solved.schedule).host_resident
 
 
-def in_user_units(err: solvers.Infeasible, given: Any, reference: int, what: str):
+def in_user_units(err: solvers.Infeasible, given: Any, reference: int | None, what: str):
     """``err`` whose message also says its least budget as the user gave the budget
-    (their unit, or a percentage of the ``reference``, the ``what`` peak)."""
+    (their unit, or a percentage of the ``reference``, the ``what`` peak, if known)."""
     if err.min_budget is None:
         return err
     least = in_units_of(err.min_budget, given, reference).replace(" of ", f" of {what} ", 1)

@@ -35,7 +35,7 @@ from schedir import Graph, GraphSchedule, Platform, Schedule
 from schedir.blocks.graph import block_graph
 from schedir.blocks.problem import BlockChain
 from schedir.blocks.schedule import BlockSchedule
-from schedir.budget import BudgetError, format_bytes
+from schedir.budget import BudgetError, format_bytes, is_percentage
 from solvers.registry import stderr_progress
 
 LOG = logging.getLogger("jax_exec")
@@ -386,8 +386,11 @@ def plan(
             f"and a graph schedule has no compiled path"
         )
     loss_fn, args, arguments, _ = bind_arguments(loss_fn, args, {}, has_aux, nodes=False)
+    # (the reference's kernels compile ahead for a percentage, which reads its peak first;
+    # a budget in bytes may be below the least one, refused before they are compiled)
     bm = block_model(loss_fn, model, args, has_aux=has_aux, cost_model=cost_model,
-                     max_anchors=max_anchors, ahead=exact, wrt=wrt)  # fmt: skip
+                     max_anchors=max_anchors, ahead=exact and is_percentage(budget),
+                     wrt=wrt)  # fmt: skip
     if bm.sharded:
         _sharded_unsupported(method, solver, activation_tolerance, platform)
     if activation_tolerance:  # low-bit residuals (jax_exec/auto/lowbit.py)

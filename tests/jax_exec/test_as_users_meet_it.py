@@ -52,6 +52,25 @@ def test_the_least_budget_in_the_users_units():
         jax_exec.plan(mse, MLP(nnx.Rngs(0)), X, Y, budget="10%")
 
 
+def test_a_budget_in_bytes_below_the_least_is_refused_before_the_reference_compiles():
+    """Planning at a budget in bytes below the least one (``plan(budget=1)``, how the
+    least budget is asked for) says the exact least budget, the one a percentage's
+    refusal says, without compiling the store-all reference's kernels first (stop 46:
+    on the zoo's t5 they were 42 of the 99 kernels such a call compiled). The
+    percentage's refusal after it compiles them: the call in bytes had not."""
+    from jax_exec.program.compiled import _KERNELS
+
+    x, y = jnp.ones((40, 16)), jnp.zeros((40, 16))  # shapes no other test compiles
+    with pytest.raises(solvers.Infeasible) as in_bytes:
+        jax_exec.plan(mse, MLP(nnx.Rngs(0)), x, y, budget=1)
+    assert "store-all" not in str(in_bytes.value)  # its peak is not computed for this
+    before = len(_KERNELS)
+    with pytest.raises(solvers.Infeasible, match="% of store-all") as in_percent:
+        jax_exec.plan(mse, MLP(nnx.Rngs(0)), x, y, budget="1%")
+    assert len(_KERNELS) > before
+    assert in_bytes.value.min_budget == in_percent.value.min_budget
+
+
 def test_planning_reports_its_progress():
     """``progress=callable`` receives what planning does: kernels compiled (with the
     share done) and the solver's rounds; True prints nothing on a plan this short
