@@ -167,14 +167,14 @@ def _solve_lazily(
     ref = reference_schedule(bm)
     if exact and solver == "block_rotor" and not (has_host_link(platform) or is_percentage(budget)):
         _refuse_below_least(bm, budget, solver)
-    if exact:  # the reference's kernels, and a first answer's at the estimated budget
+    if exact:  # the reference's kernels, and a first answer's at the budget's bytes
         guess = []
         if family == "blocks" and solver == "block_rotor":
             try:  # (none where store-all fits: it is the fastest answer)
                 estimated_peak = simulate(bm.problem, ref).peak_memory
-                estimated = parse_budget(budget, estimated_peak)
-                if estimated < estimated_peak:
-                    guess = bm.used_kernels(solvers.solve(bm.problem, estimated, method=solver))
+                nbytes = parse_budget(budget, lambda: _reference_peak(bm, ref))
+                if nbytes < estimated_peak:
+                    guess = bm.used_kernels(solvers.solve(bm.problem, nbytes, method=solver))
             except solvers.Infeasible:
                 pass
         if bm.compile(bm.used_kernels(ref) + guess):
@@ -225,6 +225,19 @@ def _solve_lazily(
                 candidate.meta["remat_only_makespan"] = makespan
                 schedule, makespan = candidate, seconds
     return Solved(schedule, nbytes, reference, rounds, model)
+
+
+def _reference_peak(bm: BlockModel, ref: Schedule) -> int:
+    """The store-all reference's exact peak (what a percentage budget is of), its
+    kernels compiled for a copy of ``bm`` with its own known set: the solve's first
+    answer is then guessed on the same problem whether the budget was a percentage or
+    bytes (the same bytes give the same plan; the reference's kernels are known to the
+    solve right after, with that answer's)."""
+    copy = dataclasses.replace(bm, known=set(bm.known), timings={})
+    copy.compile(copy.used_kernels(ref))
+    for name in ("kernels", "compiled"):  # (the solve's report counts them)
+        bm.timings[name] = bm.timings.get(name, 0) + copy.timings.get(name, 0)
+    return simulate(build_problem(copy), ref).peak_memory
 
 
 def _refuse_below_least(bm: BlockModel, budget: Any, solver: str) -> None:
