@@ -165,18 +165,10 @@ def _solve_lazily(
         bm.known.clear()
         bm.problem = build_problem(bm)
     ref = reference_schedule(bm)
-    if exact and solver == "block_rotor" and not (has_host_link(platform) or is_percentage(budget)):
-        _refuse_below_least(bm, budget, solver)
     if exact:  # the reference's kernels, and a first answer's at the budget's bytes
         guess = []
         if family == "blocks" and solver == "block_rotor":
-            try:  # (none where store-all fits: it is the fastest answer)
-                estimated_peak = simulate(bm.problem, ref).peak_memory
-                nbytes = parse_budget(budget, lambda: _reference_peak(bm, ref))
-                if nbytes < estimated_peak:
-                    guess = bm.used_kernels(solvers.solve(bm.problem, nbytes, method=solver))
-            except solvers.Infeasible:
-                pass
+            guess = _first_guess(bm, ref, budget, solver, platform)
         if bm.compile(bm.used_kernels(ref) + guess):
             bm.problem = build_problem(bm)
     reference = simulate(bm.problem, ref)
@@ -227,40 +219,48 @@ def _solve_lazily(
     return Solved(schedule, nbytes, reference, rounds, model)
 
 
-def _reference_peak(bm: BlockModel, ref: Schedule) -> int:
-    """The store-all reference's exact peak (what a percentage budget is of), its
-    kernels compiled for a copy of ``bm`` with its own known set: the solve's first
-    answer is then guessed on the same problem whether the budget was a percentage or
-    bytes (the same bytes give the same plan; the reference's kernels are known to the
-    solve right after, with that answer's)."""
-    copy = dataclasses.replace(bm, known=set(bm.known), timings={})
-    copy.compile(copy.used_kernels(ref))
-    for name in ("kernels", "compiled"):  # (the solve's report counts them)
-        bm.timings[name] = bm.timings.get(name, 0) + copy.timings.get(name, 0)
-    return simulate(build_problem(copy), ref).peak_memory
-
-
-def _refuse_below_least(bm: BlockModel, budget: Any, solver: str) -> None:
-    """``solvers.Infeasible`` where ``budget`` (bytes) is below the exact least budget,
-    before the store-all reference's kernels are compiled: those are read by every
-    answer's rounds (their exact figures guide the DP) and by a percentage, and a
-    budget below the least one needs no answer. Only where the estimated problem has
-    no answer either (then the rounds would compute the exact least budget first too,
-    :func:`_least_answer`)."""
-    nbytes = parse_budget(budget)
+def _first_guess(
+    bm: BlockModel, ref: Schedule, budget: Any, solver: str, platform: Platform | None
+) -> list[tuple[str, int, int]]:
+    """The kernels of the estimated problem's answer at the budget's bytes, to compile
+    with the reference's (none where store-all fits on estimates: it is the fastest
+    answer). Guessed on the problem as it is before anything is compiled, so that a
+    percentage, whose bytes need the reference's exact peak (its kernels compiled
+    first), and the bytes it means give the same plan. A budget in bytes that the
+    estimated problem has no answer for is refused first if it is below the exact
+    least budget (:func:`_refuse_below_least`)."""
+    estimated = bm.problem
+    nbytes = parse_budget(budget, lambda: _reference_peak(bm, ref))
     try:
-        solvers.solve(bm.problem, nbytes, method=solver)
-        return
+        answer = solvers.solve(estimated, nbytes, method=solver)
     except solvers.Infeasible as err:
-        why = err.detail
-    before = set(bm.known)
+        if not (has_host_link(platform) or is_percentage(budget)):
+            _refuse_below_least(bm, nbytes, budget, solver, err.detail)
+        return []
+    return bm.used_kernels(answer) if nbytes < simulate(estimated, ref).peak_memory else []
+
+
+def _reference_peak(bm: BlockModel, ref: Schedule) -> int:
+    """The store-all reference's exact peak (what a percentage budget is of): its
+    kernels compiled and known to the solve."""
+    if bm.compile(bm.used_kernels(ref)):
+        bm.problem = build_problem(bm)
+    return simulate(bm.problem, ref).peak_memory
+
+
+def _refuse_below_least(bm: BlockModel, nbytes: int, budget: Any, solver: str, why: str) -> None:
+    """``solvers.Infeasible`` where ``nbytes`` (``budget``, in bytes) is below the exact
+    least budget, before the store-all reference's kernels are compiled: those are read
+    by every answer's rounds (their exact figures guide the DP) and by a percentage, and
+    a budget below the least one needs no answer. For a budget the estimated problem has
+    no answer for (``why``; then the rounds would compute the exact least budget first
+    too, :func:`_least_answer`)."""
     least, _ = least_schedule(bm, solver)
     if nbytes < least:
         err = solvers.Infeasible(solver, nbytes, least, why)
         raise in_user_units(err, budget, None, "store-all") from None
-    bm.known.clear()  # feasible: the solve goes on as if this had not run (its kernels
-    bm.known.update(before)  # stay compiled, the rounds' least budget reads them again)
-    bm.problem = build_problem(bm)
+    bm.known.clear()  # feasible: the solve goes on as if this had not run (nothing was
+    bm.problem = build_problem(bm)  # known before it; its kernels stay compiled)
 
 
 def _least_options(bm: BlockModel) -> tuple[int, ...]:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import jax
@@ -395,8 +395,7 @@ def full_precision(model: LowBitModel) -> LowBitModel:
     """A copy of ``model`` whose blocks have their full-precision options alone, with
     its own known kernels and analyses: the plan without low bits that a low-bit
     answer competes with (:func:`jax_exec.auto.exact.solve`)."""
-    values = {f.name: getattr(model, f.name) for f in fields(LowBitModel)}
-    copy = LowBitModel(**{**values, "known": set(), "_cache": {}, "ahead": None})
+    copy = replace(model, known=set(), _cache={}, ahead=None)
     _set_storages(copy, ())
     return copy
 
