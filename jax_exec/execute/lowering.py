@@ -10,12 +10,13 @@ The schedule's tree (:func:`jax_exec.execute.tree.parse_tree`) is lowered like a
   residuals are exactly the chain model's: the block's inputs, its outputs and the new
   residuals of the option; the backward rebuilds the vjp closure and applies it, so
   the gradients are JAX's own and only what the option did not save is recomputed;
-- a **Segment** (``F_ck(i) F_n(i+1..j-1)``) runs blocks i..j-1 under
-  ``jax.checkpoint(prevent_cse=True)`` with the subtree's structure inside (only its
-  input is saved; its backward recomputes the segment); where its blocks include a
-  repeated stretch (:func:`~jax_exec.execute.loops.forward_runs`) it is a
-  ``custom_vjp`` saving the same input whose first forward runs the stretch as a loop
-  (:mod:`jax_exec.execute.segments`);
+- a **Segment** (``F_ck(i) F_n(i+1..j-1)``) runs blocks i..j-1 as a ``custom_vjp``
+  (:mod:`jax_exec.execute.segments`) that saves only its input and whose backward
+  recomputes the segment with the subtree's structure inside, behind an optimization
+  barrier (none on CPU, whose XLA does not schedule for memory); its first forward
+  runs repeated stretches (:func:`~jax_exec.execute.loops.forward_runs`) as loops. A
+  Segment with a scan run among its Records but no such stretch, or whose input is
+  offloaded, runs under ``jax.checkpoint(prevent_cse=True)`` (an offload policy);
 - the **loss stage** is a Record with plain autodiff;
 - a **scan run** (consecutive Records of an unrolled scan's repeated blocks,
   :mod:`jax_exec.execute.loops`) runs as one ``lax.scan`` whose residuals are the
@@ -60,7 +61,7 @@ from jax_exec.execute.loops import (
     stack_key,
 )
 from jax_exec.execute.rounding import unrounded
-from jax_exec.execute.segments import globals_read, segment
+from jax_exec.execute.segments import blocks_globals, globals_read, segment
 from jax_exec.execute.tree import (
     Empty,
     LossNode,
@@ -261,12 +262,17 @@ def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Calla
             region_state = {v: state[v] for v in held(cuts[node.start], stacked)}
             looping = loops and name is None  # (an offloaded input: a checkpoint policy's)
             first = forward_runs(model, node.start, node.stop) if looping else {}
-            if first:  # the first forward with loops (segments.py)
-                reads = globals_read(model, node.start, node.stop, run_blocks)
+            inner = [r for r in runs.values() if node.start <= r.start < node.stop]
+            if first or (name is None and not inner):  # a custom_vjp (segments.py)
+                # (without loops inside, it saves what jax.checkpoint saved: the globals
+                # its blocks read; its barrier is the backward's only, and none on CPU)
+                reads = (
+                    globals_read(model, node.start, node.stop, run_blocks) if first
+                    else blocks_globals(model, node.start, node.stop)
+                )  # fmt: skip
                 inner_stacks = {
-                    key[1] for r in runs.values() if node.start <= r.start < node.stop
-                    for keys in r.keys() for key in keys if key[0] == "stack"
-                }  # fmt: skip
+                    key[1] for r in inner for keys in r.keys() for key in keys if key[0] == "stack"
+                }
                 checkpointed = segment(
                     model, options, node.start, node.stop, first, stacked,
                     held(cuts[node.stop], stacked), region,

@@ -309,7 +309,8 @@ def test_lstm_steps_are_one_loop(budget):
     are recorded under two options: two loops). Its first step is in the loop (its constant initial
     carry is differentiated like the later carries: the same block), and so is its last
     where that reads the same values (the last layer's final cell state is not read
-    after it: a block of its own)."""
+    after it: a block of its own). At 65% (the plan its bytes give, since stop 46) the
+    second layer records 3 of its 12 steps under options of their own: 9 in two loops."""
     case = zoo.case("lstm")
     ref = reference(case.factory, case.loss_fn, case.args)
     p = auto.plan(case.loss_fn, case.factory(), *case.args, budget=budget)
@@ -319,7 +320,8 @@ def test_lstm_steps_are_one_loop(budget):
     looped = Counter()  # steps in loops, per layer (a loop per stretch of one option)
     for r in runs.values():
         looped[r.scan] += r.length
-    assert sorted(looped) == [0, 1, 2] and min(looped.values()) >= 11  # of the 12 steps
+    least = 11 if budget == "100%" else 9  # of the 12 steps
+    assert sorted(looped) == [0, 1, 2] and min(looped.values()) >= least
     if budget == "100%":
         assert sorted(r.length for r in runs.values()) == [11, 12, 12]
 
@@ -397,3 +399,47 @@ def test_scan_iterations_are_cut_alike():
         assert offsets == {(0,)}  # one block an iteration
         first, second = (blocks.positions.index(a) + 1 for a in scan.starts[:2])
         assert blocks.blocks[first].key == blocks.blocks[second].key
+
+
+def _segment_nodes(node) -> int:
+    found = 0
+    while isinstance(node, Record | Segment):
+        if isinstance(node, Segment):
+            found += 1 + _segment_nodes(node.inside)
+            node = node.after
+        else:
+            node = node.rest
+    return found
+
+
+def test_recomputations_are_behind_barriers_except_on_cpu():
+    """Every Segment's recomputation runs behind an optimization barrier where XLA
+    schedules for memory (it must not merge it with the first forward), and behind none
+    on CPU, where XLA does not and the barriers only slowed its compile
+    (segments._barrier). Lowered for CUDA on this CPU-only machine the step holds one
+    barrier more per Segment than lowered for CPU (the Records' checkpoint policies keep
+    theirs on both); its residuals and gradients are the plain step's (CPU)."""
+    case = zoo.case("decoder_lm")
+    p = auto.plan(case.loss_fn, case.factory(), *case.args, budget="100%", exact=False)
+    q = p.replan(p.least_budget())
+    tree = parse_tree(q.schedule.ops, q.model.length)
+    segments = _segment_nodes(tree)
+    assert segments >= 5
+    _, params, rest = nnx.split(case.factory(), nnx.Param, ...)
+    traced = jax.jit(jax.value_and_grad(q.lowered(), has_aux=True)).trace(params, rest, case.args)
+    barriers = {
+        platform: traced.lower(lowering_platforms=(platform,))
+        .as_text()
+        .count("stablehlo.optimization_barrier")
+        for platform in ("cpu", "cuda")
+    }
+    assert barriers["cuda"] - barriers["cpu"] == segments
+    fn = q.lowered()
+    assert saved_residuals(fn, params, rest, case.args) == expected_residuals(q.model, q.schedule)
+    loss, grads, state = reference(case.factory, case.loss_fn, case.args)
+    (c_loss, (_, c_state)), c_grads = jax.jit(jax.value_and_grad(fn, has_aux=True))(
+        params, rest, case.args
+    )
+    assert_close(c_loss, loss)
+    assert_close(c_grads, grads)
+    assert_close(c_state, state)
