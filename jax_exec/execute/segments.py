@@ -54,9 +54,7 @@ def forward_only(model: BlockModel, options: tuple, start: int, stop: int, runs:
                 enumerate(vids)}  # fmt: skip
         return after_loop(model, r, state, cn, rows, cuts[r.blocks.stop])
 
-    wanted = tuple(
-        v for k in range(start, stop) for v in (*model.layouts[k].params, *model.layouts[k].others)
-    )
+    wanted = blocks_globals(model, start, stop)
     for r in runs.values():
         wanted += tuple(ln[1] for row in (*r.params, *r.others) for ln in row if ln[0] == "stack")
 
