@@ -34,7 +34,6 @@ import solvers  # noqa: E402
 from jax_exec import auto  # noqa: E402
 from jax_exec.execute.loops import forward_runs, scan_of, scan_runs  # noqa: E402
 from jax_exec.execute.tree import Record, Segment, parse_tree, split_copies  # noqa: E402
-from schedir.blocks.problem import schedule_options  # noqa: E402
 
 OP = re.compile(r'^\s*(?:%[^=]+= )?"?(?:stablehlo|chlo|func\.call|sdy)[.\w]*')
 HLO = re.compile(r"^\s+(?:ROOT )?%?[\w.\-]+ = ")
@@ -67,7 +66,6 @@ def forward_copies(model, schedule) -> tuple[int, int, int, int]:
     chain_ops, _ = split_copies(schedule.ops)
     tree = parse_tree(chain_ops, model.length)
     runs = scan_runs(model, schedule)
-    options = schedule_options(model.problem, schedule)
     run_of = {k: r for r in runs.values() for k in r.blocks}
     repeated = {k for k in range(model.length) if scan_of(model, k) is not None}
     fwd = rep = ckpt = copies = 0
@@ -102,7 +100,7 @@ def forward_copies(model, schedule) -> tuple[int, int, int, int]:
             blocks = range(node.start, node.stop)
             fwd, rep = fwd + len(blocks), rep + len(repeated.intersection(blocks))
             ckpt += records(node.inside)
-            loops = forward_runs(model, options, node.start, node.stop)
+            loops = forward_runs(model, node.start, node.stop)
             looped = sum(len(r.blocks) for r in loops.values())
             copies += len(blocks) - looped + sum(r.period for r in loops.values())
             todo += [node.inside, node.after]

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import zoo
 from auto_models import make_scan, mse
+from figure_checks import load_script
 from flax import nnx
 from test_auto_plan import assert_close, reference
 
@@ -255,6 +256,13 @@ def test_segments_forward_as_loops():
     ]
     ops = [sum(" = stablehlo." in line for line in t.splitlines()) for t in texts]
     assert ops[0] < 0.9 * ops[1]
+    # benchmarks/auto_step_size.py's count of the same (it fell out of step with
+    # forward_runs' signature once, unnoticed until stop 48)
+    fwd, _, ckpt, copies = load_script("benchmarks/auto_step_size.py").forward_copies(
+        q.model, q.schedule
+    )
+    assert fwd == sum(type(op).__name__.startswith("F_") for op in q.schedule.ops)
+    assert copies < ckpt
 
 
 def test_a_segments_forward_loops_over_blocks_recorded_under_other_options():
