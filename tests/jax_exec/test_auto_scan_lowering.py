@@ -90,10 +90,10 @@ def budgets(p, fractions):
     return [least + int(f * (p.store_all_peak - least)) for f in fractions]
 
 
-def check_loops(q, factory, loss_fn, args, ref, *, looped: bool) -> None:
+def check_compiled(q, factory, args, ref):
     """The plan's compiled step (loops on) against the oracles (as check_plan's compiled
-    half; the op-by-op run does not change with loops), the loop in its jaxpr iff the
-    schedule has runs; the unrolled step saves the same bytes, unstacked."""
+    half; the op-by-op run does not change with loops): loss, gradients, state and the
+    saved residuals predicted. Returns ``(fn, params, rest)``."""
     _, params, rest = nnx.split(factory(), nnx.Param, ...)
     fn = q.lowered()
     (c_loss, (_, c_state)), c_grads = jax.jit(jax.value_and_grad(fn, has_aux=True))(
@@ -104,6 +104,13 @@ def check_loops(q, factory, loss_fn, args, ref, *, looped: bool) -> None:
     assert_close(c_grads, grads)
     assert_close(c_state, state)
     assert saved_residuals(fn, params, rest, args) == expected_residuals(q.model, q.schedule)
+    return fn, params, rest
+
+
+def check_loops(q, factory, loss_fn, args, ref, *, looped: bool) -> None:
+    """check_compiled, the loop in its jaxpr iff the schedule has runs; the unrolled
+    step saves the same bytes, unstacked."""
+    fn, params, rest = check_compiled(q, factory, args, ref)
     assert bool(scan_runs(q.model, q.schedule) or segment_loops(q)) == looped
     assert has_scan(fn, params, rest, args) == looped
     unrolled = lower(q.model, q.schedule, loops=False)
@@ -430,12 +437,4 @@ def test_recomputations_are_behind_barriers_except_on_cpu():
         for platform in ("cpu", "cuda")
     }
     assert barriers["cuda"] - barriers["cpu"] == n
-    fn = q.lowered()
-    assert saved_residuals(fn, params, rest, case.args) == expected_residuals(q.model, q.schedule)
-    loss, grads, state = reference(case.factory, case.loss_fn, case.args)
-    (c_loss, (_, c_state)), c_grads = jax.jit(jax.value_and_grad(fn, has_aux=True))(
-        params, rest, case.args
-    )
-    assert_close(c_loss, loss)
-    assert_close(c_grads, grads)
-    assert_close(c_state, state)
+    check_compiled(q, case.factory, case.args, reference(case.factory, case.loss_fn, case.args))
