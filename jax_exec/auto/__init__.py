@@ -10,6 +10,6 @@ budget, from its code alone (docs/auto.md).
 from jax_exec.auto.drop_in import grad, value_and_grad
 from jax_exec.auto.plan import Plan, plan
 from jax_exec.program.analysis import CostModel
-from jax_exec.program.trace import UnsupportedModel
+from jax_exec.program.flatten import UnsupportedModel
 
 __all__ = ["CostModel", "Plan", "UnsupportedModel", "grad", "plan", "value_and_grad"]

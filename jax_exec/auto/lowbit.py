@@ -46,10 +46,10 @@ import numpy as np
 from jax_exec.execute.lowering import lower
 from jax_exec.kernels import NodeFunctions
 from jax_exec.kernels import Recipe as NodeRecipe
+from jax_exec.program.flat import aval_bytes
 from jax_exec.program.kernels import BlockFunctions, Recipe, SaveOption, block_functions
 from jax_exec.program.model import BlockModel
 from jax_exec.program.problem import build_problem
-from jax_exec.program.trace import aval_bytes
 from schedir import B, F_all, Loss, Schedule
 from schedir.blocks.schedule import BlockSchedule
 from schedir.pipeline.schedule import STORAGES

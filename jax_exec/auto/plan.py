@@ -144,7 +144,7 @@ class Plan:
         (``params, rest``: ``nnx.split(model, nnx.Param, ...)``, or the plan's ``wrt``
         filter for ``nnx.Param``; ``new_state``: the state after the call, with the
         parameters ``loss_fn`` wrote,
-        :meth:`~jax_exec.program.trace.Program.outputs`; the compiled path,
+        :meth:`~jax_exec.program.flat.Program.outputs`; the compiled path,
         :func:`jax_exec.execute.lowering.lower`; ``loops=False`` unrolls the scan runs
         it keeps as loops). Graph schedules have no compiled path (they run op by op,
         :meth:`run`)."""

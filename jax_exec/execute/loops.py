@@ -25,8 +25,8 @@ from typing import Any
 import jax
 
 from jax_exec.execute.tree import Record, Segment, parse_tree
+from jax_exec.program.flat import Lit
 from jax_exec.program.model import BlockModel
-from jax_exec.program.trace import Lit
 from schedir import Schedule
 from schedir.blocks.problem import schedule_options
 

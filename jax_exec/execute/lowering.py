@@ -163,7 +163,7 @@ def _offload_policy(name: str):
 def lower(model: BlockModel, schedule: Schedule, *, loops: bool = True) -> Callable:
     """``fn(params, rest, args) -> (loss, (aux, new_state))``, differentiable, following
     ``schedule`` (module docstring; ``new_state``: :meth:`Program.outputs
-    <jax_exec.program.trace.Program.outputs>`). ``jax.value_and_grad(fn, has_aux=True)`` gives the
+    <jax_exec.program.flat.Program.outputs>`). ``jax.value_and_grad(fn, has_aux=True)`` gives the
     loss and the parameters' gradients. With ``loops`` the schedule's scan runs
     (:func:`scan_runs`) are lowered as loops (:func:`looped`), else unrolled."""
     simulate_blocks(model.problem, schedule)

@@ -12,7 +12,7 @@ import numpy as np
 from flax import nnx
 
 from jax_exec.pipeline.chunks import split_microbatches
-from jax_exec.program.trace import Program
+from jax_exec.program.flat import Program
 
 
 def checked_cuts(cuts: Sequence[int], parts: int, L: int) -> tuple[int, ...]:

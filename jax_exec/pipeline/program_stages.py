@@ -22,8 +22,8 @@ import numpy as np
 from flax import nnx
 
 from jax_exec.program.blocks import Blocks
+from jax_exec.program.flat import Lit, Program, evaluate, read, strongly_typed
 from jax_exec.program.model import BlockModel
-from jax_exec.program.trace import Lit, Program, evaluate, read, strongly_typed
 from jax_exec.stages.split import Stage
 
 

@@ -4,7 +4,9 @@ and the exact-bytes problem they define (:class:`~jax_exec.program.model.BlockMo
 docs/auto.md). The execution core (:mod:`jax_exec.execute`) runs any schedule of one;
 the planner (:mod:`jax_exec.auto`) chooses the schedule.
 
-- :mod:`~jax_exec.program.trace`: ``loss_fn(model, *args)`` as a flat program;
+- :mod:`~jax_exec.program.trace`: ``loss_fn(model, *args)`` as a flat program
+  (:mod:`~jax_exec.program.flat`: its equations and values;
+  :mod:`~jax_exec.program.flatten`: a jaxpr flattened into them);
 - :mod:`~jax_exec.program.analysis`: per-equation costs (the roofline
   :class:`~jax_exec.program.analysis.CostModel`) and residuals;
 - :mod:`~jax_exec.program.blocks`: cuts and blocks;

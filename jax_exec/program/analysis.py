@@ -32,15 +32,8 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, primal_dtype_to_tangent_dtype
 
-from jax_exec.program.trace import (
-    INLINED,
-    Eqn,
-    Lit,
-    Program,
-    UnsupportedModel,
-    aval_bytes,
-    sub_jaxprs,
-)
+from jax_exec.program.flat import Eqn, Lit, Program, aval_bytes, sub_jaxprs
+from jax_exec.program.flatten import INLINED, UnsupportedModel
 
 ELEMENTWISE = frozenset(
     """abs acos acosh add add_any and asin asinh atan atan2 atanh bessel_i0e bessel_i1e

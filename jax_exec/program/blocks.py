@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from jax_exec.program.analysis import Analysis
-from jax_exec.program.trace import Lit, Program
+from jax_exec.program.flat import Lit, Program
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jax_exec.program.trace import sub_jaxprs
+from jax_exec.program.flat import sub_jaxprs
 
 
 @dataclass(frozen=True)

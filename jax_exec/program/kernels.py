@@ -41,7 +41,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jax_exec.program.analysis import ELEMENTWISE, EXPENSIVE, LAYOUT, Analysis
 from jax_exec.program.blocks import Block
-from jax_exec.program.trace import Lit, Program, aval_bytes, strongly_typed
+from jax_exec.program.flat import Lit, Program, aval_bytes, strongly_typed
 
 OPTION_KINDS = ("names", "everything", "dots", "fused")
 FUSED = (ELEMENTWISE - EXPENSIVE) | LAYOUT
@@ -253,7 +253,7 @@ class BlockFunctions:
 
 def as_planned(x: tuple) -> tuple:
     """A block's inputs ``x`` as its functions were traced: strongly typed
-    (:func:`~jax_exec.program.trace.strongly_typed`; a weakly typed scalar that crosses a
+    (:func:`~jax_exec.program.flat.strongly_typed`; a weakly typed scalar that crosses a
     cut would otherwise trace the block otherwise than planned)."""
     return tuple(map(strongly_typed, x))
 

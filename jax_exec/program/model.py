@@ -30,6 +30,7 @@ from jax_exec.program.compiled import (
     kernels_of,
     traced_kernels,
 )
+from jax_exec.program.flat import Program, aval_bytes
 from jax_exec.program.kernels import (
     BlockFunctions,
     Layout,
@@ -42,7 +43,7 @@ from jax_exec.program.kernels import (
 from jax_exec.program.phases import LATE_PHASES, MAX_PHASES, PhasedBackward, phased_backward
 from jax_exec.program.placement import place, spread, value_shardings
 from jax_exec.program.problem import build_problem
-from jax_exec.program.trace import Program, Traced, aval_bytes, trace
+from jax_exec.program.trace import Traced, trace
 from schedir import Platform
 from schedir.blocks.problem import BlockChain
 

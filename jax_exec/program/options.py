@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from jax_exec.program.flat import Lit
 from jax_exec.program.kernels import FUSED, SaveOption
-from jax_exec.program.trace import Lit
 from solvers.blocks.options import OptionGraph, pareto_save_sets, read_values, recompute_set
 
 MAX_PARETO = 4

@@ -39,7 +39,8 @@ import jax
 import numpy as np
 
 from jax_exec.program.blocks import eqn_has_anchor
-from jax_exec.program.trace import CHECKPOINTS, Eqn, FlatJaxpr, Lit, aval_bytes, evaluate, flatten
+from jax_exec.program.flat import Eqn, FlatJaxpr, Lit, aval_bytes, evaluate
+from jax_exec.program.flatten import CHECKPOINTS, flatten
 
 MAX_PHASES = 2  # more phases compile more kernels for no measured gain on the examples
 # A host-memory variant's backward (planned with a host link only) is cut into up to

@@ -10,7 +10,7 @@ inputs where they live and their program outputs placed there (:func:`out_shardi
 :func:`phase_source`); what only a kernel makes (saved residuals, a backward's
 intermediates) takes the sharding its compiled kernel gives it, cotangents their
 primal's, parameters' gradients the plain step's. A value's bytes on one device are
-its largest shard's (:func:`jax_exec.program.trace.aval_bytes`); the op-by-op runtime
+its largest shard's (:func:`jax_exec.program.flat.aval_bytes`); the op-by-op runtime
 measures the shards on each device (:func:`device_bytes`).
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import jax
 
-from jax_exec.program.trace import Program, aval_bytes, evaluate, read
+from jax_exec.program.flat import Program, aval_bytes, evaluate, read
 
 
 def spread(tree: Any) -> list:

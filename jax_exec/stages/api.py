@@ -26,7 +26,7 @@ from jax_exec.execute.result import RunResult
 from jax_exec.execute.tree import parse_tree, split_copies
 from jax_exec.profile import check_timing
 from jax_exec.program.analysis import CostModel
-from jax_exec.program.trace import aval_bytes
+from jax_exec.program.flat import aval_bytes
 from jax_exec.stages.program import StageStep, stage_step
 from jax_exec.stages.split import LayerWatch, StageList, split_layers
 from schedir import Chain, OffloadSchedule, Schedule
