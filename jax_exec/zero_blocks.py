@@ -77,7 +77,7 @@ def collective(fns: BlockFunctions, axes: tuple, sharded: bool, devices: int) ->
         d_p, d_x = fns.backward(full(p), g, x, outs, results, new, d_outs, d_through)
         return tuple(reduce(d, a) for d, a in zip(d_p, axes, strict=True)), d_x
 
-    return BlockFunctions(forward, record, backward, fns.recipe, fns.layout)
+    return BlockFunctions(forward, record, backward, fns.recipe, fns.layout, fns.recomputes)
 
 
 class CollectiveBlocks:

@@ -177,7 +177,7 @@ def compressed(fns: BlockFunctions, storage: str) -> BlockFunctions:
         return fns.backward(p, g, x, outs, results, residuals, d_outs, d_through)
 
     recipe = Recipe(fns.recipe.treedef, fns.recipe.sources, codec.stored, fns.recipe.consts)
-    return BlockFunctions(fns.forward, record, backward, recipe, fns.layout)
+    return BlockFunctions(fns.forward, record, backward, recipe, fns.layout, fns.recomputes)
 
 
 def compressed_node(fns: NodeFunctions, storage: str) -> NodeFunctions:

@@ -10,6 +10,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jax_exec.execute.barriers import behind_barrier
 from jax_exec.execute.loops import (
     ScanRun,
     boundary,
@@ -208,6 +209,8 @@ def looped(model: BlockModel, run: ScanRun, options: tuple) -> Callable:
                     if a
                 )
                 new = tuple(_at(a, i) for a in news[r])
+                if fns[r].recomputes:  # (as lowering.recorded's backward)
+                    p, g, x, outs, new = behind_barrier((p, g, x, outs, new))
                 n_act = sum(lay.act_in)
                 d_p, d_x = fns[r].backward(p, g, x, outs, (), new, d_outs, (None,) * n_act)
                 it = iter(d_x)

@@ -9,7 +9,9 @@ The schedule's tree (:func:`jax_exec.execute.tree.parse_tree`) is lowered like a
   ``jax.checkpoint(policy=save_only_these_names(S))``, or plain autodiff) and whose
   residuals are exactly the chain model's: the block's inputs, its outputs and the new
   residuals of the option; the backward rebuilds the vjp closure and applies it, so
-  the gradients are JAX's own and only what the option did not save is recomputed;
+  the gradients are JAX's own and only what the option did not save is recomputed
+  (from its residuals behind an optimization barrier, none on CPU:
+  :mod:`jax_exec.execute.barriers`);
 - a **Segment** (``F_ck(i) F_n(i+1..j-1)``) runs blocks i..j-1 as a ``custom_vjp``
   (:mod:`jax_exec.execute.segments`) that saves only its input and whose backward
   recomputes the segment with the subtree's structure inside, behind an optimization
@@ -40,6 +42,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jax_exec.execute.barriers import behind_barrier
 from jax_exec.execute.loop_vjp import (
     after_loop,
     loop_operands,
@@ -140,6 +143,8 @@ def recorded(
         if offload_out:
             outs, new = _to(device, (outs, new))
         new = tuple(_to(device, r) if i in on_host else r for i, r in enumerate(new))
+        if fns.recomputes:  # what the option did not save is recomputed from these
+            p, g, x, outs, kept, new = behind_barrier((p, g, x, outs, kept, new))
         d_outs = tuple(d for d, a in zip(cts[0], lay.act_out, strict=True) if a)
         n_act = sum(lay.act_in)
         d_p, d_act = fns.backward(p, g, inputs(x), outs, kept, new, d_outs, (None,) * n_act)

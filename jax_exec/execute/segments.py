@@ -14,7 +14,7 @@ loop body is compiled once, whatever its trip count), and saves what
 stacked slice ranges its blocks read); its backward is ``jax.vjp`` of the subtree's
 structure from that input (behind an optimization barrier, as
 ``jax.checkpoint(prevent_cse=True)``: XLA must not merge the recomputation with the
-first forward; on CPU none, :func:`_barrier`), so the gradients are those of the
+first forward; on CPU none, :mod:`jax_exec.execute.barriers`), so the gradients are those of the
 checkpointed structure. A Segment without repeated stretches is one too, its first
 forward the blocks' forwards in turn (saving :func:`blocks_globals`).
 """
@@ -27,6 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jax_exec.execute.barriers import behind_barrier
 from jax_exec.execute.loop_vjp import (
     after_loop,
     loop_operands,
@@ -79,21 +80,6 @@ def forward_only(model: BlockModel, options: tuple, start: int, stop: int, runs:
         return state, results
 
     return f
-
-
-def _as_is(saved: tuple) -> tuple:
-    return saved
-
-
-def _barrier(saved: tuple) -> tuple:
-    """The recomputation's inputs behind an optimization barrier, as
-    ``jax.checkpoint(prevent_cse=True)`` puts them: XLA must not merge the recomputation
-    with the first forward. Not on CPU, whose XLA does not schedule for memory (the
-    planned step's temporaries there are the plain step's, docs/auto.md "Calibration
-    against XLA"): there the barriers only kept recomputations that save no memory and
-    slowed XLA's compile (the decoder LM at its least budget: 1.52 -> 1.35x the plain
-    step's compile; BERT 1.73 -> 1.43x)."""
-    return jax.lax.optimization_barrier(saved)
 
 
 def blocks_globals(model: BlockModel, start: int, stop: int) -> tuple[int, ...]:
@@ -187,7 +173,7 @@ def segment(
 
     @jax.jit  # a fresh name stack: nested, each level's would hold its callers' twice
     def f_bwd(saved: tuple, cts: tuple) -> tuple:
-        saved = jax.lax.platform_dependent(saved, cpu=_as_is, default=_barrier)
+        saved = behind_barrier(saved)
         _, vjp = jax.vjp(recomputed, *saved)
         return vjp(cts)
 

@@ -242,13 +242,18 @@ class Recipe:
 
 @dataclass(frozen=True)
 class BlockFunctions:
-    """Traceable functions of one block and save option (module docstring)."""
+    """Traceable functions of one block and save option (module docstring).
+    ``recomputes``: the option is a policy (``jax.checkpoint``), whose backward
+    recomputes from the pieces it is given what the option did not save: the compiled
+    path puts those pieces behind an optimization barrier
+    (:func:`jax_exec.execute.barriers.behind_barrier`)."""
 
     forward: Callable
     record: Callable
     backward: Callable
     recipe: Recipe
     layout: Layout
+    recomputes: bool
 
 
 def as_planned(x: tuple) -> tuple:
@@ -318,7 +323,10 @@ def block_functions(
     found: dict[str, Any] = {}
     if policy is not None:
         body = body or checkpointed_body(program, block, lay)
-        checkpointed = jax.checkpoint(body, policy=policy, prevent_cse=True)
+        # No barrier of JAX's (prevent_cse): the compiled path puts its own over what the
+        # backward reads, on every platform but CPU (jax_exec.execute.barriers); the
+        # op-by-op backward runs in kernels of its own, the checkpoint inlined (phases).
+        checkpointed = jax.checkpoint(body, policy=policy, prevent_cse=False)
 
     def forward(p: tuple, g: tuple, x: tuple) -> tuple:
         return fn(p, g, as_planned(x))
@@ -378,7 +386,7 @@ def block_functions(
         d_x = tuple(d if t is None else d + t for d, t in zip(d_x, d_through, strict=True))
         return d_p, d_x
 
-    return BlockFunctions(forward, record, backward, recipe, lay)
+    return BlockFunctions(forward, record, backward, recipe, lay, policy is not None)
 
 
 def loss_function(program: Program, block: Block, lay: Layout) -> Callable:
