@@ -181,8 +181,8 @@ def whiles(fn, params, rest, args) -> int:
     return step.lower(params, rest, args).as_text().count("stablehlo.while")
 
 
-def segments(q) -> list:
-    """The Segments of the schedule's tree, at every level."""
+def tree_nodes(q) -> list:
+    """The Segments and Records of the schedule's tree, at every level."""
     found, todo = [], [parse_tree(q.schedule.ops, q.model.length)]
     while todo:
         node = todo.pop()
@@ -190,8 +190,14 @@ def segments(q) -> list:
             found.append(node)
             todo += [node.inside, node.after]
         elif isinstance(node, Record):
+            found.append(node)
             todo.append(node.rest)
     return found
+
+
+def segments(q) -> list:
+    """The Segments of the schedule's tree, at every level."""
+    return [node for node in tree_nodes(q) if isinstance(node, Segment)]
 
 
 def segment_loops(q) -> int:
@@ -420,15 +426,11 @@ def recomputing_records(q) -> int:
     """The Records of the schedule's tree, at every level, whose option recomputes (a
     policy: ``BlockFunctions.recomputes``)."""
     options = schedule_options(q.model.problem, q.schedule)
-    found, todo = 0, [parse_tree(q.schedule.ops, q.model.length)]
-    while todo:
-        node = todo.pop()
-        if isinstance(node, Segment):
-            todo += [node.inside, node.after]
-        elif isinstance(node, Record):
-            found += q.model.functions(node.index, options[node.index]).recomputes
-            todo.append(node.rest)
-    return found
+    return sum(
+        q.model.functions(node.index, options[node.index]).recomputes
+        for node in tree_nodes(q)
+        if isinstance(node, Record)
+    )
 
 
 def test_recomputations_are_behind_barriers_except_on_cpu():
