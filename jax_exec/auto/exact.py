@@ -69,8 +69,9 @@ def solve(
             return solve_on(bm, whole)  # pragma: no cover - the MILP's row is exact
         if solver != ("blocks", "block_rotor") or not has_host_link(platform):
             return solve_on(bm, whole)
-        try:  # (the MILP runs once, with the variants: it may leave them all out)
-            without, infeasible = solve_on(bm, 0), None
+        try:  # the plan without a host link, the MILP's fallback included (with
+            # whole=0 here, the MILP on the variants could end slower than it)
+            without, infeasible = solve_on(bm, whole), None
         except solvers.Infeasible as err:
             without, infeasible = None, err
         try:

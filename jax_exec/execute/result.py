@@ -28,7 +28,8 @@ class RunResult:
             sum of the gradients of its uses), or a dict ``module name -> nnx.State``
             for a DAG model; None for inference. A pipeline run over several processes
             gives None for the layers another process ran.
-        new_state: a traced model's state (non-parameter variables) after the step
+        new_state: a traced model's state (non-parameter variables, and the parameters
+            ``loss_fn`` wrote: ``nnx.WeightNorm``'s kernel) after the step
             (``nnx.update(model, result.new_state)`` applies it), else None.
         node_states: a traced model's run: the state after the step of each Flax graph
             node among the call's arguments (an ``nnx.Rngs``, a teacher module), in

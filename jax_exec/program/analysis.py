@@ -264,10 +264,14 @@ def _canonical(value: Any) -> Any:
     return value
 
 
-def active_values(program: Program, eqn_infos_diff: dict | None = None) -> set[int]:
-    """Value ids that depend on a floating-point parameter through differentiable ops,
-    and the initial carries of unrolled scans whose later carries in the same position
-    do (:func:`_scan_carries`)."""
+def active_values(program: Program) -> set[int]:
+    """Value ids that depend on a floating-point parameter through differentiable ops
+    and that the loss depends on through differentiable ops (:func:`_useful`: a value
+    only a ``stop_gradient``, the aux outputs or the new state read gets no cotangent:
+    plain autodiff does not differentiate it either), and the initial carries of
+    unrolled scans whose later carries in the same position are active
+    (:func:`_scan_carries`)."""
+    useful = _useful(program)
     active = set(program.param_like)
     while True:
         for eqn in program.eqns:
@@ -279,8 +283,41 @@ def active_values(program: Program, eqn_infos_diff: dict | None = None) -> set[i
                         active.add(vid)
         carries = _scan_carries(program, active)
         if carries <= active:
-            return active
+            return {v for v in active if v in useful}
         active |= carries
+
+
+def _useful(program: Program) -> set[int]:
+    """Value ids the loss depends on through differentiable ops (inexact values, no
+    ``stop_gradient`` on the way): those a cotangent can reach. An unrolled scan's
+    carries in one position are useful together where one of them is (its final carry
+    unread, say), so that its iterations stay alike for the compiled path's loops; a
+    stacked global is where one of its slices is."""
+    useful = {program.loss}
+    positions = [
+        [
+            [c[j] for c in scan.carries if not isinstance(c[j], Lit)]
+            for j in range(len(scan.carries[0]))
+        ]
+        for scan in program.scans
+    ]
+    while True:
+        before = len(useful)
+        for eqn in reversed(program.eqns):
+            if eqn.name == "stop_gradient" or not any(v in useful for v in eqn.outs):
+                continue
+            useful.update(
+                r for r in eqn.ins
+                if not isinstance(r, Lit)
+                and jax.numpy.issubdtype(program.avals[r].dtype, jax.numpy.inexact)
+            )  # fmt: skip
+        for scan in positions:
+            for values in scan:
+                if any(v in useful for v in values):
+                    useful.update(values)
+        useful.update(src for vid, (src, _) in program.derived.items() if vid in useful)
+        if len(useful) == before:
+            return useful
 
 
 def _scan_carries(program: Program, active: set[int]) -> set[int]:
@@ -310,8 +347,10 @@ def analyze(program: Program, eqn: Eqn, active: set[int], model: CostModel) -> E
     cat = category(eqn)
     in_avals = _in_avals(program, eqn)
     out_avals = [program.avals[v] for v in eqn.outs]
+    needed = any(v in active for v in eqn.outs)  # else no cotangent reaches it
     diff = tuple(
-        (not isinstance(r, Lit))
+        needed
+        and (not isinstance(r, Lit))
         and r in active
         and jax.numpy.issubdtype(program.avals[r].dtype, jax.numpy.inexact)
         for r in eqn.ins
