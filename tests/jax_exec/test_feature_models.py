@@ -1,7 +1,8 @@
 """The drop-in on models that each use features the zoo does not (tests/feature_models.py:
 top-k routing, FFTs, codebooks, associative scans, bfloat16, loops and conds, masked
 attention, custom variables, two towers, shared encoders, vmapped ensembles, linear
-algebra, shifted windows). Per model: ``jax_exec.value_and_grad`` eagerly, under
+algebra, shifted windows; tests/feature_models_loops.py: dilated causal
+convolutions, CTC, a scanned stack with dropout, a while_loop fixed point). Per model: ``jax_exec.value_and_grad`` eagerly, under
 ``nnx.jit`` and with ``has_aux`` at max(65%, least) of store-all, and ``plan`` at the
 least budget and that budget on both paths (op by op: measured peak = predicted <=
 budget): loss, gradients, state and metrics equal plain ``nnx.value_and_grad``'s
