@@ -1,15 +1,16 @@
 """The drop-in on models that each use features the zoo does not (tests/feature_models.py:
 top-k routing, FFTs, codebooks, associative scans, bfloat16, loops and conds, masked
 attention, custom variables, two towers, shared encoders, vmapped ensembles, linear
-algebra, shifted windows; tests/feature_models_loops.py: dilated causal
-convolutions, CTC, a scanned stack with dropout, a while_loop fixed point). Per model: ``jax_exec.value_and_grad`` eagerly, under
-``nnx.jit`` and with ``has_aux`` at max(65%, least) of store-all, and ``plan`` at the
-least budget and that budget on both paths (op by op: measured peak = predicted <=
-budget): loss, gradients, state and metrics equal plain ``nnx.value_and_grad``'s
-(tests/plain_reference.py, the float64 arbiter for ill-conditioned steps). Each found
-nothing wrong when written except the FFT model (complex residuals; its fix has a
-default-run test in test_dropin_regressions.py); they are here under ``-m slow`` so
-that they stay so (about 5 to 30 s each)."""
+algebra, shifted windows; tests/feature_models_loops.py: dilated causal convolutions,
+CTC, a scanned stack with dropout, a while_loop fixed point). Per model:
+``jax_exec.value_and_grad`` eagerly, under ``nnx.jit`` and with ``has_aux`` at
+max(65%, least) of store-all, and ``plan`` at the least budget and that budget on both
+paths (op by op: measured peak = predicted <= budget): loss, gradients, state and
+metrics equal plain ``nnx.value_and_grad``'s (tests/plain_reference.py, the float64
+arbiter for ill-conditioned steps). Each found nothing wrong when written except the
+FFT model (complex residuals) and the fixed point (refused: a loop no gradient
+reaches); their fixes have default-run tests in test_dropin_regressions.py. They are
+here under ``-m slow`` so that they stay so (about 5 to 30 s each)."""
 
 from __future__ import annotations
 
