@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import zoo
+from feature_models_loops import fixed_point
 from flax import nnx
 from plain_reference import assert_matches, model_state, plain
 from xla_env import device_flags
@@ -422,39 +423,21 @@ def test_losses_that_do_not_depend_on_the_parameters(loss_fn):
 # every value that depends on a parameter as differentiated and refused it ("JAX cannot
 # differentiate it"). A value is active now only where the loss also depends on it
 # through differentiable ops (jax_exec.program.analysis.active_values).
-class FixedPoint(nnx.Module):
-    def __init__(self, rngs):
-        self.inp = nnx.Linear(16, 16, rngs=rngs)
-        self.w = nnx.Linear(16, 16, rngs=rngs)
-        self.out = nnx.Linear(16, 16, rngs=rngs)
-
-    def __call__(self, x):
-        u = self.inp(x)
-        f = lambda z: jnp.tanh(0.5 * self.w(z) + u)  # noqa: E731
-
-        def unsettled(carry):
-            z, i = carry
-            return (i < 30) & (jnp.max(jnp.abs(f(z) - z)) > 1e-5)
-
-        z, _ = jax.lax.while_loop(unsettled, lambda c: (f(c[0]), c[1] + 1), (0.0 * u, 0))
-        return self.out(f(jax.lax.stop_gradient(z)))
-
-
 def test_a_loop_no_gradient_reaches_plans():
-    factory = lambda: FixedPoint(nnx.Rngs(0))  # noqa: E731
-    reference = plain(factory, mse, (X, Y))
+    case = fixed_point()  # tests/feature_models_loops.py
+    reference = plain(case.factory, case.loss_fn, case.args)
     for jit in (False, True):
-        vg = jax_exec.value_and_grad(mse, budget="100%")
-        model = factory()
-        got = (nnx.jit(vg) if jit else vg)(model, X, Y)
+        vg = jax_exec.value_and_grad(case.loss_fn, budget="100%")
+        model = case.factory()
+        got = (nnx.jit(vg) if jit else vg)(model, *case.args)
         assert_matches(*got, model_state(model), reference, f"jit={jit}")
     top = vg.plan
     for budget in (top.least_budget(), top.budget):
         p = top.replan(budget)
-        result = p.run(factory(), X, Y)
+        result = p.run(case.factory(), *case.args)
         assert result.peak_bytes == p.schedule.meta["peak_memory"] <= budget
         assert_matches(result.loss, result.grads, None, reference, f"{budget} B, op by op")
-        assert_matches(*compiled(p, factory, (X, Y)), reference, f"{budget} B, compiled")
+        assert_matches(*compiled(p, case.factory, case.args), reference, f"{budget} B, compiled")
 
 
 def _sharded_child() -> None:
