@@ -185,9 +185,14 @@ def pure_function(
         out = loss_fn(model, *args)
         if has_aux:
             if not (isinstance(out, tuple) and len(out) == 2):
-                raise TypeError(
-                    f"has_aux=True: loss_fn must return (loss, aux), got {type(out).__name__}"
-                )
+                got = (
+                    f"an array of shape {out.shape}"
+                    if isinstance(out, jax.Array)
+                    else f"a {type(out).__name__}"
+                    if not isinstance(out, tuple)
+                    else f"a tuple of {len(out)}"
+                )  # (under tracing, the loss alone is a tracer: say what it is)
+                raise TypeError(f"has_aux=True: loss_fn must return (loss, aux), got {got}")
             loss, aux = out
         else:
             loss, aux = out, None

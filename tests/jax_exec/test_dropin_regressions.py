@@ -6,6 +6,7 @@ failed before its fix; each compares with plain ``nnx.value_and_grad``
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -228,6 +229,19 @@ def test_aux_holding_the_loss():
     assert_matches(loss, grads, model_state(model), reference, "aux", aux)
     result = vg.plan.run(factory(), X, Y)
     assert float(result.aux["loss"]) == float(result.loss)
+
+
+# has_aux=True and a loss_fn that returns something else: the error says what it was
+# (it said DynamicJaxprTracer for the loss alone).
+@pytest.mark.parametrize(
+    "loss_fn, got",
+    [(mse, "an array of shape ()"), (lambda m, x, y: (mse(m, x, y), {}, 1), "a tuple of 3")],
+    ids=["the loss alone", "three values"],
+)
+def test_has_aux_without_a_pair_says_what_came_back(loss_fn, got):
+    step = jax_exec.value_and_grad(loss_fn, budget="100%", has_aux=True)
+    with pytest.raises(TypeError, match=f"must return \\(loss, aux\\), got {re.escape(got)}(\\n|$)"):
+        step(MLP(nnx.Rngs(0)), X, Y)
 
 
 # [6] A configuration held as an (unhashable) dataclass, and a list attribute.
