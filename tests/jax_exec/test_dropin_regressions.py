@@ -240,7 +240,9 @@ def test_aux_holding_the_loss():
 )
 def test_has_aux_without_a_pair_says_what_came_back(loss_fn, got):
     step = jax_exec.value_and_grad(loss_fn, budget="100%", has_aux=True)
-    with pytest.raises(TypeError, match=f"must return \\(loss, aux\\), got {re.escape(got)}(\\n|$)"):
+    with pytest.raises(
+        TypeError, match=f"must return \\(loss, aux\\), got {re.escape(got)}(\\n|$)"
+    ):
         step(MLP(nnx.Rngs(0)), X, Y)
 
 
