@@ -28,9 +28,9 @@ user of the drop-in would bring them: ``CASES`` maps a name to a ``make() -> zoo
 - ``flow``: ``slogdet``, ``cholesky`` and ``cho_solve``, ``solve``, ``cumprod``,
   ``logsumexp``;
 - ``swin``: shifted windows (``jnp.roll``), window partitions, a relative position bias
-  gathered from a table, label smoothing, a config dataclass held by the module;
-- tests/feature_models_loops.py's: dilated causal convolutions, ``optax.ctc_loss``, an
-  ``nnx.scan`` stack with dropout, a ``while_loop`` fixed point without gradient.
+  gathered from a table, label smoothing, a config dataclass held by the module.
+
+tests/feature_models_loops.py holds more (``LOOP_CASES``), made with these helpers.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from feature_models_loops import LOOP_CASES
 from flax import nnx
 from zoo import Case
 
@@ -547,5 +546,4 @@ CASES: dict[str, Callable[[], Case]] = {
     "key_dropout": key_dropout,
     "flow": flow,
     "swin": swin,
-    **LOOP_CASES,  # tests/feature_models_loops.py
 }

@@ -1,5 +1,5 @@
-"""More feature models (tests/feature_models.py, whose ``CASES`` holds these too), on
-sequences and loops, written at stop 50 as a new user would:
+"""More feature models (besides tests/feature_models.py's; test_feature_models.py runs
+both, with its helpers), on sequences and loops, written at stop 50 as a new user would:
 
 - ``wavenet``: dilated causal convolutions (``padding="CAUSAL"``), gated activations,
   grouped 1x1 convolutions, skip sums;
@@ -19,20 +19,9 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import optax
+from feature_models import _case, _key, _metrics
 from flax import nnx
 from zoo import Case
-
-
-def _case(name, factory, loss_fn, args, notes) -> Case:
-    def aux_loss_fn(*a):
-        loss = loss_fn(*a)
-        return loss, {"loss": loss}
-
-    return Case(name, factory, loss_fn, aux_loss_fn, args, notes)
-
-
-def _key(i: int) -> jax.Array:
-    return jax.random.key(500 + i)
 
 
 def mse(model, x, y):
@@ -62,14 +51,14 @@ class WaveNet(nnx.Module):
 
 
 def wavenet() -> Case:
-    x = jax.random.normal(_key(1), (2, 16, 1))
-    y = jax.random.randint(_key(2), (2, 16), 0, 4)
+    x = jax.random.normal(_key(501), (2, 16, 1))
+    y = jax.random.randint(_key(502), (2, 16), 0, 4)
 
     def loss_fn(model, x, y):
         return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
 
     factory = lambda: WaveNet(rngs=nnx.Rngs(0))  # noqa: E731
-    return _case("wavenet", factory, loss_fn, (x, y), "dilated causal convolutions")
+    return _case("wavenet", factory, _metrics(loss_fn), (x, y), "dilated causal convolutions")
 
 
 class Frames(nnx.Module):
@@ -81,7 +70,7 @@ class Frames(nnx.Module):
 
 
 def ctc() -> Case:
-    x = jax.random.normal(_key(3), (2, 10, 6))
+    x = jax.random.normal(_key(503), (2, 10, 6))
     frame_pad = jnp.zeros((2, 10)).at[0, 8:].set(1.0)
     labels = jnp.array([[1, 2, 3, 0], [2, 2, 4, 1]])
     label_pad = jnp.array([[0, 0, 0, 1], [0, 0, 0, 0]], jnp.float32)
@@ -90,7 +79,9 @@ def ctc() -> Case:
         return optax.ctc_loss(model(x), frame_pad, labels, label_pad).mean()
 
     factory = lambda: Frames(rngs=nnx.Rngs(0))  # noqa: E731
-    return _case("ctc", factory, loss_fn, (x, frame_pad, labels, label_pad), "optax.ctc_loss")
+    return _case(
+        "ctc", factory, _metrics(loss_fn), (x, frame_pad, labels, label_pad), "optax.ctc_loss"
+    )
 
 
 class DropoutLayer(nnx.Module):
@@ -121,9 +112,9 @@ class ScannedDropout(nnx.Module):
 
 
 def scan_dropout() -> Case:
-    x, y = jax.random.normal(_key(4), (6, 16)), jax.random.normal(_key(5), (6, 2))
+    x, y = jax.random.normal(_key(504), (6, 16)), jax.random.normal(_key(505), (6, 2))
     factory = lambda: ScannedDropout(rngs=nnx.Rngs(0, dropout=1))  # noqa: E731
-    return _case("scan_dropout", factory, mse, (x, y), "nnx.scan stack with dropout")
+    return _case("scan_dropout", factory, _metrics(mse), (x, y), "nnx.scan stack with dropout")
 
 
 class FixedPoint(nnx.Module):
@@ -145,9 +136,9 @@ class FixedPoint(nnx.Module):
 
 
 def fixed_point() -> Case:
-    x, y = jax.random.normal(_key(6), (6, 5)), jax.random.normal(_key(7), (6, 2))
+    x, y = jax.random.normal(_key(506), (6, 5)), jax.random.normal(_key(507), (6, 2))
     factory = lambda: FixedPoint(rngs=nnx.Rngs(0))  # noqa: E731
-    return _case("fixed_point", factory, mse, (x, y), "while_loop without gradient")
+    return _case("fixed_point", factory, _metrics(mse), (x, y), "while_loop without gradient")
 
 
 LOOP_CASES: dict[str, Callable[[], Case]] = {

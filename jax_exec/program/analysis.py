@@ -264,6 +264,11 @@ def _canonical(value: Any) -> Any:
     return value
 
 
+def _inexact(program: Program, vid: int) -> bool:
+    """Whether value ``vid`` is floating point or complex (what can carry a gradient)."""
+    return bool(jax.numpy.issubdtype(program.avals[vid].dtype, jax.numpy.inexact))
+
+
 def active_values(program: Program) -> set[int]:
     """Value ids that depend on a floating-point parameter through differentiable ops
     and that the loss depends on through differentiable ops (:func:`_useful`: a value
@@ -279,7 +284,7 @@ def active_values(program: Program) -> set[int]:
                 continue
             if any(not isinstance(r, Lit) and r in active for r in eqn.ins):
                 for vid in eqn.outs:
-                    if jax.numpy.issubdtype(program.avals[vid].dtype, jax.numpy.inexact):
+                    if _inexact(program, vid):
                         active.add(vid)
         carries = _scan_carries(program, active)
         if carries <= active:
@@ -309,7 +314,7 @@ def _useful(program: Program) -> set[int]:
             useful.update(
                 r for r in eqn.ins
                 if not isinstance(r, Lit)
-                and jax.numpy.issubdtype(program.avals[r].dtype, jax.numpy.inexact)
+                and _inexact(program, r)
             )  # fmt: skip
         for scan in positions:
             for values in scan:
@@ -331,7 +336,7 @@ def _scan_carries(program: Program, active: set[int]) -> set[int]:
             if (
                 not isinstance(first, Lit)
                 and first not in active
-                and jax.numpy.issubdtype(program.avals[first].dtype, jax.numpy.inexact)
+                and _inexact(program, first)
                 and any(c[j] in active for c in scan.carries[1:] if not isinstance(c[j], Lit))
             ):
                 found.add(first)
@@ -349,10 +354,7 @@ def analyze(program: Program, eqn: Eqn, active: set[int], model: CostModel) -> E
     out_avals = [program.avals[v] for v in eqn.outs]
     needed = any(v in active for v in eqn.outs)  # else no cotangent reaches it
     diff = tuple(
-        needed
-        and (not isinstance(r, Lit))
-        and r in active
-        and jax.numpy.issubdtype(program.avals[r].dtype, jax.numpy.inexact)
+        needed and (not isinstance(r, Lit)) and r in active and _inexact(program, r)
         for r in eqn.ins
     )
     lits = tuple(

@@ -15,11 +15,14 @@ here under ``-m slow`` so that they stay so (about 5 to 30 s each)."""
 from __future__ import annotations
 
 import pytest
-from feature_models import CASES
+from feature_models import CASES as FEATURE_CASES
+from feature_models_loops import LOOP_CASES
 from flax import nnx
 from plain_reference import assert_matches, check_plan, float64_reference, model_state, plain
 
 import jax_exec
+
+CASES = {**FEATURE_CASES, **LOOP_CASES}
 
 
 @pytest.mark.slow
