@@ -27,17 +27,19 @@ from __future__ import annotations
 from typing import Any
 
 from jax_exec.program.flat import Lit
-from jax_exec.program.kernels import FUSED, SaveOption
+from jax_exec.program.kernels import FUSED, SaveOption, chooses
 from solvers.blocks.options import OptionGraph, pareto_save_sets, read_values, recompute_set
 
 MAX_PARETO = 4
 
 
 def _free(model: Any, k: int) -> set[int]:
-    """Values block k's recording never keeps as its own residuals: its inputs and
-    outputs, and the program's inputs."""
-    lay = model.layouts[k]
-    return set(lay.outs) | set(lay.ins) | set(model.program.input_ids)
+    """Values block k's backward has without recomputing them: its inputs and outputs
+    (but a differentiated maximum or minimum, which no option saves:
+    :func:`~jax_exec.program.kernels.chooses`), and the program's inputs."""
+    lay, program = model.layouts[k], model.program
+    chosen = {v for v in lay.outs if v in lay.local and chooses(program, model.analysis, v)}
+    return (set(lay.outs) - chosen) | set(lay.ins) | set(program.input_ids)
 
 
 def option_graph(model: Any, k: int) -> tuple[OptionGraph, list]:
@@ -271,8 +273,8 @@ def _fused_saved(model: Any, k: int) -> frozenset[int]:
     graph, _ = option_graph(model, k)
     eqns = program.eqns[block.start : block.stop]
 
-    def fused(n: int) -> bool:
-        return eqns[n].name in FUSED
+    def fused(n: int) -> bool:  # recomputed (so is a differentiated maximum: chooses)
+        return eqns[n].name in FUSED or any(chooses(program, analysis, v) for v in eqns[n].outs)
 
     kept: set[int] = set()
     todo = [r for refs in graph.needs for r in refs]

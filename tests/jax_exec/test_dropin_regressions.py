@@ -678,3 +678,60 @@ def test_a_weakly_typed_value_crossing_a_cut():
             want = plain(factory, warmed, (X, Y, step))
             assert_matches(loss, grads, model_state(model), want, f"step {step}")
     assert len(vg.plans) == 1
+
+
+# Found at stop 51 by the random models (seed 3620, op by op at every budget): JAX's JVP
+# of max, min, reduce_max and reduce_min compares the operand with the result. An option
+# that saved the result (xla_fused keeps reductions; every policy kept a block's outputs)
+# while the backward recomputed the operand, in another kernel that rounded it otherwise,
+# found no maximum: NaN gradients. No option saves a chooser's result now
+# (jax_exec.program.kernels.CHOOSERS); recomputed from the operand the backward holds, the
+# maximum matches it bit for bit. Checked with inputs the recording did not see (a
+# recomputation that rounds otherwise): every option's backward stays the gradient.
+class Choosers(nnx.Module):
+    def __init__(self, rngs):
+        self.a = nnx.Linear(8, 16, rngs=rngs)
+        self.b = nnx.Linear(16, 8, rngs=rngs)
+
+    def __call__(self, x):
+        h = jnp.tanh(self.a(x)) + jax.nn.sigmoid(x).sum(-1, keepdims=True)
+        h = h - jnp.max(h, axis=-1, keepdims=True)  # reduce_max
+        h = jnp.minimum(jnp.maximum(h, -0.5), -0.01)  # max and min
+        return self.b(h), jnp.min(h, axis=0)  # reduce_min: a block output
+
+
+def chosen(model, x):
+    y, low = model(x)
+    return jnp.mean(y**2) + jnp.sum(low**2)
+
+
+def test_no_backward_compares_a_recomputed_operand_with_a_saved_maximum():
+    from jax_exec.program.model import global_values
+
+    model, x = Choosers(nnx.Rngs(0)), jax.random.normal(jax.random.key(0), (6, 8))
+    bm = jax_exec.plan(chosen, model, x, budget="100%", max_anchors=1).model
+    _, params, rest = nnx.split(model, nnx.Param, ...)
+    values = global_values(bm, params, rest, (x,))
+    seen = set()
+
+    def perturbed(vs):  # as a recomputation that rounds otherwise would give them
+        return tuple(v * (1 + 1e-6) if jnp.issubdtype(v.dtype, jnp.floating) else v for v in vs)
+
+    for k in range(bm.length):  # the blocks but the loss stage's
+        block, lay = bm.blocks.blocks[k], bm.layouts[k]
+        seen |= {bm.program.eqns[i].name for i in range(block.start, block.stop)}
+        p, g, xs = (tuple(values[v] for v in vids) for vids in (lay.params, lay.others, lay.ins))
+        for o, option in enumerate(bm.options[k]):
+            fns = bm.functions(k, o)
+            outs, res, new = jax.jit(fns.record)(p, g, xs)
+            d_outs = tuple(jnp.ones_like(v) for v, a in zip(outs, lay.act_out, strict=True) if a)
+            through = (None,) * sum(lay.act_in)
+            backward = jax.jit(fns.backward)
+            want = backward(p, g, xs, outs, res, new, d_outs, through)
+            got = backward(p, perturbed(g), perturbed(xs), outs, res, new, d_outs, through)
+            for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+                what = f"block {k}, {option.label}"
+                assert np.all(np.isfinite(a)), what
+                np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5, err_msg=what)
+        values.update(zip(lay.outs, outs, strict=True))
+    assert {"max", "min", "reduce_max", "reduce_min"} <= seen

@@ -2,7 +2,9 @@
 top-k routing, FFTs, codebooks, associative scans, bfloat16, loops and conds, masked
 attention, custom variables, two towers, shared encoders, vmapped ensembles, linear
 algebra, shifted windows; tests/feature_models_loops.py: dilated causal convolutions,
-CTC, a scanned stack with dropout, a while_loop fixed point). Per model:
+CTC, a scanned stack with dropout, a while_loop fixed point; tests/feature_models_losses.py:
+derivatives in the loss (a PINN, a gradient penalty), sampling in the loss from a key
+argument, map_coordinates). Per model:
 ``jax_exec.value_and_grad`` eagerly, under ``nnx.jit`` and with ``has_aux`` at
 max(65%, least) of store-all, and ``plan`` at the least budget and that budget on both
 paths (op by op: measured peak = predicted <= budget): loss, gradients, state and
@@ -17,12 +19,13 @@ from __future__ import annotations
 import pytest
 from feature_models import CASES as FEATURE_CASES
 from feature_models_loops import LOOP_CASES
+from feature_models_losses import LOSS_CASES
 from flax import nnx
 from plain_reference import assert_matches, check_plan, float64_reference, model_state, plain
 
 import jax_exec
 
-CASES = {**FEATURE_CASES, **LOOP_CASES}
+CASES = {**FEATURE_CASES, **LOOP_CASES, **LOSS_CASES}
 
 
 @pytest.mark.slow
