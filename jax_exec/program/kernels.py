@@ -42,26 +42,10 @@ from jax.ad_checkpoint import checkpoint_name
 from jax_exec.program.analysis import ELEMENTWISE, EXPENSIVE, LAYOUT, Analysis
 from jax_exec.program.blocks import Block
 from jax_exec.program.flat import Lit, Program, aval_bytes, strongly_typed
+from jax_exec.program.ties import SELECTORS, tied_values
 
 OPTION_KINDS = ("names", "everything", "dots", "fused")
 FUSED = (ELEMENTWISE - EXPENSIVE) | LAYOUT
-# Operations whose JVP compares the operand with the result (``max``/``min``:
-# ``_balanced_eq``; ``reduce_max``/``reduce_min``: ``_reduce_chooser_jvp_rule``). A
-# backward that read a saved result but recomputed the operand, in another kernel
-# whose fusion rounds it otherwise, would find no maximum: a zero or NaN gradient
-# (random model 3620: a ``jnp.max`` after a residual add, op by op). So no option saves
-# their differentiated results (:func:`chooses`): recomputed from the operand the
-# backward holds, a maximum matches it bit for bit (a max is exact). One under
-# ``stop_gradient`` (a softmax's shift) has no JVP and may be saved.
-CHOOSERS = frozenset({"max", "min", "reduce_max", "reduce_min"})
-
-
-def chooses(program: Program, analysis: Analysis, vid: int) -> bool:
-    """Whether value ``vid`` is the differentiated result of a :data:`CHOOSERS`
-    operation (no option saves it)."""
-    return vid in analysis.active and program.eqns[program.producer[vid]].name in CHOOSERS
-
-
 # A save option's host-memory variants (SaveOption.host) -> the suffix of their label
 HOST_VARIANTS = {"late": "+late", "all": "+host"}
 
@@ -114,8 +98,9 @@ class Layout:
         results: program outputs it makes.
         local: value id -> local key ``(equation offset, output index)``.
         named: local keys that get a checkpoint name (materialized values and outputs,
-            but no differentiated result of a :data:`CHOOSERS` operation: no policy can
-            save those).
+            but no tied value: no policy can save those).
+        tied: the block's values no option saves apart from their operand
+            (:mod:`jax_exec.program.ties`).
     """
 
     params: tuple[int, ...]
@@ -127,6 +112,7 @@ class Layout:
     results: tuple[int, ...]
     local: dict
     named: frozenset
+    tied: frozenset = frozenset()
 
 
 def layout(program: Program, analysis: Analysis, block: Block, is_loss: bool = False) -> Layout:
@@ -142,7 +128,8 @@ def layout(program: Program, analysis: Analysis, block: Block, is_loss: bool = F
         outs, results = (program.loss,), tuple(v for v in results if v != program.loss)
     named = {local[v] for v in local if v in analysis.materialized}
     named |= {local[v] for v in outs if v in local}
-    named -= {local[v] for v in local if chooses(program, analysis, v)}
+    tied = tied_values(program, analysis, set(local))
+    named -= {local[v] for v in tied}
     return Layout(
         params=tuple(g for g in block.globals_ if g in params),
         others=tuple(g for g in block.globals_ if g not in params),
@@ -153,6 +140,7 @@ def layout(program: Program, analysis: Analysis, block: Block, is_loss: bool = F
         results=results,
         local=local,
         named=frozenset(named),
+        tied=tied,
     )
 
 
@@ -160,12 +148,13 @@ def _fused_policy(prim, *_, **__) -> bool:
     """Save what XLA stores itself: every result except those of cheap elementwise and
     layout operations, which XLA's fusion recomputes inside their consumers (it
     duplicates cheap producers, not expensive ones: transcendentals, matmuls,
-    reductions), and no result of a :data:`CHOOSERS` operation."""
+    reductions). A :data:`SELECTORS` result is saved only by its name (the values that
+    are not tied, :mod:`jax_exec.program.ties`; inside a loop or a call, none)."""
     name = prim.name
     return name == "name" or name not in _UNSAVED
 
 
-_UNSAVED = FUSED | CHOOSERS
+_UNSAVED = FUSED | SELECTORS
 
 
 def _name(key: tuple[int, int]) -> str:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from jax_exec.program.flat import Lit
-from jax_exec.program.kernels import FUSED, SaveOption, chooses
+from jax_exec.program.kernels import FUSED, SaveOption
 from solvers.blocks.options import OptionGraph, pareto_save_sets, read_values, recompute_set
 
 MAX_PARETO = 4
@@ -35,18 +35,17 @@ MAX_PARETO = 4
 
 def _free(model: Any, k: int) -> set[int]:
     """Values block k's backward has without recomputing them: its inputs and outputs
-    (but a differentiated maximum or minimum, which no option saves:
-    :func:`~jax_exec.program.kernels.chooses`), and the program's inputs."""
-    lay, program = model.layouts[k], model.program
-    chosen = {v for v in lay.outs if v in lay.local and chooses(program, model.analysis, v)}
-    return (set(lay.outs) - chosen) | set(lay.ins) | set(program.input_ids)
+    (but tied ones, which no option saves: :mod:`jax_exec.program.ties`), and the
+    program's inputs."""
+    lay = model.layouts[k]
+    return (set(lay.outs) - lay.tied) | set(lay.ins) | set(model.program.input_ids)
 
 
 def option_graph(model: Any, k: int) -> tuple[OptionGraph, list]:
     """The block's :class:`~solvers.blocks.options.OptionGraph` and, per candidate value
     of the graph, its local key (equation offset, output index); cached per distinct
     block."""
-    return model.cached(("graph", model.blocks.blocks[k].key), lambda: _option_graph(model, k))
+    return model.cached(("graph", model.identity(k)), lambda: _option_graph(model, k))
 
 
 def _option_graph(model: Any, k: int) -> tuple[OptionGraph, list]:
@@ -158,7 +157,7 @@ def saved_candidates(model: Any, k: int, option: SaveOption) -> set[int]:
 def recompute_cost(model: Any, k: int, option: SaveOption) -> float:
     """Roofline seconds the block's backward spends recomputing under ``option`` (and
     encoding and decoding low-bit residuals, :mod:`jax_exec.auto.lowbit`)."""
-    key = ("recompute", model.blocks.blocks[k].key, option)
+    key = ("recompute", model.identity(k), option)
     codec = getattr(model, "codec_seconds", None)
     extra = (lambda: codec(k, option)) if codec else (lambda: 0.0)
     return model.cached(key, lambda: _recompute_cost(model, k, option) + extra())
@@ -177,7 +176,7 @@ def _recompute_cost(model: Any, k: int, option: SaveOption) -> float:
 def temp_estimate(model: Any, kind: str, k: int, option: SaveOption | None) -> int:
     """An estimate of a kernel's temporary bytes (cached per distinct block, see
     :func:`_temp_estimate`)."""
-    key = ("temp", kind, model.blocks.blocks[k].key, option)
+    key = ("temp", kind, model.identity(k), option)
     return model.cached(key, lambda: _temp_estimate(model, kind, k, option))
 
 
@@ -264,17 +263,17 @@ def fused_saved(model: Any, k: int) -> frozenset[int]:
     a value made by an operation XLA does not fuse is kept, one made by a fused
     (cheap elementwise or layout) operation is recomputed from its inputs; an
     unfused operation whose backward reads its own output keeps it."""
-    return model.cached(("fused", model.blocks.blocks[k].key), lambda: _fused_saved(model, k))
+    return model.cached(("fused", model.identity(k)), lambda: _fused_saved(model, k))
 
 
 def _fused_saved(model: Any, k: int) -> frozenset[int]:
     program, analysis, block = model.program, model.analysis, model.blocks.blocks[k]
-    free = _free(model, k)
+    lay, free = model.layouts[k], _free(model, k)
     graph, _ = option_graph(model, k)
     eqns = program.eqns[block.start : block.stop]
 
-    def fused(n: int) -> bool:  # recomputed (so is a differentiated maximum: chooses)
-        return eqns[n].name in FUSED or any(chooses(program, analysis, v) for v in eqns[n].outs)
+    def fused(n: int) -> bool:  # recomputed (so is a tied value)
+        return eqns[n].name in FUSED or not lay.tied.isdisjoint(eqns[n].outs)
 
     kept: set[int] = set()
     todo = [r for refs in graph.needs for r in refs]
@@ -297,7 +296,7 @@ def _fused_saved(model: Any, k: int) -> frozenset[int]:
 
 def saved_estimate(model: Any, k: int, option: SaveOption) -> int:
     """Cached per distinct block: see :func:`_saved_estimate`."""
-    key = ("saved", model.blocks.blocks[k].key, option)
+    key = ("saved", model.identity(k), option)
     return model.cached(key, lambda: _saved_estimate(model, k, option))
 
 

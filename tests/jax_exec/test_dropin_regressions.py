@@ -684,10 +684,12 @@ def test_a_weakly_typed_value_crossing_a_cut():
 # of max, min, reduce_max and reduce_min compares the operand with the result. An option
 # that saved the result (xla_fused keeps reductions; every policy kept a block's outputs)
 # while the backward recomputed the operand, in another kernel that rounded it otherwise,
-# found no maximum: NaN gradients. No option saves a chooser's result now
-# (jax_exec.program.kernels.CHOOSERS); recomputed from the operand the backward holds, the
-# maximum matches it bit for bit. Checked with inputs the recording did not see (a
-# recomputation that rounds otherwise): every option's backward stays the gradient.
+# found no maximum: NaN gradients. A model's own comparison of a top-k threshold or a
+# maximum with its operand broke alike (a mask other than the forward's). No option saves
+# such a tied value now (jax_exec.program.ties); recomputed from the operand the backward
+# holds, it matches it again. Checked with inputs the recording did not see (as a
+# recomputation that rounds otherwise gives them): every option's backward stays the
+# gradient (each case failed before).
 class Choosers(nnx.Module):
     def __init__(self, rngs):
         self.a = nnx.Linear(8, 16, rngs=rngs)
@@ -700,15 +702,33 @@ class Choosers(nnx.Module):
         return self.b(h), jnp.min(h, axis=0)  # reduce_min: a block output
 
 
+class Compared(nnx.Module):  # exact selections the model itself compares
+    def __init__(self, rngs):
+        self.a = nnx.Linear(8, 16, rngs=rngs)
+        self.b = nnx.Linear(16, 8, rngs=rngs)
+
+    def __call__(self, x):
+        h = jnp.tanh(self.a(x)) + jax.nn.sigmoid(x).sum(-1, keepdims=True)
+        kth = jax.lax.stop_gradient(jax.lax.top_k(h, 4)[0][:, -1:])  # top-k routing
+        top = jax.lax.stop_gradient(jnp.max(h, axis=0))
+        h = jnp.where(h >= kth, h, 0.0) + jnp.where(h == top, 1.0, 0.0) * h
+        segments = jax.ops.segment_max(h, jnp.array([0, 0, 1, 1, 2, 2]), num_segments=3)
+        return self.b(h), segments  # segment_max: scatter-max
+
+
 def chosen(model, x):
     y, low = model(x)
     return jnp.mean(y**2) + jnp.sum(low**2)
 
 
-def test_no_backward_compares_a_recomputed_operand_with_a_saved_maximum():
+@pytest.mark.parametrize(
+    "cls, used",
+    [(Choosers, {"max", "min", "reduce_max", "reduce_min"}), (Compared, {"top_k", "scatter-max"})],
+)
+def test_no_backward_compares_a_recomputed_operand_with_a_saved_maximum(cls, used):
     from jax_exec.program.model import global_values
 
-    model, x = Choosers(nnx.Rngs(0)), jax.random.normal(jax.random.key(0), (6, 8))
+    model, x = cls(nnx.Rngs(0)), jax.random.normal(jax.random.key(0), (6, 8))
     bm = jax_exec.plan(chosen, model, x, budget="100%", max_anchors=1).model
     _, params, rest = nnx.split(model, nnx.Param, ...)
     values = global_values(bm, params, rest, (x,))
@@ -734,4 +754,4 @@ def test_no_backward_compares_a_recomputed_operand_with_a_saved_maximum():
                 assert np.all(np.isfinite(a)), what
                 np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5, err_msg=what)
         values.update(zip(lay.outs, outs, strict=True))
-    assert {"max", "min", "reduce_max", "reduce_min"} <= seen
+    assert used <= seen
