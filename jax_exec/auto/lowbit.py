@@ -283,7 +283,7 @@ def _set_storages(model: LowBitModel, storages: tuple[str, ...]) -> None:
     by_key: dict = {}
     options = []
     for k in range(model.length):
-        key = model.blocks.blocks[k].key
+        key = model.identity(k)
         if key not in by_key:
             by_key[key] = _variants(model, k, storages)
         options.append(by_key[key])

@@ -85,7 +85,7 @@ def groups(bm: BlockModel) -> tuple[int, ...]:
              if info.starts[0] <= block.start < info.starts[-1]),
             None,
         )  # fmt: skip
-        key = ("scan", scan, block.key) if scan is not None else ("block", k)
+        key = ("scan", scan, bm.identity(k)) if scan is not None else ("block", k)
         out.append(ids.setdefault(key, len(ids)))
     return tuple(out)
 
@@ -93,7 +93,7 @@ def groups(bm: BlockModel) -> tuple[int, ...]:
 def node_bytes(bm: BlockModel, k: int) -> tuple[int, ...]:
     """Per equation of block k, bytes its backward holds when it recomputes it."""
     program, block, lay = bm.program, bm.blocks.blocks[k], bm.layouts[k]
-    returned = set(lay.outs) | set(lay.results)
+    returned = (set(lay.outs) - lay.tied) | set(lay.results)  # a tied output is recomputed
     materialized = bm.analysis.materialized
     return tuple(
         sum(program.nbytes(v) for v in program.eqns[i].outs
@@ -141,11 +141,11 @@ def with_save_sets(
     save set's all-on-host variant (:attr:`SaveOption.host`)."""
     by_key: dict = {}
     for k in range(bm.length):
-        key = bm.blocks.blocks[k].key
+        key = bm.identity(k)
         by_key.setdefault(key, list(bm.options[k]))
     chosen = []
     for k, saved in enumerate(sets):
-        key = bm.blocks.blocks[k].key
+        key = bm.identity(k)
         _, keys = option_graph(bm, k)
         names = frozenset(keys[c] for c in saved)
         options = by_key[key]
@@ -160,7 +160,7 @@ def with_save_sets(
                 options.append(variant)
             o = options.index(variant)
         chosen.append(o)
-    new = tuple(tuple(by_key[bm.blocks.blocks[k].key]) for k in range(bm.length))
+    new = tuple(tuple(by_key[bm.identity(k)]) for k in range(bm.length))
     if new == bm.options:
         return bm, chosen
     model = dataclasses.replace(bm, options=new, problem=None)

@@ -294,8 +294,7 @@ def _links(model: BlockModel, k: int, j: int) -> tuple | None:
 def _repeats(model: BlockModel, options: tuple, k: int, j: int) -> tuple | None:
     """Block j's links to block k (:func:`_links`) if it repeats it: same block and
     option (so the same functions), same wiring, same unrolled scan; else None."""
-    blocks = model.blocks.blocks
-    if blocks[k].key != blocks[j].key or options[k] != options[j]:
+    if model.identity(k) != model.identity(j) or options[k] != options[j]:
         return None
     scan = scan_of(model, k)
     if scan is None or scan != scan_of(model, j):
