@@ -46,6 +46,7 @@ from jax_exec.program.ties import SELECTORS, tied_values
 
 OPTION_KINDS = ("names", "everything", "dots", "fused")
 FUSED = (ELEMENTWISE - EXPENSIVE) | LAYOUT
+_UNSAVED = FUSED | SELECTORS  # what xla_fused's policy does not save by primitive
 # A save option's host-memory variants (SaveOption.host) -> the suffix of their label
 HOST_VARIANTS = {"late": "+late", "all": "+host"}
 
@@ -112,7 +113,7 @@ class Layout:
     results: tuple[int, ...]
     local: dict
     named: frozenset
-    tied: frozenset = frozenset()
+    tied: frozenset
 
 
 def layout(program: Program, analysis: Analysis, block: Block, is_loss: bool = False) -> Layout:
@@ -152,9 +153,6 @@ def _fused_policy(prim, *_, **__) -> bool:
     are not tied, :mod:`jax_exec.program.ties`; inside a loop or a call, none)."""
     name = prim.name
     return name == "name" or name not in _UNSAVED
-
-
-_UNSAVED = FUSED | SELECTORS
 
 
 def _name(key: tuple[int, int]) -> str:

@@ -37,7 +37,7 @@ def tied_values(program: Program, analysis: Analysis, vids: set[int]) -> frozens
     compare), and the copies of it on the way."""
     tied: set[int] = set()
     for vid in vids:
-        name = program.eqns[program.producer[vid]].name if vid in program.producer else ""
+        name = program.eqns[program.producer[vid]].name  # vids: values the program makes
         if name in SELECTORS:
             tied |= _copies_compared(program, analysis, vid, name in CHOOSERS)
     return frozenset(tied & vids)
