@@ -7,13 +7,21 @@ sent to /dev/null, once per process; :func:`quiet_highs` returns a ``highspy.Hig
 with its log off. cvxpy's HiGHS interface creates its own objects: call
 :func:`silence_banner` before ``problem.solve(solver=cp.HIGHS)`` (cvxpy turns the log
 off itself unless ``verbose``). scipy's HiGHS (``linprog``, ``milp``) is a separate
-build that prints nothing.
+build without the banner, but its MIP solver (scipy 1.17's, as highspy's before the fix
+of ERGO-Code/HiGHS#2783) prints a debugging line on stdout whatever its options say
+(``HighsMipSolverData::transformNewIntegerFeasibleSolution tmpSolver.run();``, when a
+solution of the presolved problem needs repair: random model 6865 of
+tests/random_models.py): every MIP solve runs under :func:`quiet_stdout`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import sys
+import tempfile
+from collections.abc import Iterator
 
 _SILENCED = False
 
@@ -37,6 +45,46 @@ def silence_banner() -> None:
     _SILENCED = True
 
 
+# Lines HiGHS prints on stdout whatever its options say (the rest is given back).
+_STRAY = (b"HighsMipSolverData::",)
+
+
+@contextlib.contextmanager
+def quiet_stdout() -> Iterator[None]:
+    """Run the body with stdout (file descriptor 1) sent to a temporary file, then write
+    back what was printed there meanwhile (by another thread, say) except HiGHS's stray
+    lines (module docstring)."""
+    _flush_python()
+    saved = os.dup(1)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 1)
+        try:
+            yield
+        finally:
+            _flush_python()
+            _libc_flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+            sink.seek(0)
+            kept = [line for line in sink.read().splitlines(keepends=True)
+                    if not line.startswith(_STRAY)]  # fmt: skip
+            if kept:
+                os.write(1, b"".join(kept))
+
+
+def _flush_python() -> None:
+    if sys.stdout is not None:  # (None without a console, as under pythonw)
+        sys.stdout.flush()
+
+
+def _libc_flush() -> None:
+    """Flush C's stdio buffers (HiGHS prints through them), where libc is reachable."""
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):  # pragma: no cover - no C library by that name
+        pass
+
+
 def run(h) -> None:
     """``h.run()`` of a ``highspy.Highs``, raising ``RuntimeError`` on HiGHS's error
     status (a time or node limit and infeasibility are answers, read from the model
@@ -53,12 +101,14 @@ def run(h) -> None:
     calling thread only.)"""
     import highspy
 
-    status = h.run()
+    with quiet_stdout():
+        status = h.run()
     if status == highspy.HighsStatus.kError and _threads(h) != 0:
         reset = getattr(highspy.Highs, "resetGlobalScheduler", None)
         if reset is not None:  # (highspy >= 1.7.1)
             reset(True)
-            status = h.run()
+            with quiet_stdout():
+                status = h.run()
     if status == highspy.HighsStatus.kError:
         raise RuntimeError(f"HiGHS failed (model status {h.getModelStatus()})")
 

@@ -49,6 +49,7 @@ import scipy.sparse as sp
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from schedir import InvalidProblem
+from solvers._highs import quiet_stdout
 from solvers.blocks.options import (
     NODE_LIMIT,
     OptionGraph,
@@ -254,8 +255,10 @@ def whole_save_sets(
     if ncols == 0:  # nothing to decide (no block has a value to save or recompute)
         return WholeAnswer(tuple(frozenset() for _ in range(L)), 0.0, True, 0.0, 0)
     start = time.perf_counter()
-    res = milp(c, constraints=constraints, integrality=np.ones(ncols), bounds=Bounds(lower, upper),
-               options=milp_options(node_limit, time_limit))  # fmt: skip
+    bounds, options = Bounds(lower, upper), milp_options(node_limit, time_limit)
+    with quiet_stdout():  # scipy's HiGHS may print a debugging line (solvers._highs)
+        res = milp(c, constraints=constraints, integrality=np.ones(ncols), bounds=bounds,
+                   options=options)  # fmt: skip
     solve_time = time.perf_counter() - start
     if res.x is None:
         why = {

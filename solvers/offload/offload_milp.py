@@ -26,7 +26,7 @@ import math
 import numpy as np
 
 from schedir import OffloadProblem, OffloadSchedule
-from solvers._highs import silence_banner
+from solvers._highs import quiet_stdout, silence_banner
 from solvers.offload.rotor_offload import Model, build_table, check_budget, emit, slot_for
 from solvers.registry import Infeasible, register
 
@@ -121,7 +121,8 @@ def solve_milp(model: Model, memory: int, *, time_limit: float | None = None):
     prob = cp.Problem(cp.Minimize(cost @ y), cons)
     opts = {"time_limit": time_limit} if time_limit else {}
     silence_banner()
-    prob.solve(solver=cp.HIGHS, **opts)
+    with quiet_stdout():
+        prob.solve(solver=cp.HIGHS, **opts)
     if y.value is None:
         return math.inf, {}, prob.status
     chosen = {n: (mv[0], mv[1]) for (n, mv), v in zip(flat, y.value, strict=True) if v > 0.5}

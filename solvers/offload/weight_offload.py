@@ -71,7 +71,7 @@ from schedir import (
     simulate_offload,
 )
 from schedir.simulate import op_time
-from solvers._highs import silence_banner
+from solvers._highs import quiet_stdout, silence_banner
 from solvers.offload.rotor_offload import check_budget
 from solvers.registry import Infeasible, register
 
@@ -416,7 +416,8 @@ def milp(inst: Instance, budget: int, *, time_limit: float | None = None):
     opts = {"time_limit": time_limit} if time_limit else {}
     try:
         silence_banner()
-        prob.solve(solver=cp.HIGHS, mip_rel_gap=1e-9, **opts)
+        with quiet_stdout():
+            prob.solve(solver=cp.HIGHS, mip_rel_gap=1e-9, **opts)
     except cp.error.SolverError:
         return None, False, math.inf
     if xb.value is None:
