@@ -4,7 +4,8 @@ attention, custom variables, two towers, shared encoders, vmapped ensembles, lin
 algebra, shifted windows; tests/feature_models_loops.py: dilated causal convolutions,
 CTC, a scanned stack with dropout, a while_loop fixed point; tests/feature_models_losses.py:
 derivatives in the loss (a PINN, a gradient penalty), sampling in the loss from a key
-argument, map_coordinates). Per model:
+argument, map_coordinates; tests/feature_models_heads.py: gradient reversal by
+custom_vjp, a Perceiver's latent array under a length mask, nnx.Dict heads). Per model:
 ``jax_exec.value_and_grad`` eagerly, under ``nnx.jit`` and with ``has_aux`` at
 max(65%, least) of store-all, and ``plan`` at the least budget and that budget on both
 paths (op by op: measured peak = predicted <= budget): loss, gradients, state and
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import pytest
 from feature_models import CASES as FEATURE_CASES
+from feature_models_heads import HEAD_CASES
 from feature_models_loops import LOOP_CASES
 from feature_models_losses import LOSS_CASES
 from flax import nnx
@@ -25,7 +27,7 @@ from plain_reference import assert_matches, check_plan, float64_reference, model
 
 import jax_exec
 
-CASES = {**FEATURE_CASES, **LOOP_CASES, **LOSS_CASES}
+CASES = {**FEATURE_CASES, **LOOP_CASES, **LOSS_CASES, **HEAD_CASES}
 
 
 @pytest.mark.slow
