@@ -81,7 +81,7 @@ def _libc_flush() -> None:
     """Flush C's stdio buffers (HiGHS prints through them), where libc is reachable."""
     try:
         ctypes.CDLL(None).fflush(None)
-    except (OSError, AttributeError):  # pragma: no cover - no C library by that name
+    except (OSError, AttributeError, TypeError):  # pragma: no cover - no such C library (Windows)
         pass
 
 
