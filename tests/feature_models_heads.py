@@ -4,9 +4,6 @@ several heads or inputs, written at stop 52 as a new user would:
 - ``dann``: a domain-adversarial network: a label head and a domain head on shared
   features, the domain head behind a gradient-reversal layer (``jax.custom_vjp`` with a
   ``nondiff_argnums`` coefficient: the backward the planner runs is the user's rule);
-- ``perceiver``: a learned latent array broadcast over the batch, cross-attention to
-  the inputs under a padding mask built from an integer ``lengths`` argument, then
-  self-attention over the latents;
 - ``dict_heads``: named heads in an ``nnx.Dict``, reflect padding, a ``jax.lax.map``
   over the batch (a scan) of running means, ``jnp.diff``, a dict of outputs.
 """
@@ -69,38 +66,6 @@ def dann() -> Case:
                  "gradient reversal by custom_vjp with nondiff_argnums")  # fmt: skip
 
 
-class Perceiver(nnx.Module):
-    def __init__(self, d: int = 16, latents: int = 4, *, rngs: nnx.Rngs):
-        self.latents = nnx.Param(0.02 * jax.random.normal(rngs.params(), (latents, d)))
-        self.embed = nnx.Linear(6, d, rngs=rngs)
-        self.cross = nnx.MultiHeadAttention(2, d, decode=False, rngs=rngs)
-        self.blocks = nnx.List(
-            [nnx.MultiHeadAttention(2, d, decode=False, rngs=rngs) for _ in range(2)]
-        )
-        self.norms = nnx.List([nnx.LayerNorm(d, rngs=rngs) for _ in range(3)])
-        self.out = nnx.Linear(d, 2, rngs=rngs)
-
-    def __call__(self, x, lengths):
-        b, n, _ = x.shape
-        mask = (jnp.arange(n)[None, :] < lengths[:, None])[:, None, None, :]
-        z = jnp.broadcast_to(self.latents[...], (b, *self.latents.shape))
-        z = z + self.cross(self.norms[0](z), self.embed(x), mask=mask)
-        for attention, norm in zip(self.blocks, self.norms[1:], strict=True):
-            z = z + attention(norm(z))
-        return self.out(z.mean(1))
-
-
-def perceiver_loss(model, x, lengths, y):
-    return jnp.mean((model(x, lengths) - y) ** 2)
-
-
-def perceiver() -> Case:
-    x, y = jax.random.normal(_key(703), (3, 9, 6)), jax.random.normal(_key(704), (3, 2))
-    factory = lambda: Perceiver(rngs=nnx.Rngs(0))  # noqa: E731
-    return _case("perceiver", factory, _metrics(perceiver_loss), (x, jnp.array([9, 5, 2]), y),
-                 "latent array, cross-attention masked by integer lengths")  # fmt: skip
-
-
 class DictHeads(nnx.Module):
     def __init__(self, *, rngs: nnx.Rngs):
         self.stem = nnx.Conv(2, 6, (5,), padding="VALID", rngs=rngs)
@@ -129,6 +94,5 @@ def dict_heads() -> Case:
 
 HEAD_CASES: dict[str, Callable[[], Case]] = {
     "dann": dann,
-    "perceiver": perceiver,
     "dict_heads": dict_heads,
 }

@@ -5,7 +5,7 @@ algebra, shifted windows; tests/feature_models_loops.py: dilated causal convolut
 CTC, a scanned stack with dropout, a while_loop fixed point; tests/feature_models_losses.py:
 derivatives in the loss (a PINN, a gradient penalty), sampling in the loss from a key
 argument, map_coordinates; tests/feature_models_heads.py: gradient reversal by
-custom_vjp, a Perceiver's latent array under a length mask, nnx.Dict heads). Per model:
+custom_vjp, nnx.Dict heads). Per model:
 ``jax_exec.value_and_grad`` eagerly, under ``nnx.jit`` and with ``has_aux`` at
 max(65%, least) of store-all, and ``plan`` at the least budget and that budget on both
 paths (op by op: measured peak = predicted <= budget): loss, gradients, state and
@@ -27,7 +27,20 @@ from plain_reference import assert_matches, check_plan, float64_reference, model
 
 import jax_exec
 
-CASES = {**FEATURE_CASES, **LOOP_CASES, **LOSS_CASES, **HEAD_CASES}
+
+def _joined(*tables: dict) -> dict:
+    """The cases of every table; a name in two of them is an error (the later one would
+    silently replace the earlier)."""
+    cases: dict = {}
+    for table in tables:
+        for name in table:
+            if name in cases:
+                raise ValueError(f"two feature models named {name!r}")
+        cases.update(table)
+    return cases
+
+
+CASES = _joined(FEATURE_CASES, LOOP_CASES, LOSS_CASES, HEAD_CASES)
 
 
 @pytest.mark.slow
