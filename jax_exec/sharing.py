@@ -160,7 +160,8 @@ def find_sharing(stages: Sequence[Any]) -> Sharing:
     for j, (stage, named_units) in enumerate(zip(stages, named, strict=True)):
         mine = {id(u) for _, u in named_units if first[id(u)][0] == j}
         drops = any(first[id(u)][0] != j for _, u in named_units)  # NNX only (Linen refused)
-        p = stage.params.filter(lambda _, v, mine=mine: id(v) in mine) if drops else stage.params
+        keep = lambda _, v, mine=mine: id(v) in mine  # noqa: E731
+        p = _filtered(stage.params, keep) if drops else stage.params
         owned.append(p if drops else None)
         own_units = jax.tree_util.tree_leaves(p, is_leaf=_is_variable)
         index.update({id(u): (j, m) for m, u in enumerate(own_units)})
@@ -179,3 +180,10 @@ def find_sharing(stages: Sequence[Any]) -> Sharing:
         tuple(owned_trees),
         tuple(owned_leaves),
     )
+
+
+def _filtered(state: Any, keep: Any) -> Any:
+    """``state``'s variables that ``keep`` (a Flax filter) selects: ``nnx.filter_state``
+    where Flax has it (``State.filter`` is deprecated there), else ``State.filter``."""
+    filter_state = getattr(nnx, "filter_state", None)
+    return filter_state(state, keep) if filter_state is not None else state.filter(keep)

@@ -36,8 +36,8 @@ class Block(nnx.Module):
         self.bn = nnx.BatchNorm(width, use_running_average=not train, rngs=rngs)
         self.drop = nnx.Dropout(0.5, deterministic=not train, rngs=rngs)
         key = rngs.params()  # statistics that are not the initial 0 / 1
-        self.bn.mean.value = 0.1 * jax.random.normal(key, (width,))
-        self.bn.var.value = 1.0 + jax.random.uniform(key, (width,))
+        self.bn.mean.set_value(0.1 * jax.random.normal(key, (width,)))
+        self.bn.var.set_value(1.0 + jax.random.uniform(key, (width,)))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return x + self.drop(jax.nn.gelu(self.bn(self.lin(x))))
@@ -61,7 +61,7 @@ class Noise(nnx.Module):
         self.key = nnx.Variable(jax.random.key(seed))
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return x + 0.1 * jax.random.normal(self.key.value, x.shape)
+        return x + 0.1 * jax.random.normal(self.key.get_value(), x.shape)
 
 
 class LM(nnx.Module):
@@ -258,9 +258,9 @@ def test_state_is_read_at_call_time_on_both_paths():
     params = lowered.params()
     loss0, _ = step(x, y)
     # change batch statistics and the noise key after the step was built
-    layers[1].bn.mean.value = layers[1].bn.mean.value + 0.5
-    layers[3].bn.var.value = 2.0 * layers[3].bn.var.value
-    layers[2].key.value = jax.random.key(99)
+    layers[1].bn.mean.set_value(layers[1].bn.mean.get_value() + 0.5)
+    layers[3].bn.var.set_value(2.0 * layers[3].bn.var.get_value())
+    layers[2].key.set_value(jax.random.key(99))
     want_loss, want = reference(layers, mse_loss, x, y)
     assert abs(float(want_loss) - float(loss0)) > 1e-3  # the change matters
     loss, grads = step(x, y)
@@ -271,7 +271,7 @@ def test_state_is_read_at_call_time_on_both_paths():
     assert result.resident_bytes == schedir.simulate_chain(chain, ops).resident
     np.testing.assert_allclose(lowered.loss(params, x, y), want_loss, rtol=RTOL)  # state now
     old_state = lowered.state()  # an explicit state argument is used as given
-    layers[2].key.value = jax.random.key(5)
+    layers[2].key.set_value(jax.random.key(5))
     np.testing.assert_allclose(lowered.loss(params, x, y, old_state), want_loss, rtol=RTOL)
     # the state is an argument of the compiled step, not an activation it saves
     saved = jax_exec.stages.saved_activations(lowered, x, y)
@@ -293,7 +293,7 @@ def test_layers_that_change_their_state_are_refused(mode, variable):
     y = jax.random.normal(jax.random.key(1), (5, 3))
     ops = [F_all(k) for k in range(5)] + [Loss()] + [B(k) for k in range(4, -1, -1)]
     message = rf"layer 1:Block changes its state while running: {variable}"
-    count = layers[1].drop.rngs.count.value
+    count = layers[1].drop.rngs.count.get_value()
     block = jax_exec.stages.as_stages(layers)[1]
     lowered = jax_exec.stages.lower(layers, mse_loss, ops)  # builds; tracing refuses
     for call in (
@@ -306,7 +306,7 @@ def test_layers_that_change_their_state_are_refused(mode, variable):
     ):
         with pytest.raises(TypeError, match=message):
             call()
-    assert layers[1].drop.rngs.count.value == count  # an eager call did not write into it
+    assert layers[1].drop.rngs.count.get_value() == count  # an eager call did not write into it
 
 
 def test_switching_to_training_mode_after_building_the_step_is_refused():
@@ -425,7 +425,7 @@ def test_optax_training_with_tied_weights_equals_the_plain_model():
         np.testing.assert_allclose(g, want[k], rtol=RTOL, atol=ATOL)
     for layer, p in zip(layers, trained, strict=True):  # write back: the table once
         nnx.update(layer, p)
-    np.testing.assert_allclose(layers[3].embed.embedding.value, got[id(layers[0].embedding)])
+    np.testing.assert_allclose(layers[3].embed.embedding.get_value(), got[id(layers[0].embedding)])
 
 
 def test_integer_output_of_a_stage_is_refused():
@@ -461,7 +461,7 @@ def test_value_and_grad_splits_once_and_follows_updates(monkeypatch):
         assert len(splits) == before, "the step split the layers again"
         assert_matches(layers, loss, grads, want_loss, want)
     # a Variable object replaced (not updated in place) is seen: split again
-    layers[4].bias = nnx.Param(layers[4].bias.value + 1.0)
+    layers[4].bias = nnx.Param(layers[4].bias.get_value() + 1.0)
     want_loss, want = reference(layers, mse_loss, x, y)
     loss, grads = step(x, y)
     assert_matches(layers, loss, grads, want_loss, want)
