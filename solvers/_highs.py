@@ -2,8 +2,8 @@
 
 HiGHS prints a banner on stdout when a process creates its first solver object,
 before any option can apply; a library called from Python must print nothing.
-:func:`silence_banner` creates that first object with stdout (file descriptor 1)
-sent to /dev/null, once per process; :func:`quiet_highs` returns a ``highspy.Highs``
+:func:`silence_banner` creates that first object with what it prints on stdout (file
+descriptor 1) dropped, once per process; :func:`quiet_highs` returns a ``highspy.Highs``
 with its log off. cvxpy's HiGHS interface creates its own objects: call
 :func:`silence_banner` before ``problem.solve(solver=cp.HIGHS)`` (cvxpy turns the log
 off itself unless ``verbose``). scipy's HiGHS (``linprog``, ``milp``) is a separate
@@ -21,39 +21,35 @@ import ctypes
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 _SILENCED = False
 
 
 def silence_banner() -> None:
-    """Create the process's first HiGHS object with stdout sent to /dev/null (once)."""
+    """Create the process's first HiGHS object with everything it prints on stdout
+    dropped (once)."""
     global _SILENCED
     if _SILENCED:
         return
     import highspy
 
-    sys.stdout.flush()
-    saved, null = os.dup(1), os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(null, 1)
+    with quiet_stdout(drop=lambda line: True):
         highspy.Highs()
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-        os.close(null)
     _SILENCED = True
 
 
-# Lines HiGHS prints on stdout whatever its options say (the rest is given back).
-_STRAY = (b"HighsMipSolverData::",)
+def _stray(line: bytes) -> bool:
+    """Whether HiGHS printed ``line`` whatever its options say (module docstring)."""
+    return line.startswith(b"HighsMipSolverData::")
 
 
 @contextlib.contextmanager
-def quiet_stdout() -> Iterator[None]:
+def quiet_stdout(drop: Callable[[bytes], bool] = _stray) -> Iterator[None]:
     """Run the body with stdout (file descriptor 1) sent to a temporary file, then write
-    back what was printed there meanwhile (by another thread, say) except HiGHS's stray
-    lines (module docstring)."""
+    back the lines printed there meanwhile (by another thread, say) that ``drop`` does
+    not drop (by default HiGHS's stray lines, :func:`_stray`); C's stdio buffers are
+    flushed first, so that nothing the body printed through them leaks out later."""
     _flush_python()
     saved = os.dup(1)
     with tempfile.TemporaryFile() as sink:
@@ -66,8 +62,7 @@ def quiet_stdout() -> Iterator[None]:
             os.dup2(saved, 1)
             os.close(saved)
             sink.seek(0)
-            kept = [line for line in sink.read().splitlines(keepends=True)
-                    if not line.startswith(_STRAY)]  # fmt: skip
+            kept = [line for line in sink.read().splitlines(keepends=True) if not drop(line)]
             if kept:
                 os.write(1, b"".join(kept))
 
