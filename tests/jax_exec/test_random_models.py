@@ -55,9 +55,11 @@ def spread(seed: int) -> int:
     return seed + seed // CHUNKS
 
 
-def check(seed: int) -> None:
-    case = random_case(seed)
-    what = f"random model {seed} {case.ops}"
+def check(seed: int, make=random_case) -> None:
+    """Random model ``seed`` of the generator ``make`` (tests/random_models.py's, or
+    tests/random_sequence_models.py's) planned, run and compared as the docstring says."""
+    case = make(seed)
+    what = f"{make.__name__} {seed} {case.ops}"
     reference = plain(case.factory, case.loss_fn, case.args)
     exact = functools.cache(lambda: float64_reference(case.factory, case.loss_fn, case.args))
     top = jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget="100%")
