@@ -7,7 +7,9 @@ derivatives in the loss (a PINN, a gradient penalty), sampling in the loss from 
 argument, map_coordinates; tests/feature_models_heads.py: gradient reversal by
 custom_vjp, nnx.Dict heads; tests/feature_models_patterns.py: a second derivative in the
 forward, Sinkhorn by fori_loop, segment memory in nnx.Cache, top_k and lax.cond, image
-resizing, float16 compute...). Per model:
+resizing, float16 compute...; tests/feature_models_objectives.py: masked autoencoding,
+mixup, policy gradients, PPO's clipped surrogate, a CRF, ALiBi, pixel shuffle...). Per
+model:
 ``jax_exec.value_and_grad`` eagerly, under ``nnx.jit`` and with ``has_aux`` at
 max(65%, least) of store-all, and ``plan`` at the least budget and that budget on both
 paths (op by op: measured peak = predicted <= budget): loss, gradients, state and
@@ -24,6 +26,7 @@ from feature_models import CASES as FEATURE_CASES
 from feature_models_heads import HEAD_CASES
 from feature_models_loops import LOOP_CASES
 from feature_models_losses import LOSS_CASES
+from feature_models_objectives import OBJECTIVE_CASES
 from feature_models_patterns import PATTERN_CASES
 from flax import nnx
 from plain_reference import assert_matches, check_plan, float64_reference, model_state, plain
@@ -43,7 +46,7 @@ def _joined(*tables: dict) -> dict:
     return cases
 
 
-CASES = _joined(FEATURE_CASES, LOOP_CASES, LOSS_CASES, HEAD_CASES, PATTERN_CASES)
+CASES = _joined(FEATURE_CASES, LOOP_CASES, LOSS_CASES, HEAD_CASES, PATTERN_CASES, OBJECTIVE_CASES)
 
 
 @pytest.mark.slow
