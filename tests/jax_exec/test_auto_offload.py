@@ -16,6 +16,7 @@ import zoo
 from plain_reference import check_plan, host_residuals, plain
 
 import jax_exec
+import solvers
 from schedir import Platform
 from schedir.blocks.problem import simulate_blocks
 
@@ -67,3 +68,25 @@ def test_a_bad_platform_is_named():
     case = zoo.case("mixer")
     with pytest.raises(ValueError, match="platform = 'usb2'"):
         jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget="50%", platform="usb2")
+
+
+def test_the_least_budget_of_remat_and_offload_is_planned_at_it():
+    """Found at stop 53 (tests/feature_models_objectives.py's CRF tagger, a fast link):
+    below remat's least budget, the least budget with offload was taken over the chain
+    of the least-memory schedule's options as the budget's rounds had left its figures
+    (option 8 of block 0, a host-memory variant: 8,064 B); planned at 8,064 B the rounds
+    left them otherwise (option 4), whose chain needs more, and the plan was refused
+    with 8,532 B. The least-memory choice is now the model's own (a solve knowing
+    nothing yet), so the least budget ``Infeasible`` reports is planned at it, and not
+    one byte below."""
+    from feature_models_objectives import crf
+
+    case = crf()
+    with pytest.raises(solvers.Infeasible) as info:
+        jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget="50%", platform=FAST)
+    least = info.value.min_budget
+    p = jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget=least, platform=FAST)
+    assert p.schedule.meta["peak_memory"] <= least == p.budget
+    with pytest.raises(solvers.Infeasible) as below:
+        jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget=least - 1, platform=FAST)
+    assert below.value.min_budget == least

@@ -1,6 +1,8 @@
-"""The drop-in on seeded random models (tests/random_models.py): every one plans and runs
-on both paths at a random budget, with the loss, gradients and state of plain
-``nnx.value_and_grad``; none crashes.
+"""The drop-in on seeded random models (tests/random_models.py: chains over a ``(batch,
+width)`` activation, 300 in the default run; tests/random_sequence_models.py: sequence
+models with scans, conds, top-k, sorts and the user's ``nnx.remat``, 120 under ``-m
+slow``): every one plans and runs on both paths at a random budget, with the loss,
+gradients and state of plain ``nnx.value_and_grad``; none crashes.
 
 Per model: ``plan`` at store-all, then a budget drawn between the least budget of the
 problem as first estimated (a range to draw from, not a claim) and store-all; where that
@@ -40,6 +42,7 @@ import pytest
 from flax import nnx
 from plain_reference import assert_matches, check_plan, float64_reference, model_state, plain
 from random_models import random_case
+from random_sequence_models import random_sequence_case
 
 import jax_exec
 import solvers
@@ -120,6 +123,16 @@ def check_filtered(case, budget: int, what: str) -> None:
 def test_random_models(chunk):
     for seed in range(chunk, MODELS, CHUNKS):
         check(seed)
+
+
+SEQUENCE_MODELS, SEQUENCE_CHUNKS = 120, 6
+
+
+@pytest.mark.slow  # about 2.5 s a model; seeds 0-599 were swept at stop 53 (docs/auto.md)
+@pytest.mark.parametrize("chunk", range(SEQUENCE_CHUNKS))
+def test_random_sequence_models(chunk):
+    for seed in range(chunk, SEQUENCE_MODELS, SEQUENCE_CHUNKS):
+        check(seed, random_sequence_case)
 
 
 def test_the_rounding_arbiter_passes_rounding_and_catches_errors() -> None:
