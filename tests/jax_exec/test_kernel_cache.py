@@ -76,3 +76,27 @@ def test_a_callback_is_always_lowered():
         return x + 1
 
     assert lowerings([with_callback, with_callback]) == [True, True]
+
+
+def test_plans_made_before_a_clear_run_and_replan_the_same():
+    """docs/auto.md ("Planning exactly"): the caches are never evicted, and a process
+    that plans many models clears them; a plan made before runs, replans and plans
+    through ``value_and_grad`` as it did (its kernels compile again)."""
+    import zoo
+
+    import jax_exec
+
+    case = zoo.case("vae")
+    p = jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget="65%")
+    before = p.run(case.factory(), *case.args)
+    smaller = p.replan("50%")
+    clear_caches()
+    after = p.run(case.factory(), *case.args)
+    assert after.peak_bytes == before.peak_bytes == p.schedule.meta["peak_memory"]
+    np.testing.assert_array_equal(after.loss, before.loss)
+    again = p.replan("50%")
+    assert (again.options, again.schedule.ops) == (smaller.options, smaller.schedule.ops)
+    clear_caches()
+    step = jax_exec.value_and_grad(case.loss_fn, budget=p.budget)
+    loss, _ = step(case.factory(), *case.args)
+    np.testing.assert_allclose(loss, before.loss, rtol=1e-6)
