@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from feature_models import _case, _key, _metrics, classify
+from feature_models_patterns import next_token
 from flax import nnx
 from zoo import Case
 
@@ -190,11 +191,6 @@ class ALiBi(nnx.Module):
         attended = jax.nn.dot_product_attention(q, k, v, bias=bias, is_causal=True)
         x = x + self.out(attended.reshape(b, t, d))
         return self.embed.attend(x + jax.nn.gelu(self.mlp(x)))
-
-
-def next_token(model, tokens):
-    logits = model(tokens[:, :-1])
-    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
 
 
 def alibi() -> Case:
