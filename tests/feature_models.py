@@ -236,11 +236,11 @@ class EMA(nnx.Module):
 
     def __call__(self, x):
         h = jax.nn.relu(self.l1(x))
-        self.mean.value = 0.9 * self.mean.value + 0.1 * h.mean(0)
-        self.count.value = self.count.value + 1
+        self.mean[...] = 0.9 * self.mean[...] + 0.1 * h.mean(0)
+        self.count[...] = self.count[...] + 1
         keep = jax.random.bernoulli(self.rngs.droppath(), 0.8, (x.shape[0], 1))
         h = h + jnp.where(keep, jax.nn.gelu(self.l2(h)) / 0.8, 0.0)
-        return self.l3(h - self.mean.value)
+        return self.l3(h - self.mean[...])
 
 
 def ema() -> Case:
@@ -306,8 +306,8 @@ class BYOL(nnx.Module):
 
     def __call__(self, v1, v2):
         z1, z2 = self.predictor(self.encoder(v1)), self.predictor(self.encoder(v2))
-        t1 = jax.lax.stop_gradient(jnp.tanh(v2 @ self.target.value))
-        t2 = jax.lax.stop_gradient(jnp.tanh(v1 @ self.target.value))
+        t1 = jax.lax.stop_gradient(jnp.tanh(v2 @ self.target[...]))
+        t2 = jax.lax.stop_gradient(jnp.tanh(v1 @ self.target[...]))
 
         def cosine(a, b):
             return jnp.sum(a * b, -1) / (jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1))
