@@ -7,6 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jax_exec.program import compiled
 from jax_exec.program.compiled import clear_caches, kernels_of
@@ -78,6 +79,7 @@ def test_a_callback_is_always_lowered():
     assert lowerings([with_callback, with_callback]) == [True, True]
 
 
+@pytest.mark.slow  # a clear in a default-run worker compiles again what its later tests share
 def test_plans_made_before_a_clear_run_and_replan_the_same():
     """docs/auto.md ("Planning exactly"): the caches are never evicted, and a process
     that plans many models clears them; a plan made before runs, replans and plans
