@@ -36,6 +36,13 @@ WIDTH, BATCH = 8, 4
 STEP = 7  # the Python int argument: warm-up factor min(1, (7 + 1) / 4) = 1.0
 
 
+def earlier(seen: list, x, arg: int):
+    """The activation a skip connection reads: the ``arg``-th (modulo their number) of
+    the activations before the last in ``seen`` with ``x``'s shape, else ``x`` itself."""
+    same = [s for s in seen[:-1] if s.shape == x.shape] or [x]
+    return same[arg % len(same)]
+
+
 def warm_up(step):
     """The warm-up factor of a Python int ``step``: weakly typed, as users make it."""
     return jnp.minimum(1.0, (step + 1) / 4)
@@ -94,8 +101,7 @@ class RandomModel(nnx.Module):
             elif kind == "act":
                 x = getattr(jax.nn, arg)(x)
             elif kind in ("residual", "concat"):
-                same = [s for s in seen[:-1] if s.shape == x.shape] or [x]
-                skip = same[arg % len(same)]
+                skip = earlier(seen, x, arg)
                 x = x + skip if kind == "residual" else layer(jnp.concatenate([x, skip], -1))
             elif kind == "scale":
                 x = x * layer[...] * warm
