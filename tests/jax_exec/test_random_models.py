@@ -128,7 +128,7 @@ def test_random_models(chunk):
 SEQUENCE_MODELS, SEQUENCE_CHUNKS = 120, 6
 
 
-@pytest.mark.slow  # about 2.5 s a model; seeds 0-599 were swept at stop 53 (docs/auto.md)
+@pytest.mark.slow  # about 2.5 s a model; seeds 0-1799 were swept at stop 53 (docs/auto.md)
 @pytest.mark.parametrize("chunk", range(SEQUENCE_CHUNKS))
 def test_random_sequence_models(chunk):
     for seed in range(chunk, SEQUENCE_MODELS, SEQUENCE_CHUNKS):
