@@ -14,6 +14,7 @@ of the process shares (:data:`BLOCK_TABLES`).
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import os
 import queue
@@ -111,6 +112,42 @@ def clear_caches() -> None:
         table.clear()
     _KERNELS.clear()
     _LOWERINGS.clear()
+
+
+def mapping_count() -> tuple[int, int] | None:
+    """``(held, limit)``: the memory mappings this process holds and the most the system
+    allows it (``/proc/self/maps``, ``vm.max_map_count``); None where unknown (not Linux)."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            limit = int(f.read())
+        with open("/proc/self/maps", "rb") as f:
+            held = sum(1 for _ in f)
+    except (OSError, ValueError):
+        return None
+    return held, limit
+
+
+def bound_caches() -> bool:
+    """Clear the caches (:func:`clear_caches`) when the process holds more than half the
+    memory mappings the system allows, and say so (a ``jax_exec`` log warning); True if
+    they were cleared. Called where a new model's planning starts
+    (:func:`~jax_exec.program.model.program_model`), never within one: a plan's model
+    reads back what it compiled. Why: each XLA CPU executable holds about 3-10 mappings,
+    the caches never evict, and past ``vm.max_map_count`` (65,530 by default) LLVM fails
+    to compile ("Cannot allocate memory") and the process then crashes: a process that
+    plans a few hundred models reached it."""
+    count = mapping_count()
+    if count is None or 2 * count[0] <= count[1]:
+        return False
+    _AHEAD.submit(lambda: None).result()  # an earlier model's kernels compiled ahead end first
+    kernels = len(_KERNELS)
+    clear_caches()
+    logging.getLogger("jax_exec").warning(
+        "jax_exec: the process held %d of the %d memory mappings the system allows; "
+        "cleared the planner's caches (%d kernels): later plans compile again",
+        count[0], count[1], kernels,
+    )  # fmt: skip
+    return True
 
 
 def kernels_of(sources: list[tuple], progress: Callable | None = None) -> list[Kernel]:

@@ -26,6 +26,7 @@ from jax_exec.program.blocks import Blocks, build_blocks, find_cuts
 from jax_exec.program.compiled import (
     BLOCK_TABLES,
     Kernel,
+    bound_caches,
     in_background,
     kernels_of,
     traced_kernels,
@@ -572,6 +573,7 @@ def program_model(
     from jax_exec.program.options import block_options, distinct_options
 
     cost_model = cost_model or CostModel()
+    bound_caches()  # a new model: the process-wide caches may be cleared here, not later
     clock = [time.perf_counter()]
     timings: dict[str, float] = {"trace": trace_seconds}
 

@@ -102,3 +102,46 @@ def test_plans_made_before_a_clear_run_and_replan_the_same():
     step = jax_exec.value_and_grad(case.loss_fn, budget=p.budget)
     loss, _ = step(case.factory(), *case.args)
     np.testing.assert_allclose(loss, before.loss, rtol=1e-6)
+
+
+def test_the_caches_are_kept_below_half_the_mapping_limit(monkeypatch):
+    """:func:`compiled.bound_caches` reads this process's mappings (Linux) and keeps the
+    caches while they are under half the limit."""
+    count = compiled.mapping_count()
+    if count is not None:  # Linux
+        held, limit = count
+        assert 0 < held and 0 < limit
+    compiled._KERNELS["a kept kernel"] = None
+    try:
+        monkeypatch.setattr(compiled, "mapping_count", lambda: (100, 201))
+        assert not compiled.bound_caches()
+        assert "a kept kernel" in compiled._KERNELS
+    finally:
+        del compiled._KERNELS["a kept kernel"]
+
+
+@pytest.mark.slow  # a clear in a default-run worker compiles again what its later tests share
+def test_a_process_near_the_mapping_limit_clears_the_caches_and_plans_the_same(
+    monkeypatch, caplog
+):
+    """Past half the memory mappings the system allows (each kernel holds some; past the
+    limit LLVM fails and the process crashes), a new model's planning clears the caches
+    first, says so, and plans as it did; a plan made before still runs."""
+    import zoo
+
+    import jax_exec
+
+    case = zoo.case("vae")
+    p = jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget="65%")
+    before = p.run(case.factory(), *case.args)
+    compiled._KERNELS["a stale kernel"] = None
+    monkeypatch.setattr(compiled, "mapping_count", lambda: (40_000, 65_530))
+    with caplog.at_level("WARNING", logger="jax_exec"):
+        again = jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget="65%")
+    assert "a stale kernel" not in compiled._KERNELS
+    assert "40000 of the 65530 memory mappings" in caplog.text
+    assert (again.options, again.schedule.ops) == (p.options, p.schedule.ops)
+    assert again.schedule.meta["peak_memory"] == p.schedule.meta["peak_memory"]
+    after = p.run(case.factory(), *case.args)
+    np.testing.assert_array_equal(after.loss, before.loss)
+    assert after.peak_bytes == before.peak_bytes
