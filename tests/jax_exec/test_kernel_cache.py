@@ -121,9 +121,7 @@ def test_the_caches_are_kept_below_half_the_mapping_limit(monkeypatch):
 
 
 @pytest.mark.slow  # a clear in a default-run worker compiles again what its later tests share
-def test_a_process_near_the_mapping_limit_clears_the_caches_and_plans_the_same(
-    monkeypatch, caplog
-):
+def test_a_process_near_the_mapping_limit_clears_the_caches_and_plans_the_same(monkeypatch, caplog):
     """Past half the memory mappings the system allows (each kernel holds some; past the
     limit LLVM fails and the process crashes), a new model's planning clears the caches
     first, says so, and plans as it did; a plan made before still runs."""
