@@ -67,6 +67,12 @@ HEAVY = frozenset(
     rng_bit_generator rng_uniform random_gamma cholesky eigh eig lu qr svd
     triangular_solve tridiagonal_solve householder_product schur hessenberg tridiagonal
     custom_linear_solve scaled_dot ragged_dot ragged_dot_general symmetric_product""".split()
+) | frozenset(  # jax.experimental.sparse: lowered to gathers, scatters and dots
+    """bcoo_dot_general bcoo_dot_general_sampled bcoo_extract bcoo_fromdense
+    bcoo_sort_indices bcoo_spdot_general bcoo_sum_duplicates bcoo_todense bcoo_transpose
+    bcsr_dot_general bcsr_extract bcsr_fromdense bcsr_todense coo_fromdense coo_matmat
+    coo_matvec coo_spmm coo_spmv coo_todense csr_fromdense csr_matmat csr_matvec
+    csr_todense""".split()
 )
 OPAQUE = frozenset("custom_jvp_call custom_vjp_call cond while checkpoint remat2 scan".split())
 COLLECTIVE = frozenset(

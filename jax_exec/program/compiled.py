@@ -143,7 +143,7 @@ def bound_caches() -> bool:
     kernels = len(_KERNELS)
     clear_caches()
     logging.getLogger("jax_exec").warning(
-        "jax_exec: the process held %d of the %d memory mappings the system allows; "
+        "the process held %d of the %d memory mappings the system allows; "
         "cleared the planner's caches (%d kernels): later plans compile again",
         count[0], count[1], kernels,
     )  # fmt: skip

@@ -8,7 +8,9 @@ argument, map_coordinates; tests/feature_models_heads.py: gradient reversal by
 custom_vjp, nnx.Dict heads; tests/feature_models_patterns.py: a second derivative in the
 forward, Sinkhorn by fori_loop, segment memory in nnx.Cache, top_k and lax.cond, image
 resizing, float16 compute...; tests/feature_models_objectives.py: masked autoencoding,
-mixup, policy gradients, PPO's clipped surrogate, a CRF, ALiBi, pixel shuffle...). Per
+mixup, policy gradients, PPO's clipped surrogate, a CRF, ALiBi, pixel shuffle...;
+tests/feature_models_science.py: complex parameters, a sparse adjacency, Gumbel-softmax,
+NeRF rendering, the user's remat with a policy...). Per
 model:
 ``jax_exec.value_and_grad`` eagerly, under ``nnx.jit`` and with ``has_aux`` at
 max(65%, least) of store-all, and ``plan`` at the least budget and that budget on both
@@ -28,6 +30,7 @@ from feature_models_loops import LOOP_CASES
 from feature_models_losses import LOSS_CASES
 from feature_models_objectives import OBJECTIVE_CASES
 from feature_models_patterns import PATTERN_CASES
+from feature_models_science import SCIENCE_CASES
 from flax import nnx
 from plain_reference import assert_matches, check_plan, float64_reference, model_state, plain
 
@@ -46,7 +49,9 @@ def _joined(*tables: dict) -> dict:
     return cases
 
 
-CASES = _joined(FEATURE_CASES, LOOP_CASES, LOSS_CASES, HEAD_CASES, PATTERN_CASES, OBJECTIVE_CASES)
+CASES = _joined(
+    FEATURE_CASES, LOOP_CASES, LOSS_CASES, HEAD_CASES, PATTERN_CASES, OBJECTIVE_CASES, SCIENCE_CASES
+)
 
 
 @pytest.mark.slow
