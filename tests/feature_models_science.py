@@ -37,6 +37,11 @@ from jax.experimental import sparse
 from zoo import Case
 
 
+def _made(name: str, module: type, loss_fn: Callable, args: tuple, notes: str) -> Case:
+    """The case of ``module(rngs=nnx.Rngs(0))`` and ``loss_fn`` (its metrics: the loss)."""
+    return _case(name, lambda: module(rngs=nnx.Rngs(0)), _metrics(loss_fn), args, notes)
+
+
 class SpectralConv(nnx.Module):
     def __init__(self, c, modes, *, rngs):
         scale = 1.0 / (c * c)
@@ -74,7 +79,7 @@ def fno() -> Case:
     def loss(m, x, y):
         return jnp.mean((m(x) - y) ** 2)
 
-    return _case("fno", lambda: FNO(rngs=nnx.Rngs(0)), _metrics(loss), (x, y), "complex64 params")
+    return _made("fno", FNO, loss, (x, y), "complex64 params")
 
 
 class SparseGCN(nnx.Module):
@@ -101,13 +106,7 @@ def sparse_gcn() -> Case:
     def loss(m, adj, x, y):
         return optax.softmax_cross_entropy_with_integer_labels(m(adj, x), y).mean()
 
-    return _case(
-        "sparse_gcn",
-        lambda: SparseGCN(rngs=nnx.Rngs(0)),
-        _metrics(loss),
-        (adj, x, y),
-        "BCOO adjacency",
-    )
+    return _made("sparse_gcn", SparseGCN, loss, (adj, x, y), "BCOO adjacency")
 
 
 class MDN(nnx.Module):
@@ -130,13 +129,7 @@ class MDN(nnx.Module):
 def mdn() -> Case:
     x = jax.random.normal(_key(1), (32, 3))
     y = jnp.sin(x.sum(1)) + 0.1 * jax.random.normal(_key(2), (32,))
-    return _case(
-        "mdn",
-        lambda: MDN(rngs=nnx.Rngs(0)),
-        _metrics(lambda m, x, y: m(x, y)),
-        (x, y),
-        "mixture density",
-    )
+    return _made("mdn", MDN, lambda m, x, y: m(x, y), (x, y), "mixture density")
 
 
 class GumbelVAE(nnx.Module):
@@ -209,13 +202,7 @@ def capsule() -> Case:
             )
         )
 
-    return _case(
-        "capsule",
-        lambda: Capsules(rngs=nnx.Rngs(0)),
-        _metrics(loss),
-        (x, y),
-        "routing by fori_loop",
-    )
+    return _made("capsule", Capsules, loss, (x, y), "routing by fori_loop")
 
 
 class NeRF(nnx.Module):
@@ -256,13 +243,7 @@ def nerf() -> Case:
     def loss(m, o, d, t, y):
         return jnp.mean((m(o, d, t) - y) ** 2)
 
-    return _case(
-        "nerf",
-        lambda: NeRF(rngs=nnx.Rngs(0)),
-        _metrics(loss),
-        (o, d, t, target),
-        "volume rendering",
-    )
+    return _made("nerf", NeRF, loss, (o, d, t, target), "volume rendering")
 
 
 class HyperNet(nnx.Module):
@@ -290,13 +271,7 @@ def hypernet() -> Case:
     def loss(m, task, x, y):
         return jnp.mean((m(task, x) - y) ** 2)
 
-    return _case(
-        "hypernet",
-        lambda: HyperNet(rngs=nnx.Rngs(0)),
-        _metrics(loss),
-        (task, x, y),
-        "generated weights",
-    )
+    return _made("hypernet", HyperNet, loss, (task, x, y), "generated weights")
 
 
 class SirenFilm(nnx.Module):
@@ -322,9 +297,7 @@ def siren_film() -> Case:
     def loss(m, c, cls, y):
         return jnp.mean((m(c, cls) - y) ** 2)
 
-    return _case(
-        "siren_film", lambda: SirenFilm(rngs=nnx.Rngs(0)), _metrics(loss), (c, cls, y), "sin, FiLM"
-    )
+    return _made("siren_film", SirenFilm, loss, (c, cls, y), "sin, FiLM")
 
 
 class PolicyBlock(nnx.Module):
@@ -359,13 +332,7 @@ class RematPolicy(nnx.Module):
 def remat_policy() -> Case:
     x = jax.random.normal(_key(1), (8, 6, 8))
     y = jax.random.randint(_key(2), (8, 6), 0, 5)
-    return _case(
-        "remat_policy",
-        lambda: RematPolicy(rngs=nnx.Rngs(0)),
-        _metrics(classify),
-        (x, y),
-        "user remat with policy",
-    )
+    return _made("remat_policy", RematPolicy, classify, (x, y), "user remat with policy")
 
 
 @functools.partial(jax.checkpoint, static_argnums=(2,))
@@ -386,13 +353,7 @@ class StaticCkpt(nnx.Module):
 def static_ckpt() -> Case:
     x = jax.random.normal(_key(1), (12, 8))
     y = jax.random.randint(_key(2), (12,), 0, 2)
-    return _case(
-        "static_ckpt",
-        lambda: StaticCkpt(rngs=nnx.Rngs(0)),
-        _metrics(classify),
-        (x, y),
-        "jax.checkpoint static_argnums",
-    )
+    return _made("static_ckpt", StaticCkpt, classify, (x, y), "jax.checkpoint static_argnums")
 
 
 SCIENCE_CASES: dict[str, Callable[[], Case]] = {
