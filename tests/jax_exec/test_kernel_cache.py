@@ -120,6 +120,19 @@ def test_the_caches_are_kept_below_half_the_mapping_limit(monkeypatch):
         del compiled._KERNELS["a kept kernel"]
 
 
+def test_past_half_the_mapping_limit_the_caches_are_cleared_with_a_warning(monkeypatch, caplog):
+    """The decision and its message (the clear itself is a recorder here: a real one in
+    a default-run worker compiles again what its later tests share; the slow test below
+    clears for real)."""
+    cleared = []
+    monkeypatch.setattr(compiled, "clear_caches", lambda: cleared.append(True))
+    monkeypatch.setattr(compiled, "mapping_count", lambda: (102, 201))
+    with caplog.at_level("WARNING", logger="jax_exec"):
+        assert compiled.bound_caches()
+    assert cleared == [True]
+    assert "held 102 of the 201 memory mappings" in caplog.text
+
+
 @pytest.mark.slow  # a clear in a default-run worker compiles again what its later tests share
 def test_a_process_near_the_mapping_limit_clears_the_caches_and_plans_the_same(monkeypatch, caplog):
     """Past half the memory mappings the system allows (each kernel holds some; past the
