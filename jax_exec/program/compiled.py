@@ -8,7 +8,9 @@ lower functions in one thread while XLA compiles those already lowered in others
 :data:`KERNEL_OPTIONS`, each lowered program once per process; :func:`in_background`
 runs such a compilation in the one thread that compiles ahead. :func:`clear_caches`
 forgets the kernels and the tables every :class:`~jax_exec.program.model.BlockModel`
-of the process shares (:data:`BLOCK_TABLES`).
+of the process shares (:data:`BLOCK_TABLES`); :func:`bound_caches` does so where a new
+model's planning starts once the process holds half the memory mappings the system
+allows (:func:`mapping_count`).
 """
 
 from __future__ import annotations
