@@ -90,3 +90,25 @@ def test_the_least_budget_of_remat_and_offload_is_planned_at_it():
     with pytest.raises(solvers.Infeasible) as below:
         jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget=least - 1, platform=FAST)
     assert below.value.min_budget == least
+
+
+def test_under_a_host_memory_cap_the_least_budget_is_planned_at_it():
+    """Found at stop 54 (tests/random_sequence_models.py's seed 71, a fast link and
+    2,189 B of host memory): the least budget of the model with host-memory variants,
+    taken without the variants that hold more than the cap alone, was 7,680 B, but its
+    schedule's variants held more than the cap together, and planned at 7,680 B the
+    least said was 7,808 B. The variants' least is now taken where it plans under the
+    cap, else the least planning there says."""
+    from random_sequence_models import random_sequence_case
+
+    case = random_sequence_case(71)
+    capped = Platform.host_offload(1e15, host_memory=2189)
+    said = []
+    for budget in ("45%", 7807):
+        with pytest.raises(solvers.Infeasible) as info:
+            jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget=budget,
+                          platform=capped)  # fmt: skip
+        said.append(info.value.min_budget)
+    assert said == [7808] * 2
+    p = jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget=7808, platform=capped)
+    assert p.schedule.meta["peak_memory"] <= 7808
