@@ -70,6 +70,25 @@ def test_a_bad_platform_is_named():
         jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget="50%", platform="usb2")
 
 
+def least_said_and_planned(case, platform, budget) -> int:
+    """The least budget that planning ``case`` at ``budget`` (below it) says, after
+    checking that a plan is made at it and that one byte less is refused with it."""
+
+    def plan(budget):
+        return jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget=budget,
+                             platform=platform)  # fmt: skip
+
+    with pytest.raises(solvers.Infeasible) as info:
+        plan(budget)
+    least = info.value.min_budget
+    p = plan(least)
+    assert p.schedule.meta["peak_memory"] <= least == p.budget
+    with pytest.raises(solvers.Infeasible) as below:
+        plan(least - 1)
+    assert below.value.min_budget == least
+    return least
+
+
 def test_the_least_budget_of_remat_and_offload_is_planned_at_it():
     """Found at stop 53 (tests/feature_models_objectives.py's CRF tagger, a fast link):
     below remat's least budget, the least budget with offload was taken over the chain
@@ -81,15 +100,7 @@ def test_the_least_budget_of_remat_and_offload_is_planned_at_it():
     one byte below."""
     from feature_models_objectives import crf
 
-    case = crf()
-    with pytest.raises(solvers.Infeasible) as info:
-        jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget="50%", platform=FAST)
-    least = info.value.min_budget
-    p = jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget=least, platform=FAST)
-    assert p.schedule.meta["peak_memory"] <= least == p.budget
-    with pytest.raises(solvers.Infeasible) as below:
-        jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget=least - 1, platform=FAST)
-    assert below.value.min_budget == least
+    least_said_and_planned(crf(), FAST, "50%")
 
 
 def test_under_a_host_memory_cap_the_least_budget_is_planned_at_it():
@@ -101,14 +112,5 @@ def test_under_a_host_memory_cap_the_least_budget_is_planned_at_it():
     cap, else the least planning there says."""
     from random_sequence_models import random_sequence_case
 
-    case = random_sequence_case(71)
     capped = Platform.host_offload(1e15, host_memory=2189)
-    said = []
-    for budget in ("45%", 7807):
-        with pytest.raises(solvers.Infeasible) as info:
-            jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget=budget,
-                          platform=capped)  # fmt: skip
-        said.append(info.value.min_budget)
-    assert said == [7808] * 2
-    p = jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget=7808, platform=capped)
-    assert p.schedule.meta["peak_memory"] <= 7808
+    assert least_said_and_planned(random_sequence_case(71), capped, "45%") == 7808
