@@ -10,7 +10,8 @@ forward, Sinkhorn by fori_loop, segment memory in nnx.Cache, top_k and lax.cond,
 resizing, float16 compute...; tests/feature_models_objectives.py: masked autoencoding,
 mixup, policy gradients, PPO's clipped surrogate, a CRF, ALiBi, pixel shuffle...;
 tests/feature_models_science.py: complex parameters, a sparse adjacency, Gumbel-softmax,
-NeRF rendering, the user's remat with a policy...). Per
+NeRF rendering, the user's remat with a policy...; tests/feature_models_archs.py: graph attention by
+segment ops, a ragged_dot mixture of experts, a DiT, a Conformer, lax.switch...). Per
 model:
 ``jax_exec.value_and_grad`` eagerly, under ``nnx.jit`` and with ``has_aux`` at
 max(65%, least) of store-all, and ``plan`` at the least budget and that budget on both
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import pytest
 from feature_models import CASES as FEATURE_CASES
+from feature_models_archs import ARCH_CASES
 from feature_models_heads import HEAD_CASES
 from feature_models_loops import LOOP_CASES
 from feature_models_losses import LOSS_CASES
@@ -50,7 +52,14 @@ def _joined(*tables: dict) -> dict:
 
 
 CASES = _joined(
-    FEATURE_CASES, LOOP_CASES, LOSS_CASES, HEAD_CASES, PATTERN_CASES, OBJECTIVE_CASES, SCIENCE_CASES
+    FEATURE_CASES,
+    LOOP_CASES,
+    LOSS_CASES,
+    HEAD_CASES,
+    PATTERN_CASES,
+    OBJECTIVE_CASES,
+    SCIENCE_CASES,
+    ARCH_CASES,
 )
 
 
