@@ -49,7 +49,7 @@ from jax.sharding import Mesh
 
 import solvers
 from jax_exec import auto
-from jax_exec.auto.exact import in_user_units
+from jax_exec.auto.least import in_user_units
 from jax_exec.auto.plan import Plan, device_memory
 from jax_exec.device_run import DeviceRun, default_mesh, per_device
 from jax_exec.program.analysis import CostModel

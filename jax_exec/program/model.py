@@ -420,7 +420,7 @@ class BlockModel:
         exact and the phases' frees known, so that ``build_problem(model, lower=True)``
         bounds every figure from below. Meanwhile every block's forward kernel is
         compiled in the background (the least-memory schedules that
-        :func:`jax_exec.auto.exact.exact_least` compiles recompute nearly every block;
+        :func:`jax_exec.auto.least.exact_least` compiles recompute nearly every block;
         tracing holds the GIL, XLA's compilation does not); they become known when a
         schedule asks for them. A sharded model's bytes per device are known from
         compiled kernels only: every option's are compiled."""

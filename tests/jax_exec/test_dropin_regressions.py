@@ -559,7 +559,7 @@ def zoo_unet():
     return case.factory, case.loss_fn, case.args
 
 
-# [14] The least budget is found by lower bounds (jax_exec.auto.exact.exact_least), which
+# [14] The least budget is found by lower bounds (jax_exec.auto.least.exact_least), which
 # compiles only the kernels of the least-memory schedules it tries: it must equal the
 # least budget of the problem with every kernel of every option compiled.
 @pytest.mark.parametrize("seed", [3, 7])
@@ -586,7 +586,8 @@ def test_least_budget_by_lower_bounds_is_exact(seed):
 # over the budget once compiled): the rounds stop at LAST_ROUND (they were unbounded),
 # and the exact least-memory schedule competes, so the plan is never slower than it.
 def test_rounds_near_the_least_budget_are_bounded_and_beat_the_least_memory_schedule():
-    from jax_exec.auto.exact import LAST_ROUND, least_schedule
+    from jax_exec.auto.exact import LAST_ROUND
+    from jax_exec.auto.least import least_schedule
     from schedir import simulate
 
     case = zoo.case("resnet")

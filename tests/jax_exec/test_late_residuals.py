@@ -146,7 +146,7 @@ def test_variants_and_their_figures():
 @pytest.mark.slow
 def test_late_residuals_lower_the_least_budget_of_bert_only_a_little():
     bench = load_script("benchmarks/late_residuals.py")
-    from jax_exec.auto.exact import exact_least
+    from jax_exec.auto.least import exact_least
 
     case = zoo.case("bert")
     bm = block_model(case.loss_fn, case.factory(), case.args)
