@@ -22,7 +22,21 @@ written at stop 55 as a new user would:
 - ``qat``: quantization-aware training by ``lax.reduce_precision`` with a
   straight-through estimator on the weights, and on the activations;
 - ``masked_attn``: ``jax.nn.dot_product_attention`` with a learnable bias and a mask
-  under which one sequence has no valid token (its rows masked out after).
+  under which one sequence has no valid token (its rows masked out after);
+- ``rwkv``: RWKV-style time mixing (a token shift by ``pad``, a ``lax.scan`` of
+  exponentially decayed sums with learnable decay and bonus), tied embeddings by
+  ``Embed.attend``;
+- ``llama``: rotary embeddings by a complex multiply (``lax.complex``, ``real``,
+  ``imag``), grouped-query attention by ``jnp.repeat`` into causal
+  ``dot_product_attention``, a SwiGLU MLP, RMSNorm, tied embeddings, logit soft-capping
+  by ``tanh``;
+- ``hyena``: a long convolution by zero-padded ``rfft`` / ``irfft`` with an implicit
+  filter (an MLP over positions with ``jnp.sin`` in ``nnx.Sequential``), gated;
+- ``yolo``: a detector's box loss by ``1 - IoU`` (``clip``, ``minimum``, ``maximum``,
+  exponentiated sizes) over the cells that hold an object, an objectness
+  ``sigmoid_binary_cross_entropy``, BatchNorm, a strided convolution;
+- ``grid``: grid attention over a window partition by ``reshape`` / ``transpose`` with a
+  learnable bias per head, optax's ``sigmoid_focal_loss`` of smoothed labels.
 
 Each equalled plain ``nnx.value_and_grad`` when written (tests/jax_exec/
 test_feature_models.py's check: ``value_and_grad`` eagerly, under ``nnx.jit`` and with
@@ -375,6 +389,237 @@ def masked_attn():
     )
 
 
+class RWKVMix(nnx.Module):
+    def __init__(self, d, *, rngs):
+        self.mu = nnx.Param(jnp.full((d,), 0.5))
+        self.k = nnx.Linear(d, d, use_bias=False, rngs=rngs)
+        self.v = nnx.Linear(d, d, use_bias=False, rngs=rngs)
+        self.r = nnx.Linear(d, d, use_bias=False, rngs=rngs)
+        self.decay = nnx.Param(jnp.linspace(-1.0, -3.0, d))
+        self.bonus = nnx.Param(jnp.zeros((d,)))
+        self.o = nnx.Linear(d, d, use_bias=False, rngs=rngs)
+        self.ln = nnx.LayerNorm(d, rngs=rngs)
+
+    def __call__(self, x):
+        h = self.ln(x)
+        prev = jnp.pad(h, ((0, 0), (1, 0), (0, 0)))[:, :-1]
+        xm = h * self.mu[...] + prev * (1 - self.mu[...])
+        k, v, r = self.k(xm), self.v(xm), jax.nn.sigmoid(self.r(xm))
+        w = -jnp.exp(self.decay[...])
+
+        def step(carry, inp):
+            num, den = carry
+            kt, vt = inp
+            e = jnp.exp(self.bonus[...] + kt)
+            out = (num + e * vt) / (den + e)
+            num = jnp.exp(w) * num + jnp.exp(kt) * vt
+            den = jnp.exp(w) * den + jnp.exp(kt)
+            return (num, den), out
+
+        z = jnp.zeros_like(k[:, 0])
+        _, out = jax.lax.scan(step, (z, z), (k.swapaxes(0, 1), v.swapaxes(0, 1)))
+        return x + self.o(r * out.swapaxes(0, 1))
+
+
+class RWKV(nnx.Module):
+    def __init__(self, *, rngs):
+        self.embed = nnx.Embed(32, 16, rngs=rngs)
+        self.blocks = nnx.List([RWKVMix(16, rngs=rngs) for _ in range(2)])
+        self.ln = nnx.LayerNorm(16, rngs=rngs)
+
+    def __call__(self, t):
+        h = self.embed(t)
+        for b in self.blocks:
+            h = b(h)
+        return self.embed.attend(self.ln(h))
+
+
+def rwkv():
+    t = jax.random.randint(_key(1), (2, 8), 0, 32)
+
+    def loss(m, t):
+        logits = m(t[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, t[:, 1:]).mean()
+
+    return _case("rwkv", lambda: RWKV(rngs=nnx.Rngs(0)), _metrics(loss), (t,), "rwkv")
+
+
+def rope_complex(x, pos):
+    d = x.shape[-1] // 2
+    freqs = 1.0 / (10000 ** (jnp.arange(d) / d))
+    angles = pos[:, None] * freqs[None]
+    rot = jax.lax.complex(jnp.cos(angles), jnp.sin(angles))
+    xc = jax.lax.complex(x[..., :d], x[..., d:]) * rot[None, :, None, :]
+    return jnp.concatenate([jnp.real(xc), jnp.imag(xc)], -1)
+
+
+class Llama(nnx.Module):
+    def __init__(self, *, rngs, d=32, heads=4, kv=2):
+        self.embed = nnx.Embed(40, d, rngs=rngs)
+        self.q = nnx.Linear(d, d, use_bias=False, rngs=rngs)
+        self.kv = nnx.Linear(d, 2 * kv * (d // heads), use_bias=False, rngs=rngs)
+        self.o = nnx.Linear(d, d, use_bias=False, rngs=rngs)
+        self.n1 = nnx.RMSNorm(d, rngs=rngs)
+        self.n2 = nnx.RMSNorm(d, rngs=rngs)
+        self.n3 = nnx.RMSNorm(d, rngs=rngs)
+        self.gate = nnx.Linear(d, 64, use_bias=False, rngs=rngs)
+        self.up = nnx.Linear(d, 64, use_bias=False, rngs=rngs)
+        self.down = nnx.Linear(64, d, use_bias=False, rngs=rngs)
+        self.heads, self.kvh, self.hd = heads, kv, d // heads
+
+    def __call__(self, t):
+        b, s = t.shape
+        x = self.embed(t)
+        h = self.n1(x)
+        q = self.q(h).reshape(b, s, self.heads, self.hd)
+        k, v = jnp.split(self.kv(h).reshape(b, s, 2 * self.kvh, self.hd), 2, 2)
+        pos = jnp.arange(s, dtype=jnp.float32)
+        q, k = rope_complex(q, pos), rope_complex(k, pos)
+        k = jnp.repeat(k, self.heads // self.kvh, 2)
+        v = jnp.repeat(v, self.heads // self.kvh, 2)
+        att = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(att.reshape(b, s, -1))
+        h = self.n2(x)
+        x = x + self.down(jax.nn.silu(self.gate(h)) * self.up(h))
+        logits = self.embed.attend(self.n3(x))
+        return 30.0 * jnp.tanh(logits / 30.0)  # soft-capping
+
+
+def llama():
+    t = jax.random.randint(_key(2), (2, 9), 0, 40)
+
+    def loss(m, t):
+        return optax.softmax_cross_entropy_with_integer_labels(m(t[:, :-1]), t[:, 1:]).mean()
+
+    return _case("llama", lambda: Llama(rngs=nnx.Rngs(0)), _metrics(loss), (t,), "rope complex")
+
+
+class Hyena(nnx.Module):
+    def __init__(self, *, rngs, d=8, n=16):
+        self.inp = nnx.Linear(d, 3 * d, rngs=rngs)
+        self.filt = nnx.Sequential(
+            nnx.Linear(3, 16, rngs=rngs), jnp.sin, nnx.Linear(16, d, rngs=rngs)
+        )
+        self.out = nnx.Linear(d, d, rngs=rngs)
+        self.head = nnx.Linear(d, 2, rngs=rngs)
+        self.n = n
+
+    def __call__(self, x):
+        n = x.shape[1]
+        a, b, v = jnp.split(self.inp(x), 3, -1)
+        t = jnp.linspace(0, 1, n)[:, None]
+        h = self.filt(jnp.concatenate([t, jnp.sin(3 * t), jnp.cos(3 * t)], -1)) * jnp.exp(-3 * t)
+        vf = jnp.fft.rfft(a * v, n=2 * n, axis=1)
+        hf = jnp.fft.rfft(h, n=2 * n, axis=0)
+        y = jnp.fft.irfft(vf * hf[None], n=2 * n, axis=1)[:, :n]
+        return self.head(self.out(b * y).mean(1))
+
+
+def hyena():
+    x = jax.random.normal(_key(3), (3, 16, 8))
+    y = jnp.array([0, 1, 1])
+
+    def loss(m, x, y):
+        return optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean()
+
+    return _case("hyena", lambda: Hyena(rngs=nnx.Rngs(0)), _metrics(loss), (x, y), "fft conv")
+
+
+class Detector(nnx.Module):
+    def __init__(self, *, rngs):
+        self.c1 = nnx.Conv(3, 8, (3, 3), strides=2, rngs=rngs)
+        self.bn = nnx.BatchNorm(8, rngs=rngs)
+        self.c2 = nnx.Conv(8, 8, (3, 3), rngs=rngs)
+        self.box = nnx.Conv(8, 4, (1, 1), rngs=rngs)
+        self.obj = nnx.Conv(8, 1, (1, 1), rngs=rngs)
+
+    def __call__(self, x):
+        h = nnx.silu(self.bn(self.c1(x)))
+        h = nnx.silu(self.c2(h))
+        return self.box(h), self.obj(h)[..., 0]
+
+
+def iou(a, b):
+    ax1, ay1, ax2, ay2 = (
+        a[..., 0],
+        a[..., 1],
+        a[..., 0] + jnp.exp(a[..., 2]),
+        a[..., 1] + jnp.exp(a[..., 3]),
+    )
+    bx1, by1, bx2, by2 = b[..., 0], b[..., 1], b[..., 2], b[..., 3]
+    iw = jnp.clip(jnp.minimum(ax2, bx2) - jnp.maximum(ax1, bx1), 0)
+    ih = jnp.clip(jnp.minimum(ay2, by2) - jnp.maximum(ay1, by1), 0)
+    inter = iw * ih
+    union = (ax2 - ax1) * (ay2 - ay1) + (bx2 - bx1) * (by2 - by1) - inter
+    return inter / (union + 1e-7)
+
+
+def yolo():
+    x = jax.random.normal(_key(4), (2, 8, 8, 3))
+    lo = jax.random.uniform(_key(5), (2, 4, 4, 2))
+    boxes = jnp.concatenate([lo, lo + 0.5 + jax.random.uniform(_key(6), (2, 4, 4, 2))], -1)
+    has = (jax.random.uniform(_key(7), (2, 4, 4)) < 0.3).astype(jnp.float32)
+
+    def loss(m, x, boxes, has):
+        pb, po = m(x)
+        box = jnp.sum((1 - iou(pb, boxes)) * has) / jnp.maximum(has.sum(), 1)
+        obj = optax.sigmoid_binary_cross_entropy(po, has).mean()
+        return box + obj
+
+    return _case("yolo", lambda: Detector(rngs=nnx.Rngs(0)), _metrics(loss), (x, boxes, has), "iou")
+
+
+class GridAttn(nnx.Module):
+    def __init__(self, *, rngs, c=8):
+        self.qkv = nnx.Linear(c, 3 * c, rngs=rngs)
+        self.o = nnx.Linear(c, c, rngs=rngs)
+        self.rel = nnx.Param(jnp.zeros((2, 16, 16)))
+        self.ln = nnx.LayerNorm(c, rngs=rngs)
+        self.head = nnx.Linear(c, 3, rngs=rngs)
+
+    def __call__(self, x):  # (b, 8, 8, c): grid of 2x2 groups of 4x4 windows
+        b, H, W, c = x.shape
+        g = x.reshape(b, 4, 2, 4, 2, c).transpose(0, 2, 4, 1, 3, 5).reshape(b * 4, 16, c)
+        q, k, v = jnp.split(self.qkv(self.ln(g)), 3, -1)
+        q = q.reshape(b * 4, 16, 2, c // 2)
+        k = k.reshape(b * 4, 16, 2, c // 2)
+        v = v.reshape(b * 4, 16, 2, c // 2)
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(c / 2) + self.rel[...]
+        a = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, -1), v).reshape(b * 4, 16, c)
+        g = g + self.o(a)
+        x = g.reshape(b, 2, 2, 4, 4, c).transpose(0, 3, 1, 4, 2, 5).reshape(b, H, W, c)
+        return self.head(x.mean((1, 2)))
+
+
+def grid():
+    x = jax.random.normal(_key(8), (2, 8, 8, 8))
+    y = jnp.array([0, 2])
+
+    def loss(m, x, y):
+        logits = m(x)
+        labels = optax.smooth_labels(jax.nn.one_hot(y, 3), 0.1)
+        return optax.sigmoid_focal_loss(logits, labels).mean()
+
+    return _case(
+        "grid", lambda: GridAttn(rngs=nnx.Rngs(0)), _metrics(loss), (x, y), "grid attention, focal"
+    )
+
+
 ARCH_CASES: dict[str, Callable[[], Case]] = {
-    f.__name__: f for f in (gat, ragged_moe, dit, conformer, switch, circular, qat, masked_attn)
+    f.__name__: f
+    for f in (
+        gat,
+        ragged_moe,
+        dit,
+        conformer,
+        switch,
+        circular,
+        qat,
+        masked_attn,
+        rwkv,
+        llama,
+        hyena,
+        yolo,
+        grid,
+    )
 }

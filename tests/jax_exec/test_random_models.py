@@ -1,7 +1,9 @@
 """The drop-in on seeded random models (tests/random_models.py: chains over a ``(batch,
 width)`` activation, 300 in the default run; tests/random_sequence_models.py: sequence
 models with scans, conds, top-k, sorts and the user's ``nnx.remat``, 120 under ``-m
-slow``): every one plans and runs on both paths at a random budget, with the loss,
+slow``; tests/random_image_models.py: image models with 2-D convolutions, windows,
+resizes and channel dropout, 10 in the default run and 110 more under ``-m slow``):
+every one plans and runs on both paths at a random budget, with the loss,
 gradients and state of plain ``nnx.value_and_grad``; none crashes.
 
 Per model: ``plan`` at store-all, then a budget drawn between the least budget of the
@@ -41,6 +43,7 @@ import jax
 import pytest
 from flax import nnx
 from plain_reference import assert_matches, check_plan, float64_reference, model_state, plain
+from random_image_models import random_image_case
 from random_models import random_case
 from random_sequence_models import random_sequence_case
 
@@ -133,6 +136,23 @@ SEQUENCE_MODELS, SEQUENCE_CHUNKS = 120, 6
 def test_random_sequence_models(chunk):
     for seed in range(chunk, SEQUENCE_MODELS, SEQUENCE_CHUNKS):
         check(seed, random_sequence_case)
+
+
+IMAGE_MODELS, IMAGE_CHUNKS = 120, 6
+IMAGE_DEFAULT = 10  # in the default run: the generator's ops (2-D windows) kept working
+
+
+@pytest.mark.parametrize("chunk", range(2))
+def test_random_image_models_default(chunk):
+    for seed in range(chunk, IMAGE_DEFAULT, 2):
+        check(seed, random_image_case)
+
+
+@pytest.mark.slow  # about 2.5 s a model; seeds 8-399 were swept at stop 55 (docs/auto.md)
+@pytest.mark.parametrize("chunk", range(IMAGE_CHUNKS))
+def test_random_image_models(chunk):
+    for seed in range(IMAGE_DEFAULT + chunk, IMAGE_MODELS, IMAGE_CHUNKS):
+        check(seed, random_image_case)
 
 
 def test_the_rounding_arbiter_passes_rounding_and_catches_errors() -> None:
