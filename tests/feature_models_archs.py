@@ -51,7 +51,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import optax
-from feature_models import _case, _key, _metrics, classify
+from feature_models import _key, classify
+from feature_models_science import _made
 from flax import nnx
 from zoo import Case
 
@@ -97,9 +98,7 @@ def gat():
     def loss(m, x, s, d, y):
         return optax.softmax_cross_entropy_with_integer_labels(m(x, s, d), y).mean()
 
-    return _case(
-        "gat", lambda: GAT(rngs=nnx.Rngs(0)), _metrics(loss), (x, src, dst, y), "segment_max/sum"
-    )
+    return _made("gat", GAT, loss, (x, src, dst, y), "segment_max/sum")
 
 
 class RaggedMoE(nnx.Module):
@@ -137,9 +136,7 @@ def ragged_moe():
         logits, balance = m(x)
         return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean() + 0.01 * balance
 
-    return _case(
-        "ragged_moe", lambda: RaggedMoE(rngs=nnx.Rngs(0)), _metrics(loss), (x, y), "ragged_dot"
-    )
+    return _made("ragged_moe", RaggedMoE, loss, (x, y), "ragged_dot")
 
 
 def timestep_embedding(t, dim):
@@ -205,9 +202,7 @@ def dit():
         xt = jnp.sqrt(abar) * x0 + jnp.sqrt(1 - abar) * noise
         return jnp.mean((m(xt, t, y, drop) - noise) ** 2)
 
-    return _case(
-        "dit", lambda: DiT(rngs=nnx.Rngs(0)), _metrics(loss), (x0, noise, t, y, drop), "adaLN-Zero"
-    )
+    return _made("dit", DiT, loss, (x0, noise, t, y, drop), "adaLN-Zero")
 
 
 class ConformerBlock(nnx.Module):
@@ -271,13 +266,7 @@ def conformer():
         ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
         return jnp.sum(ce * valid) / jnp.sum(valid)
 
-    return _case(
-        "conformer",
-        lambda: Conformer(rngs=nnx.Rngs(0)),
-        _metrics(loss),
-        (feats, lengths, labels),
-        "conformer",
-    )
+    return _made("conformer", Conformer, loss, (feats, lengths, labels), "conformer")
 
 
 class Switchy(nnx.Module):
@@ -299,13 +288,7 @@ def switch():
     def loss(m, x, w, y):
         return optax.softmax_cross_entropy_with_integer_labels(m(x, w), y).mean()
 
-    return _case(
-        "switch",
-        lambda: Switchy(rngs=nnx.Rngs(0)),
-        _metrics(loss),
-        (x, jnp.int32(2), y),
-        "lax.switch",
-    )
+    return _made("switch", Switchy, loss, (x, jnp.int32(2), y), "lax.switch")
 
 
 class Circular(nnx.Module):
@@ -326,9 +309,7 @@ class Circular(nnx.Module):
 def circular():
     x = jax.random.normal(_key(1), (4, 8, 8, 2))
     y = jax.random.randint(_key(2), (4,), 0, 3)
-    return _case(
-        "circular", lambda: Circular(rngs=nnx.Rngs(0)), _metrics(classify), (x, y), "circular"
-    )
+    return _made("circular", Circular, classify, (x, y), "circular")
 
 
 class QAT(nnx.Module):
@@ -349,9 +330,7 @@ class QAT(nnx.Module):
 def qat():
     x = jax.random.normal(_key(1), (8, 8))
     y = jax.random.randint(_key(2), (8,), 0, 2)
-    return _case(
-        "qat", lambda: QAT(rngs=nnx.Rngs(0)), _metrics(classify), (x, y), "reduce_precision"
-    )
+    return _made("qat", QAT, classify, (x, y), "reduce_precision")
 
 
 class MaskedAttn(nnx.Module):
@@ -380,13 +359,7 @@ def masked_attn():
     def loss(m, x, v, y):
         return optax.softmax_cross_entropy_with_integer_labels(m(x, v), y).mean()
 
-    return _case(
-        "masked_attn",
-        lambda: MaskedAttn(rngs=nnx.Rngs(0)),
-        _metrics(loss),
-        (x, valid, y),
-        "dpa bias+mask",
-    )
+    return _made("masked_attn", MaskedAttn, loss, (x, valid, y), "dpa bias+mask")
 
 
 class RWKVMix(nnx.Module):
@@ -441,7 +414,7 @@ def rwkv():
         logits = m(t[:, :-1])
         return optax.softmax_cross_entropy_with_integer_labels(logits, t[:, 1:]).mean()
 
-    return _case("rwkv", lambda: RWKV(rngs=nnx.Rngs(0)), _metrics(loss), (t,), "rwkv")
+    return _made("rwkv", RWKV, loss, (t,), "rwkv")
 
 
 def rope_complex(x, pos):
@@ -491,7 +464,7 @@ def llama():
     def loss(m, t):
         return optax.softmax_cross_entropy_with_integer_labels(m(t[:, :-1]), t[:, 1:]).mean()
 
-    return _case("llama", lambda: Llama(rngs=nnx.Rngs(0)), _metrics(loss), (t,), "rope complex")
+    return _made("llama", Llama, loss, (t,), "rope complex")
 
 
 class Hyena(nnx.Module):
@@ -522,7 +495,7 @@ def hyena():
     def loss(m, x, y):
         return optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean()
 
-    return _case("hyena", lambda: Hyena(rngs=nnx.Rngs(0)), _metrics(loss), (x, y), "fft conv")
+    return _made("hyena", Hyena, loss, (x, y), "fft conv")
 
 
 class Detector(nnx.Module):
@@ -566,7 +539,7 @@ def yolo():
         obj = optax.sigmoid_binary_cross_entropy(po, has).mean()
         return box + obj
 
-    return _case("yolo", lambda: Detector(rngs=nnx.Rngs(0)), _metrics(loss), (x, boxes, has), "iou")
+    return _made("yolo", Detector, loss, (x, boxes, has), "iou")
 
 
 class GridAttn(nnx.Module):
@@ -600,9 +573,7 @@ def grid():
         labels = optax.smooth_labels(jax.nn.one_hot(y, 3), 0.1)
         return optax.sigmoid_focal_loss(logits, labels).mean()
 
-    return _case(
-        "grid", lambda: GridAttn(rngs=nnx.Rngs(0)), _metrics(loss), (x, y), "grid attention, focal"
-    )
+    return _made("grid", GridAttn, loss, (x, y), "grid attention, focal")
 
 
 ARCH_CASES: dict[str, Callable[[], Case]] = {
