@@ -131,7 +131,7 @@ def test_random_models(chunk):
 SEQUENCE_MODELS, SEQUENCE_CHUNKS = 120, 6
 
 
-@pytest.mark.slow  # about 2.5 s a model; seeds 0-1799 were swept at stop 53 (docs/auto.md)
+@pytest.mark.slow  # ~2.5 s a model; seeds 0-1799 swept at stop 53 (docs/auto_measurements.md)
 @pytest.mark.parametrize("chunk", range(SEQUENCE_CHUNKS))
 def test_random_sequence_models(chunk):
     for seed in range(chunk, SEQUENCE_MODELS, SEQUENCE_CHUNKS):
@@ -148,7 +148,7 @@ def test_random_image_models_default(chunk):
         check(seed, random_image_case)
 
 
-@pytest.mark.slow  # about 2.5 s a model; seeds 8-399 were swept at stop 55 (docs/auto.md)
+@pytest.mark.slow  # ~2.5 s a model; seeds 8-399 swept at stop 55 (docs/auto_measurements.md)
 @pytest.mark.parametrize("chunk", range(IMAGE_CHUNKS))
 def test_random_image_models(chunk):
     for seed in range(IMAGE_DEFAULT + chunk, IMAGE_MODELS, IMAGE_CHUNKS):
