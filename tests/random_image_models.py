@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from random_models import ACTS, RandomCase, earlier
+from random_models import ACTS, RandomCase, drawn_case, earlier
 
 CHANNELS, SIZE, BATCH = 4, 8, 2
 
@@ -203,12 +203,7 @@ def random_image_case(seed: int) -> RandomCase:
             return xent
         return xent * model.loss_weight[...] + 0.1 * jnp.mean(dense**2)
 
-    def aux_loss_fn(model, *args):
-        loss = loss_fn(model, *args)
-        return loss, {"loss": loss, "scaled": 2 * loss}
-
     def factory():
         return ImageModel(ops, rngs=nnx.Rngs(seed, dropout=seed + 1))
 
-    args = (x, labels, target)
-    return RandomCase(seed, ops, factory, loss_fn, aux_loss_fn, args, float(rng.random()))
+    return drawn_case(seed, ops, factory, loss_fn, (x, labels, target), rng)

@@ -59,6 +59,18 @@ class RandomCase:
     fraction: float
 
 
+def drawn_case(seed: int, ops: tuple, factory: Callable, loss_fn: Callable, args: tuple,
+               rng: np.random.Generator) -> RandomCase:  # fmt: skip
+    """The :class:`RandomCase` of a drawn model: ``aux_loss_fn`` returns the loss with
+    metrics that hold it, and ``fraction`` is the generator's last draw."""
+
+    def aux_loss_fn(model, *args):
+        loss = loss_fn(model, *args)
+        return loss, {"loss": loss, "scaled": 2 * loss}
+
+    return RandomCase(seed, ops, factory, loss_fn, aux_loss_fn, args, float(rng.random()))
+
+
 class RandomModel(nnx.Module):
     def __init__(self, ops: tuple, width: int, *, rngs: nnx.Rngs):
         self.ops = list(ops)  # the drawn operations, held as a (list) attribute
@@ -175,12 +187,7 @@ def random_case(seed: int) -> RandomCase:
             return xent * warm
         return (xent * model.loss_weight[...] + jnp.mean(out**2)) * warm
 
-    def aux_loss_fn(model, *args):
-        loss = loss_fn(model, *args)
-        return loss, {"loss": loss, "scaled": 2 * loss}
-
     def factory():
         return RandomModel(ops, width, rngs=nnx.Rngs(seed))
 
-    args = (x, mask, labels, target, STEP)
-    return RandomCase(seed, ops, factory, loss_fn, aux_loss_fn, args, float(rng.random()))
+    return drawn_case(seed, ops, factory, loss_fn, (x, mask, labels, target, STEP), rng)
