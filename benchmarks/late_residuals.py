@@ -30,8 +30,9 @@ sys.path.append(str(ROOT / "tests"))  # the zoo (appended: tests/ holds package-
 import zoo  # noqa: E402
 
 from jax_exec.auto.least import exact_least  # noqa: E402
+from jax_exec.program.build import block_model  # noqa: E402
 from jax_exec.program.host_variants import with_host_variants  # noqa: E402
-from jax_exec.program.model import BlockModel, block_model  # noqa: E402
+from jax_exec.program.model import BlockModel  # noqa: E402
 from jax_exec.program.problem import build_problem  # noqa: E402
 from schedir import Platform  # noqa: E402
 from schedir.blocks.problem import simulate_blocks  # noqa: E402

@@ -28,7 +28,8 @@ from jax_exec.execute.interpreter import run_schedule
 from jax_exec.execute.lowering import lower
 from jax_exec.execute.result import RunResult, tree_bytes
 from jax_exec.program.analysis import CostModel
-from jax_exec.program.model import BlockModel, block_model
+from jax_exec.program.build import block_model
+from jax_exec.program.model import BlockModel
 from jax_exec.program.placement import device_bytes, spread, spread_devices
 from jax_exec.program.trace import graph_difference, split_model
 from schedir import Graph, GraphSchedule, Platform, Schedule

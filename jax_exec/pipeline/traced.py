@@ -91,8 +91,9 @@ from jax_exec.pipeline.schedules import (
 )
 from jax_exec.pipeline.stage_storage import LowBitReport, StorageCheck
 from jax_exec.program.analysis import CostModel
+from jax_exec.program.build import program_model
 from jax_exec.program.flat import Program
-from jax_exec.program.model import BlockModel, program_model
+from jax_exec.program.model import BlockModel
 from jax_exec.program.problem import stage_times
 from jax_exec.program.trace import graph_difference, trace
 from jax_exec.stages.program import plain_options

@@ -133,7 +133,7 @@ def bound_caches() -> bool:
     """Clear the caches (:func:`clear_caches`) when the process holds more than half the
     memory mappings the system allows, and say so (a ``jax_exec`` log warning); True if
     they were cleared. Called where a new model's planning starts
-    (:func:`~jax_exec.program.model.program_model`), never within one: a plan's model
+    (:func:`~jax_exec.program.build.program_model`), never within one: a plan's model
     reads back what it compiled. Why: each XLA CPU executable holds about 3-10 mappings,
     the caches never evict, and past ``vm.max_map_count`` (65,530 by default) LLVM fails
     to compile ("Cannot allocate memory") and the process then crashes: a process that

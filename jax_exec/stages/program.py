@@ -30,8 +30,9 @@ from jax_exec.execute.lowering import lower
 from jax_exec.execute.result import RunResult
 from jax_exec.execute.tree import check_schedule, split_copies
 from jax_exec.program.analysis import CostModel
+from jax_exec.program.build import program_model
 from jax_exec.program.kernels import SaveOption
-from jax_exec.program.model import BlockModel, program_model
+from jax_exec.program.model import BlockModel
 from jax_exec.program.problem import build_problem
 from jax_exec.program.trace import trace_pure
 from jax_exec.stages.split import StageList, activation_specs, check_loss, split_layers

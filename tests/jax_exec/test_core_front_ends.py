@@ -19,7 +19,7 @@ import jax_exec
 import schedir
 import solvers
 from jax_exec.execute import lower, run_schedule
-from jax_exec.program.model import program_model
+from jax_exec.program.build import program_model
 from jax_exec.program.problem import build_problem
 from jax_exec.program.trace import split_model, trace
 from jax_exec.stages.program import BOUNDARY, layer_cuts, plain_options

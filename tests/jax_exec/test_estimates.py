@@ -9,7 +9,7 @@ import pytest
 import zoo
 
 from jax_exec.auto.reference import reference_schedule
-from jax_exec.program.model import block_model
+from jax_exec.program.build import block_model
 from jax_exec.program.options import saved_estimate, store_all_options
 
 

@@ -34,9 +34,9 @@ import solvers
 from jax_exec.execute.interpreter import run_schedule
 from jax_exec.execute.loops import scan_runs
 from jax_exec.execute.lowering import lower, recorded
+from jax_exec.program.build import block_model
 from jax_exec.program.flat import aval_bytes
 from jax_exec.program.host_variants import with_host_variants
-from jax_exec.program.model import block_model
 from jax_exec.program.phases import LATE_PHASES
 from jax_exec.program.problem import build_problem
 from schedir import B, F_all, Loss, Platform
