@@ -120,9 +120,8 @@ class ImageModel(nnx.Module):
 
 
 def _apply(kind, arg, layer, x, seen):
-    if kind in ("conv", "conv1x1", "groupnorm", "batchnorm", "layernorm", "dropout"):
-        return layer(x)
-    if kind == "drop_channels":
+    if kind in ("conv", "conv1x1", "groupnorm", "batchnorm", "layernorm", "dropout",
+                "drop_channels"):  # fmt: skip
         return layer(x)
     if kind == "act":
         return getattr(jax.nn, arg)(x)

@@ -10,9 +10,9 @@ forward, Sinkhorn by fori_loop, segment memory in nnx.Cache, top_k and lax.cond,
 resizing, float16 compute...; tests/feature_models_objectives.py: masked autoencoding,
 mixup, policy gradients, PPO's clipped surrogate, a CRF, ALiBi, pixel shuffle...;
 tests/feature_models_science.py: complex parameters, a sparse adjacency, Gumbel-softmax,
-NeRF rendering, the user's remat with a policy...; tests/feature_models_archs.py: graph attention by
-segment ops, a ragged_dot mixture of experts, a DiT, a Conformer, lax.switch...). Per
-model:
+NeRF rendering, the user's remat with a policy...; tests/feature_models_archs.py: graph
+attention by segment ops, a ragged_dot mixture of experts, a DiT, a Conformer,
+lax.switch, RWKV, Hyena...). Per model:
 ``jax_exec.value_and_grad`` eagerly, under ``nnx.jit`` and with ``has_aux`` at
 max(65%, least) of store-all, and ``plan`` at the least budget and that budget on both
 paths (op by op: measured peak = predicted <= budget): loss, gradients, state and
