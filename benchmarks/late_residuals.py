@@ -35,8 +35,8 @@ from jax_exec.program.host_variants import with_host_variants  # noqa: E402
 from jax_exec.program.model import BlockModel  # noqa: E402
 from jax_exec.program.problem import build_problem  # noqa: E402
 from schedir import Platform  # noqa: E402
-from schedir.blocks.problem import simulate_blocks  # noqa: E402
 from schedir.blocks.schedule import BlockSchedule  # noqa: E402
+from schedir.blocks.simulate import simulate_blocks  # noqa: E402
 from solvers.blocks.rotor import least_memory_ops  # noqa: E402
 
 LINK = Platform.host_offload("nvlink-c2c")  # any host link: least budgets are bytes

@@ -52,8 +52,8 @@ from schedir import (  # noqa: E402
     plot_style,  # noqa: E402
     simulate_offload,
 )
-from schedir.blocks.problem import simulate_blocks  # noqa: E402
 from schedir.blocks.schedule import BlockSchedule  # noqa: E402
+from schedir.blocks.simulate import simulate_blocks  # noqa: E402
 from schedir_cli.common import make_folder  # noqa: E402
 
 PRESETS = ("pcie4", "pcie5", "nvlink-c2c")

@@ -209,7 +209,7 @@ def expected_host(plan) -> Counter:
     recordings held at the plan's ``Loss`` op: what its compiled step saves at its top
     level in host memory (no whole buffer offloaded)."""
     from schedir import Loss
-    from schedir.blocks.problem import simulate_blocks
+    from schedir.blocks.simulate import simulate_blocks
 
     model, schedule = plan.model, plan.schedule
     trace = simulate_blocks(model.problem, schedule, record_buffers=True)

@@ -30,8 +30,8 @@ import solvers
 from jax_exec.program.model import BlockModel
 from jax_exec.program.problem import build_problem
 from schedir import OffloadProblem, Platform, simulate_offload
-from schedir.blocks.problem import simulate_blocks
 from schedir.blocks.schedule import BlockSchedule
+from schedir.blocks.simulate import simulate_blocks
 from schedir.offload.ops import Offload
 from schedir.platform import PRESETS
 

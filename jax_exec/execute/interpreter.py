@@ -34,7 +34,7 @@ from jax_exec.execute.result import OpMeter, RunResult, tree_bytes
 from jax_exec.program.model import BlockModel, global_values, through_flags
 from jax_exec.program.placement import place
 from schedir import B, F_all, Loss, Schedule
-from schedir.blocks.problem import schedule_options, simulate_blocks
+from schedir.blocks.simulate import schedule_options, simulate_blocks
 from schedir.chain.ops import buffer_moves
 from schedir.offload.effects import CopyEffect, CopyStates
 from schedir.offload.ops import Evict, Offload, Prefetch, Wait

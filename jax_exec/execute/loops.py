@@ -28,7 +28,7 @@ from jax_exec.execute.tree import Record, Segment, parse_tree
 from jax_exec.program.flat import Lit
 from jax_exec.program.model import BlockModel
 from schedir import Schedule
-from schedir.blocks.problem import schedule_options
+from schedir.blocks.simulate import schedule_options
 
 MAX_PERIOD = 8  # blocks an iteration considered (a transformer layer is 2-4 blocks)
 # A forward-only loop of two periods compiles to more XLA instructions than a second

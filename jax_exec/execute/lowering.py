@@ -77,7 +77,7 @@ from jax_exec.execute.tree import (
 from jax_exec.program.kernels import BlockFunctions, named
 from jax_exec.program.model import BlockModel, global_values
 from schedir import Loss, Schedule
-from schedir.blocks.problem import schedule_options, simulate_blocks
+from schedir.blocks.simulate import schedule_options, simulate_blocks
 
 
 def _to(space: Any, tree: Any) -> Any:

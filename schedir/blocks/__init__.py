@@ -2,14 +2,9 @@
 automatic planner of ``jax_exec.auto`` solves; docs/auto.md)."""
 
 from schedir import kind as _kind
-from schedir.blocks.problem import (
-    BlockChain,
-    BlockOption,
-    BlockStage,
-    schedule_options,
-    simulate_blocks,
-)
+from schedir.blocks.problem import BlockChain, BlockOption, BlockStage
 from schedir.blocks.schedule import BlockSchedule
+from schedir.blocks.simulate import schedule_options, simulate_blocks
 from schedir.chain.simulate import chain_lanes
 
 KIND = _kind.register(

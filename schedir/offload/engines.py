@@ -1,6 +1,6 @@
 """The copy engines' timing rule, one place for the offload simulator
 (:mod:`schedir.offload.simulate`) and the block chain's host-memory variants
-(:func:`schedir.blocks.problem.simulate_blocks`): one engine per direction
+(:func:`schedir.blocks.simulate.simulate_blocks`): one engine per direction
 (``"offload"``: device to host, ``"prefetch"``: host to device); a copy starts once it
 is issued and its engine is free, so copies on one engine run one after another in
 the order they are issued, and the two directions overlap each other and compute."""

@@ -35,8 +35,9 @@ import math
 import numpy as np
 
 from schedir import B, F_all, F_ck, F_n, Loss
-from schedir.blocks.problem import BlockChain, simulate_blocks
+from schedir.blocks.problem import BlockChain
 from schedir.blocks.schedule import BlockSchedule
+from schedir.blocks.simulate import simulate_blocks
 from solvers.registry import Infeasible, register
 
 

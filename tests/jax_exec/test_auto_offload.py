@@ -18,7 +18,7 @@ from plain_reference import check_plan, host_residuals, plain
 import jax_exec
 import solvers
 from schedir import Platform
-from schedir.blocks.problem import simulate_blocks
+from schedir.blocks.simulate import simulate_blocks
 
 FAST = Platform.host_offload(1e15)
 

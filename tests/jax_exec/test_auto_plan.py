@@ -25,7 +25,7 @@ from flax import nnx
 import solvers
 from jax_exec import auto
 from jax_exec.execute.lowering import expected_residuals, saved_residuals
-from schedir.blocks.problem import simulate_blocks
+from schedir.blocks.simulate import simulate_blocks
 
 
 def _arrays(tree):

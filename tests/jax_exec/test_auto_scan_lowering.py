@@ -23,7 +23,7 @@ from jax_exec import auto
 from jax_exec.execute.loops import boundary, emits, forward_runs, scan_runs
 from jax_exec.execute.lowering import expected_residuals, lower, saved_residuals, segment_stacks
 from jax_exec.execute.tree import Record, Segment, parse_tree
-from schedir.blocks.problem import schedule_options
+from schedir.blocks.simulate import schedule_options
 
 
 def has_scan(fn, *args) -> bool:

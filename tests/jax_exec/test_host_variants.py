@@ -20,7 +20,7 @@ from plain_reference import check_plan, expected_host, host_residuals, plain
 import jax_exec
 from jax_exec.auto.lowbit import LowBitOption
 from schedir import Platform
-from schedir.blocks.problem import simulate_blocks
+from schedir.blocks.simulate import simulate_blocks
 
 FAST = Platform.host_offload(1e15)
 

@@ -40,8 +40,8 @@ from jax_exec.program.host_variants import with_host_variants
 from jax_exec.program.phases import LATE_PHASES
 from jax_exec.program.problem import build_problem
 from schedir import B, F_all, Loss, Platform
-from schedir.blocks.problem import simulate_blocks
 from schedir.blocks.schedule import BlockSchedule
+from schedir.blocks.simulate import simulate_blocks
 from schedir.offload.ops import Offload, Prefetch, Wait
 
 FAST = Platform.host_offload(1e15)  # the zoo is tiny: a link fast enough for copies to pay

@@ -31,7 +31,7 @@ import jax, jax.numpy as jnp, numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 import jax_exec
-from schedir.blocks.problem import simulate_blocks
+from schedir.blocks.simulate import simulate_blocks
 
 
 def close(a, b, same_shardings=True):

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 
 from schedir import B, F_all, InvalidProblem, Loss
-from schedir.blocks.problem import BlockChain, BlockOption, BlockStage, simulate_blocks
+from schedir.blocks.problem import BlockChain, BlockOption, BlockStage
 from schedir.blocks.schedule import BlockSchedule
+from schedir.blocks.simulate import simulate_blocks
 
 OPS = [F_all(0), F_all(1), Loss(), B(1), B(0)]
 

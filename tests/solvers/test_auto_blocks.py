@@ -21,8 +21,9 @@ import pytest
 import schedir
 import solvers
 from schedir import B, F_all, F_ck, F_n, InvalidProblem, InvalidSchedule, Loss
-from schedir.blocks.problem import BlockChain, BlockOption, BlockStage, simulate_blocks
+from schedir.blocks.problem import BlockChain, BlockOption, BlockStage
 from schedir.blocks.schedule import BlockSchedule
+from schedir.blocks.simulate import simulate_blocks
 from solvers.blocks.rotor import _Sizes, _Table, least_memory, least_slots
 
 
