@@ -16,15 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from schedir import Graph, GraphSchedule, InvalidSchedule, simulate_graph
-from solvers.graph.checkmate_milp import (
-    SOLVER,
-    Deadline,
-    budget_cap,
-    build_model,
-    s_matrix,
-    schedule_from_s,
-    solve_model,
-)
+from solvers.graph.checkmate_milp import SOLVER, Deadline, solve_model
+from solvers.graph.checkmate_model import budget_cap, build_model, s_matrix, schedule_from_s
 from solvers.registry import Infeasible, register
 
 
