@@ -39,9 +39,10 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from jax_exec.program.analysis import ELEMENTWISE, EXPENSIVE, LAYOUT, Analysis
+from jax_exec.program.analysis import Analysis
 from jax_exec.program.blocks import Block
 from jax_exec.program.flat import Lit, Program, aval_bytes, strongly_typed
+from jax_exec.program.primitives import ELEMENTWISE, EXPENSIVE, LAYOUT
 from jax_exec.program.ties import SELECTORS, tied_values
 
 OPTION_KINDS = ("names", "everything", "dots", "fused")

@@ -19,8 +19,9 @@ only shifted (a softmax's ``stop_gradient(max)``) meets no comparison and may be
 
 from __future__ import annotations
 
-from jax_exec.program.analysis import LAYOUT, OPAQUE, Analysis
+from jax_exec.program.analysis import Analysis
 from jax_exec.program.flat import Program
+from jax_exec.program.primitives import LAYOUT, OPAQUE
 
 CHOOSERS = frozenset("max min reduce_max reduce_min cummax cummin scatter-max scatter-min".split())
 SELECTORS = CHOOSERS | {"sort", "top_k", "approx_top_k", "gather"}

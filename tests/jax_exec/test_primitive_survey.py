@@ -1,7 +1,7 @@
 """Every primitive that ``jax.numpy``, ``jax.nn``, ``jax.lax``, ``jax.random``,
 ``jax.scipy.special``, ``jax.image`` and Flax's layers emit is classified by the planner
-(jax_exec/program/analysis.py): the survey calls every public function of those modules on a
-few argument patterns, and every layer forward and backward, collects the primitives of
+(jax_exec/program/primitives.py): the survey calls every public function of those modules
+on a few argument patterns, and every layer forward and backward, collects the primitives of
 their jaxprs, and fails on one the planner does not know. A new JAX release that adds a
 primitive shows up here, not in a user's model. (Unknown primitives are charged as stored
 by XLA with a warning, a conservative fallback tested below; effects and collectives are
@@ -18,11 +18,11 @@ import pytest
 from flax import nnx
 
 from jax_exec import auto
-from jax_exec.program import analysis
+from jax_exec.program import primitives
 
 # Not the planner's: refused by name (collectives, regions of several devices) or as
 # side effects (dce_sink carries an effect), inlined by the trace (jit), or JAX tokens.
-NOT_PLANNED = analysis.COLLECTIVE | analysis.MULTI_DEVICE | {"jit", "pjit", "dce_sink"}
+NOT_PLANNED = primitives.COLLECTIVE | primitives.MULTI_DEVICE | {"jit", "pjit", "dce_sink"}
 TOKENS = {"create_token"}  # a token has no shape: only effectful code (refused) uses one
 MODULES = {
     "jnp": jnp,
@@ -149,7 +149,7 @@ def _check(found: dict[str, set[str]], least: int) -> None:
     unknown = {
         p: sorted(where)[:3]
         for p, where in found.items()
-        if analysis.classified(p) is None and p not in NOT_PLANNED | TOKENS
+        if primitives.classified(p) is None and p not in NOT_PLANNED | TOKENS
     }
     assert not unknown, f"primitives the planner does not classify (add them): {unknown}"
 
@@ -170,8 +170,8 @@ def test_every_primitive_of_every_argument_pattern_is_classified():
 def test_an_unknown_primitive_is_charged_as_stored_with_a_warning(monkeypatch):
     """A primitive missing from the tables (tile, here) plans with a warning naming it
     and runs exactly; the class token of a ViT is made with jnp.tile."""
-    monkeypatch.setattr(analysis, "LAYOUT", analysis.LAYOUT - {"tile"})
-    monkeypatch.setattr(analysis, "_WARNED", set())
+    monkeypatch.setattr(primitives, "LAYOUT", primitives.LAYOUT - {"tile"})
+    monkeypatch.setattr(primitives, "_WARNED", set())
 
     class ClassToken(nnx.Module):
         def __init__(self, rngs):
@@ -209,5 +209,5 @@ def test_every_primitive_of_jax_experimental_sparse_is_classified():
         if isinstance(value, jax.extend.core.Primitive)
     }
     assert len(found) > 20
-    unknown = sorted(p for p in found if analysis.classified(p) is None)
+    unknown = sorted(p for p in found if primitives.classified(p) is None)
     assert not unknown, f"sparse primitives the planner does not classify (add them): {unknown}"
