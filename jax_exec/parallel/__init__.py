@@ -6,6 +6,7 @@ ZeRO-sharded training steps."""
 from jax_exec.pipeline.dynamic import run_dynamic
 from jax_exec.pipeline.dynamic_training import run_dynamic_training
 from jax_exec.pipeline.mpmd import run_pipeline
+from jax_exec.pipeline.pipeline_plan import PipelinePlan, PipelineStep
 from jax_exec.pipeline.profile import profile as profile_stages
 from jax_exec.pipeline.spmd import (
     nnx_blocks,
@@ -17,7 +18,7 @@ from jax_exec.pipeline.spmd import (
     stage_mesh,
     stage_orders,
 )
-from jax_exec.pipeline.traced import PipelinePlan, PipelineStep, plan_pipeline
+from jax_exec.pipeline.traced import plan_pipeline
 from jax_exec.zero import ZeroStep, zero_step
 
 __all__ = [

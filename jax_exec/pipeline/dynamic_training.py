@@ -98,7 +98,7 @@ def run_dynamic_training(
     micro-batch losses; ``layers`` may also be a list of
     :class:`~jax_exec.stages.split.Stage` objects taken as they are, e.g. a traced
     model's, whose activations ``x`` are tuples of arrays: every leaf is split into
-    micro-batches; :meth:`jax_exec.pipeline.traced.PipelinePlan.run_dynamic`) with its
+    micro-batches; :meth:`jax_exec.pipeline.pipeline_plan.PipelinePlan.run_dynamic`) with its
     tasks placed and started by ``policy`` (any of
     ``solvers.pipeline.dynamic.POLICIES``; ``plan``: the static plan of ``static`` and
     ``guided``, device -> tasks or a PipelineSchedule of the groups, devices named
