@@ -475,15 +475,28 @@ def _input_gradient(vg, graphdef, state, x, y):  # an adversarial example's grad
     return jax.grad(lambda x, state: vg(nnx.merge(graphdef, state), x, y)[0])(x, state)
 
 
+def _sharpness_aware(vg, graphdef, state, x, y):  # SAM: the step again at perturbed params
+    params, rest = nnx.split_state(state, nnx.Param, ...)
+
+    def step(params):
+        _, g = vg(nnx.merge(graphdef, params, rest), x, y)
+        norm = jnp.sqrt(sum(jnp.sum(gi**2) for gi in jax.tree.leaves(g)))
+        perturbed = jax.tree.map(lambda p, gi: p + 0.05 * gi / norm, params, g)
+        return vg(nnx.merge(graphdef, perturbed, rest), x, y)
+
+    return jax.jit(step)(params)
+
+
 @pytest.mark.parametrize(
-    "transform", [_per_example, _accumulated, _second_order, _input_gradient],
+    "transform", [_per_example, _accumulated, _second_order, _input_gradient, _sharpness_aware],
     ids=["vmap per example", "fori_loop microbatches", "grad through the step",
-         "grad of the input"],
+         "grad of the input", "sharpness-aware"],
 )  # fmt: skip
 def test_the_step_inside_jax_transforms_is_plain(transform):
     """The planned step under ``jax.vmap``, in a ``fori_loop``, differentiated again
-    (MAML's second order) and with respect to its input gives plain's figures (found
-    equal when tried at stop 54; no test said so). The reference is JAX's own
+    (MAML's second order), with respect to its input and twice in one jitted step
+    (SAM's gradient at parameters perturbed by the first) gives plain's figures (found
+    equal when tried at stops 54 and 56; no test said so). The reference is JAX's own
     ``value_and_grad`` of the merged model: Flax's refuses the closed-over state of the
     loop and the input gradient (a variable of another trace level)."""
     graphdef, state = nnx.split(Residual(nnx.Rngs(0)))
