@@ -12,7 +12,8 @@ that ``auto`` falls back to on small graphs (``method="whole_milp"``), DTR and
 Checkmate's MILP on the block graph (``method="dtr"``, ``"checkmate_milp"``: 10 s
 each, at the middle budget),
 all priced by the exact simulators of the op-by-op runtime. One PNG per model plots
-all of them (``--out``).
+all of them, and another draws auto's plan at the middle budget: its ops on a timeline
+and the memory after every op under the budget (``Plan.figure()``; ``--out``).
 
 Then trains the GPT a few optax steps with ``jax_exec.auto.value_and_grad`` at 50% of
 the store-all peak and checks its losses equal the plain ``nnx.value_and_grad`` loop's.
@@ -44,9 +45,9 @@ SWEPT = ("whole_milp", "rotor", "dtr")  # other methods planned at every budget 
 KIB = 1024
 
 
-def curves(name: str, quick: bool, points: int) -> tuple[dict, int]:
-    """``{method: [(peak bytes, overhead), ...]}`` for one model and its store-all peak
-    (bytes); prints a table."""
+def curves(name: str, quick: bool, points: int) -> tuple[dict, int, auto.Plan]:
+    """``{method: [(peak bytes, overhead), ...]}`` for one model, its store-all peak
+    (bytes) and auto's plan at the middle budget; prints a table."""
     factory, loss_fn, args = MODELS[name](quick=quick)
     start = time.perf_counter()
     p = auto.plan(loss_fn, factory(), *args, budget="100%")
@@ -57,8 +58,10 @@ def curves(name: str, quick: bool, points: int) -> tuple[dict, int]:
     print(f"  {'method':<20} {'budget KiB':>11} {'peak KiB':>10} {'of store-all':>12} "
           f"{'overhead':>9}")  # fmt: skip
     result: dict = {"auto": []}
+    middle, shown = budgets[len(budgets) // 2], p
     for budget in budgets:
         q = p.replan(budget)
+        shown = q if budget == middle else shown
         peak = q.schedule.meta["peak_memory"]
         result["auto"].append((peak, q.overhead))
         print(f"  {'auto':<20} {budget / KIB:>11,.1f} {peak / KIB:>10,.1f} "
@@ -68,7 +71,6 @@ def curves(name: str, quick: bool, points: int) -> tuple[dict, int]:
         result[policy] = [(peak, q.overhead)]
         print(f"  {policy:<20} {'-':>11} {peak / KIB:>10,.1f} "
               f"{peak / p.store_all_peak:>12.0%} {q.overhead:>+9.1%}")  # fmt: skip
-    middle = budgets[len(budgets) // 2]
     runs = [(m, b, {}) for m in SWEPT for b in budgets]
     runs.append(("checkmate_milp", middle, {"time_limit": 10, "graph_option": "nothing_saveable"}))
     for method, budget, options in runs:
@@ -83,7 +85,7 @@ def curves(name: str, quick: bool, points: int) -> tuple[dict, int]:
               f"{peak / p.store_all_peak:>12.0%} {q.overhead:>+9.1%}{note}")  # fmt: skip
     count = sum(len(pts) for pts in result.values())
     print(f"  planned {count} schedules in {time.perf_counter() - start:.1f} s")
-    return result, p.store_all_peak
+    return result, p.store_all_peak, shown
 
 
 def plot(name: str, result: dict, store_all_peak: int):
@@ -136,11 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     for name in ("gpt", "resnet", "unet"):
-        result, store_all_peak = curves(name, ns.quick, points)
+        result, store_all_peak, middle = curves(name, ns.quick, points)
         path = plot_style.save(
             plot(name, result, store_all_peak), out / f"auto_schedule_{name}.png"
         )
-        print(f"  figure: {path}")
+        drawn = plot_style.save(middle.figure(), out / f"auto_plan_{name}.png")
+        print(f"  figures: {path}, {drawn}")
     train(ns.quick, ns.steps)
     return 0
 

@@ -213,6 +213,7 @@ def test_op_labels_of_a_crowded_schedule_are_left_out_not_overlapped() -> None:
 def test_docs_figures() -> None:
     make = load_script("docs/img/make_figures.py")
     check_figure(make.cost_model_figure(schedir.load(CHAIN)), "cost_model.png")
+    check_figure(make.plan_figure(), "auto_plan_gpt.png")
 
 
 def test_demo_figure() -> None:

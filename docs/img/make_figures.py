@@ -1,10 +1,12 @@
-"""Regenerate the figures of docs/concepts.md and docs/cli.md (committed PNGs).
+"""Regenerate the figures of docs/concepts.md, docs/cli.md and docs/auto.md (committed
+PNGs).
 
 .venv/bin/python docs/img/make_figures.py
 """
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -16,6 +18,19 @@ import solvers  # noqa: E402
 from schedir import plot_style, render  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+
+
+def plan_figure():
+    """docs/auto.md's: the GPT of examples/auto_models.py (quick sizes) planned at 50%."""
+    from jax_exec import auto
+
+    # by path: tests/ has an auto_models module too, which a test process may hold
+    path = ROOT / "examples" / "auto_models.py"
+    spec = importlib.util.spec_from_file_location("example_models", path)
+    models = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(models)
+    factory, loss_fn, args = models.gpt(quick=True)
+    return auto.plan(loss_fn, factory(), *args, budget="50%").figure()
 
 
 def cost_model_figure(chain: schedir.Chain):
@@ -49,7 +64,10 @@ def main() -> None:
     plot_style.save(cost_model_figure(chain), HERE / "cost_model.png")
     schedule = solvers.solve(chain, 1400, "rotor")
     render.plot(chain, schedule, HERE / "schedule_rotor.png")
-    print("wrote", HERE / "cost_model.png", HERE / "schedule_rotor.png")
+    plot_style.save(plan_figure(), HERE / "auto_plan_gpt.png")
+    print(
+        "wrote", *(HERE / n for n in ("cost_model.png", "schedule_rotor.png", "auto_plan_gpt.png"))
+    )
 
 
 if __name__ == "__main__":

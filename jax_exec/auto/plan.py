@@ -198,6 +198,21 @@ class Plan:
             result = dataclasses.replace(result, aux=aux, node_states=tuple(states))
         return result
 
+    def figure(self, *, title: str | None = None):
+        """A matplotlib ``Figure`` of the plan: its ops on a timeline (forwards,
+        recordings, recomputations, backwards, host copies), and the memory after
+        every op under it with the budget, the simulator's figures that the op-by-op
+        runtime measures (:func:`schedir.render.figure`); ``fig.savefig(path)``."""
+        from schedir.render import figure
+
+        if title is None:
+            peak = self.schedule.meta["peak_memory"]
+            title = (f"{self.model_name or 'model'}: {self.method} at "
+                     f"{format_bytes(self.budget)} ({self.budget / self.store_all_peak:.0%} "
+                     f"of store-all): predicted peak {format_bytes(peak)}, "
+                     f"step {self.overhead:+.1%}")  # fmt: skip
+        return figure(self.problem, self.schedule, budget=self.budget, title=title)
+
     def summary(self) -> str:
         """A readable table: per block, what it saves and recomputes, and the totals."""
         p = self.problem if isinstance(self.problem, BlockChain) else self.model.problem

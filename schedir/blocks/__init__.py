@@ -4,8 +4,7 @@ automatic planner of ``jax_exec.auto`` solves; docs/auto.md)."""
 from schedir import kind as _kind
 from schedir.blocks.problem import BlockChain, BlockOption, BlockStage
 from schedir.blocks.schedule import BlockSchedule
-from schedir.blocks.simulate import schedule_options, simulate_blocks
-from schedir.chain.simulate import chain_lanes
+from schedir.blocks.simulate import block_lanes, schedule_options, simulate_blocks
 
 KIND = _kind.register(
     _kind.Kind(
@@ -15,7 +14,7 @@ KIND = _kind.register(
         formats={"schedir.block_chain": BlockChain, BlockSchedule.FORMAT: BlockSchedule},
         simulate=simulate_blocks,
         judge=None,
-        lanes=chain_lanes,
+        lanes=block_lanes,
         budget="required",
     )
 )

@@ -34,7 +34,7 @@ from schedir.errors import InvalidSchedule
 from schedir.offload.effects import CopyStates
 from schedir.offload.engines import CopyEngines
 from schedir.offload.ops import Evict, Offload, Prefetch, Wait
-from schedir.trace import Trace, TraceRecorder
+from schedir.trace import Span, Trace, TraceRecorder
 
 
 def schedule_options(problem: BlockChain, schedule: object) -> tuple[int, ...]:
@@ -186,6 +186,23 @@ def simulate_blocks(problem: BlockChain, schedule_or_ops, *, record_buffers: boo
         serial_makespan=copies.serial,
         host_resident=tuple(host_after),
     )
+
+
+def block_lanes(problem: BlockChain, schedule: object, trace: Trace) -> dict[str, list[Span]]:
+    """The ``compute`` lane (kind = the op's class: F_ck, F_n, F_all, Loss, B) and,
+    where the schedule copies whole buffers to host memory and back, a ``copies`` lane:
+    each ``Offload`` and ``Prefetch`` where it is issued, as ``"copy"``. They take no
+    time here (:func:`simulate_blocks`; the offload simulator times them), so they are
+    drawn at least a pixel wide; a host-memory variant's copies run inside its
+    recording's and backward's times and are not drawn apart."""
+    compute, copies = [], []
+    for op, start, end in zip(trace.ops, trace.start, trace.end, strict=True):
+        kind = type(op).__name__
+        if isinstance(op, Offload | Prefetch):
+            copies.append(Span(start, end, str(op), "copy"))
+        elif not isinstance(op, Wait | Evict):
+            compute.append(Span(start, end, str(op), kind))
+    return {"compute": compute, "copies": copies} if copies else {"compute": compute}
 
 
 class _CopyStream:

@@ -58,6 +58,7 @@ def test_auto_schedule_example(tmp_path: Path, capsys, monkeypatch):
     figures = recorded(monkeypatch)
     example = load_script("examples/auto_schedule.py")
     assert example.main(["--quick", "--out", str(tmp_path), "--points", "2", "--steps", "2"]) == 0
-    check_saved(figures, *(f"auto_schedule_{name}.png" for name in ("gpt", "resnet", "unet")))
+    names = ("gpt", "resnet", "unet")
+    check_saved(figures, *(f"auto_{kind}_{n}.png" for kind in ("schedule", "plan") for n in names))
     out = capsys.readouterr().out
     assert "checkpoint_dots" in out and "nothing_saveable" in out and ": equal" in out

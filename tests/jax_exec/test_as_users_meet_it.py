@@ -1,6 +1,6 @@
 """The planner as users meet it (issue 26): budgets in their units, the least budget said
 in them, one log line per plan (silent unless logging is configured), the drop-in's
-plans and summary."""
+plans and summary, a plan's figure."""
 
 from __future__ import annotations
 
@@ -12,10 +12,14 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
+import zoo
+from auto_models import make_gpt
+from figure_checks import check_figure
 from flax import nnx
 
 import jax_exec
 import solvers
+from schedir import Platform
 from schedir.budget import BudgetError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,3 +140,32 @@ def test_one_log_line_per_plan_and_silent_by_default(tmp_path, configure):
         assert len(lines) == 1 and "planned MLP (auto, " in lines[0] and "overhead" in lines[0]
     else:
         assert lines == [] and out.stdout == ""
+
+
+def test_a_plan_draws_its_ops_and_its_memory():
+    """``Plan.figure()``: the ops on a timeline and the memory after every op under the
+    budget, the simulator's figures (the curve's top is the predicted peak), for a
+    block DP's plan, a graph method's and one that copies buffers to host memory (its
+    copies on a lane of their own); each passes figure_checks' rules (one legend, units,
+    no text overlapping or off the figure)."""
+    factory, loss_fn, args = make_gpt()  # tied embeddings, dropout
+    case = zoo.case("decoder_lm")
+    plans = {
+        "block DP": jax_exec.plan(loss_fn, factory(), *args, budget="40%"),
+        "graph method": jax_exec.plan(loss_fn, factory(), *args, budget="60%",
+                                      method="checkmate_milp"),
+        "host offload": jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget="65%",
+                                      platform=Platform.host_offload(1e15)),
+    }  # fmt: skip
+    for name, p in plans.items():
+        fig = p.figure()
+        check_figure(fig, name)
+        memory = fig.axes[-1]
+        lines = {line.get_label(): line for line in memory.get_lines()}
+        top = max(lines["memory: op peak, then resident"].get_ydata())
+        budget = lines["budget"].get_ydata()[0]
+        assert top / budget == pytest.approx(p.schedule.meta["peak_memory"] / p.budget), name
+        lanes = [label.get_text() for label in fig.axes[0].get_yticklabels()]
+        copies = p.schedule.meta.get("offloaded")
+        assert lanes == (["compute", "copies"] if copies else ["compute"]), name
+    assert plans["host offload"].schedule.meta.get("offloaded")
