@@ -186,6 +186,18 @@ class PipelinePlan:
         return replace(self, schedule_name=schedule, schedule=sched, lowbit=lowbit,
                        predicted=predicted_figures(self.problem, sched))  # fmt: skip
 
+    def figure(self, *, title: str | None = None):
+        """A matplotlib ``Figure`` of the schedule: each device's ops and the links'
+        transfers on a timeline, the memory under them (:func:`schedir.render.figure`;
+        the simulator's figures: roofline times, exact bytes)."""
+        from schedir.render import figure
+
+        if title is None:
+            title = (f"{self.schedule_name}: {len(self.cuts) - 1} stages on "
+                     f"{len(self.schedule.ops)} devices, {self.microbatches} micro-batches, "
+                     f"bubble {self.predicted.bubble:.0%}")  # fmt: skip
+        return figure(self.problem, self.schedule, title=title)
+
     def inputs(self, args: Sequence[Any]) -> tuple:
         """The first stage's input: the argument leaves it carries, encoded."""
         leaves = jax.tree_util.tree_leaves(tuple(args))

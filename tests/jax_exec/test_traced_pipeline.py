@@ -23,6 +23,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
+from figure_checks import check_figure
 from flax import nnx
 
 from jax_exec.parallel import plan_pipeline
@@ -316,8 +317,8 @@ def test_the_cut_follows_device_speeds_and_memories():
 
 def test_auto_schedule_and_cuts_by_hand():
     """``schedule="auto"`` keeps the shortest simulated step of every schedule tried
-    (the two-chunk ones on a cut of their own); ``cuts=`` replaces the balanced cut
-    and is checked."""
+    (the two-chunk ones on a cut of their own), and draws it (``PipelinePlan.figure``);
+    ``cuts=`` replaces the balanced cut and is checked."""
     model = MLP(depth=6, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(0), (8, 8))
 
@@ -329,6 +330,7 @@ def test_auto_schedule_and_cuts_by_hand():
     names = [name for name, _ in best.alternatives]
     assert names == ["1f1b", "zb_h1", "zb_h2", "gpipe", "interleaved_1f1b", "v_shape", "joint"]
     assert best.predicted.makespan == min(t for _, t in best.alternatives)
+    check_figure(best.figure(), "pipeline plan")  # every device's ops, the links, memory
     assert_close(best.run(model, x).grads, nnx.grad(loss_fn)(model, x), "gradients")
     L = best.model.length
     hand = plan_pipeline(loss_fn, model, x, devices=two, microbatches=4, cuts=(0, 1, L))
