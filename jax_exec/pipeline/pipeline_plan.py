@@ -188,8 +188,9 @@ class PipelinePlan:
 
     def figure(self, *, title: str | None = None):
         """A matplotlib ``Figure`` of the schedule: each device's ops and the links'
-        transfers on a timeline, the memory under them (:func:`schedir.render.figure`;
-        the simulator's figures: roofline times, exact bytes)."""
+        transfers on a timeline, the fullest device's memory at every instant under them
+        (:func:`schedir.render.figure`; the simulator's figures: roofline times, exact
+        bytes)."""
         from schedir.render import figure
 
         if title is None:
