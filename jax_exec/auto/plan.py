@@ -200,9 +200,10 @@ class Plan:
 
     def figure(self, *, title: str | None = None):
         """A matplotlib ``Figure`` of the plan: its ops on a timeline (forwards,
-        recordings, recomputations, backwards, host copies), and the memory after
-        every op under it with the budget, the simulator's figures that the op-by-op
-        runtime measures (:func:`schedir.render.figure`); ``fig.savefig(path)``."""
+        recordings, recomputations, backwards, host copies; roofline times, estimates),
+        and the memory after every op under it with the budget, the simulator's bytes
+        that the op-by-op runtime measures (:func:`schedir.render.figure`);
+        ``fig.savefig(path)``."""
         from schedir.render import figure
 
         if title is None:
@@ -210,7 +211,7 @@ class Plan:
             title = (f"{self.model_name or 'model'}: {self.method} at "
                      f"{format_bytes(self.budget)} ({self.budget / self.store_all_peak:.0%} "
                      f"of store-all): predicted peak {format_bytes(peak)}, "
-                     f"step {self.overhead:+.1%}")  # fmt: skip
+                     f"step {self.overhead:+.1%} (roofline)")  # fmt: skip
         return figure(self.problem, self.schedule, budget=self.budget, title=title)
 
     def summary(self) -> str:

@@ -196,7 +196,7 @@ class PipelinePlan:
         if title is None:
             title = (f"{self.schedule_name}: {len(self.cuts) - 1} stages on "
                      f"{len(self.schedule.ops)} devices, {self.microbatches} micro-batches, "
-                     f"bubble {self.predicted.bubble:.0%}")  # fmt: skip
+                     f"bubble {self.predicted.bubble:.0%} (roofline)")  # fmt: skip
         return figure(self.problem, self.schedule, title=title)
 
     def inputs(self, args: Sequence[Any]) -> tuple:
