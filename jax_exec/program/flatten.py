@@ -180,6 +180,8 @@ class Builder:
             ins = [read(v) for v in eqn.invars]
             if eqn.primitive.name in self.inlined and closed_jaxpr(eqn) is not None:
                 inner = closed_jaxpr(eqn)
+                if eqn.primitive.name in CHECKPOINTS:
+                    _warn_offload(eqn, inner.jaxpr, source_of(eqn, where))
                 outs = self.inline(inner.jaxpr, inner.consts, ins, source_of(eqn, where))
                 for var, ref in zip(eqn.outvars, outs, strict=True):
                     env[var] = ref
@@ -279,6 +281,35 @@ def _warn_debug(eqn: Any, source: str) -> None:
         f"nnx.value_and_grad to see it)",
         stacklevel=4,
     )
+
+
+_OFFLOAD_WARNED: set[str] = set()
+
+
+def _warn_offload(eqn: Any, jaxpr: Jaxpr, source: str) -> None:
+    """Warn, once per place, that a model's checkpoint whose policy offloads values to
+    another memory (``offload_dot_with_no_batch_dims``,
+    ``save_and_offload_only_these_names``...) is planned from its inside without it: the
+    plan decides what is saved, on the device, unless a host link is given."""
+    policy = eqn.params.get("policy")
+    if policy is None or source in _OFFLOAD_WARNED:
+        return
+    for inner in jaxpr.eqns:
+        try:
+            case = policy(inner.primitive, *[v.aval for v in inner.invars], **inner.params)
+        except Exception:  # a policy that cannot judge this equation: not an offload
+            continue
+        if type(case).__name__ == "Offloadable":  # JAX's partial_eval.Offloadable
+            _OFFLOAD_WARNED.add(source)
+            warnings.warn(
+                f"the model's checkpoint at {source} has a policy that offloads to "
+                f"{case.dst}: the planner plans the region from its inside and does not "
+                f"keep the policy, so nothing is offloaded unless plan(..., platform=...) "
+                f"gives a host link (then the plan decides what goes to host memory); "
+                f"the values are the same",
+                stacklevel=4,
+            )
+            return
 
 
 def flatten(closed: ClosedJaxpr, inline: tuple[str, ...] = ()) -> FlatJaxpr:

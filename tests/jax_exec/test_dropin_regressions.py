@@ -396,6 +396,30 @@ def test_models_that_checkpoint_their_own_layers(cls):
     assert_matches(*compiled(p, factory, (X, Y)), reference, "compiled")
 
 
+class SelfOffloadRemat(MLP):  # MaxText's way: dots offloaded to host memory by the policy
+    def __call__(self, x):
+        policy = jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")
+        for layer in self.layers:
+            x = nnx.remat(lambda layer, x, norm: x + jax.nn.gelu(layer(norm(x))), policy=policy)(
+                layer, x, self.norm
+            )
+        return x
+
+
+def test_a_checkpoint_that_offloads_is_planned_with_a_warning():
+    """A model whose own checkpoints offload by their policy is planned from their inside
+    like any other (the policy is not kept), and says so: nothing is offloaded unless a
+    host link is given; loss and gradients are plain's on both paths."""
+    factory = lambda: SelfOffloadRemat(nnx.Rngs(0))  # noqa: E731
+    reference = plain(factory, mse, (X, Y))
+    with pytest.warns(UserWarning, match="has a policy that offloads to pinned_host"):
+        p = jax_exec.plan(mse, factory(), X, Y, budget="60%")
+    result = p.run(factory(), X, Y)
+    assert result.peak_bytes == p.schedule.meta["peak_memory"] <= p.budget
+    assert_matches(result.loss, result.grads, None, reference, "op by op")
+    assert_matches(*compiled(p, factory, (X, Y)), reference, "compiled")
+
+
 class Branching(MLP):
     def __call__(self, x):
         return nnx.cond(x.sum() > 0, lambda m, x: m.layers[0](x), lambda m, x: x, self, x)
