@@ -83,7 +83,7 @@ def solve(
             without, infeasible = None, err
         try:
             found = _within_host_memory(with_host_variants(bm, platform), platform,
-                                        lambda model: solve_on(model, whole))  # fmt: skip
+                                        solve_on, whole)  # fmt: skip
         except solvers.Infeasible as err:
             if without is None:  # its least budget is the lower, where it plans
                 at = lambda least: solve(bm, least, solver, options, exact, whole, platform)  # noqa: E731
@@ -345,23 +345,28 @@ def _policies(bm: BlockModel, nbytes: int, best: Priced, exact: bool, solver: st
 
 
 def _within_host_memory(
-    variants: BlockModel, platform: Platform, solve: Callable[[BlockModel], Solved]
-) -> Solved | None:
-    """``solve`` of ``variants`` (a model with host-memory variants) whose answer fits
-    ``platform.host_memory``: the variants keeping more than it alone are left out
-    first; while the answer holds more in host memory, the variants keeping as many
-    bytes as the largest it uses, or more, are left out and it is solved again
+    variants: BlockModel, platform: Platform, solve: Callable[[BlockModel, int], Solved],
+    whole: int,
+) -> Solved | None:  # fmt: skip
+    """``solve(model, whole)`` of ``variants`` (a model with host-memory variants) whose
+    answer fits ``platform.host_memory``: the variants keeping more than it alone are
+    left out first; while the answer holds more in host memory, the variants keeping as
+    many bytes as the largest it uses, or more, are left out and it is solved again
     (deterministic, at most one solve per distinct size; a rule, not an optimum under
-    both limits: ``meta["host_memory"]`` reports the solves and the cap). None when
-    every variant keeps more than the host memory alone; ``solvers.Infeasible`` when
-    no answer that uses a variant fits it."""
+    both limits: ``meta["host_memory"]`` reports the solves and the cap). Where that
+    leaves out nothing (the answer's variants are the whole-graph MILP's save sets,
+    which its fallback adds to the model it returns), the model is solved again by the
+    block DP alone (``whole`` = 0), whose answers use the model's own options: every
+    later solve then leaves out at least one variant. None when every variant keeps
+    more than the host memory alone; ``solvers.Infeasible`` when no answer that uses a
+    variant fits it."""
     limit = platform.host_memory
     if limit is None:
-        return solve(variants)
+        return solve(variants, whole)
     model, found = host_variants_below(variants, limit + 1), None
     solves = 0
     while any(option.host for stage in model.problem.stages for option in stage.options):
-        found, solves = solve(model), solves + 1
+        found, solves = solve(model, whole), solves + 1
         if within_host_memory(_host_resident(found), platform):
             found.schedule.meta["host_memory"] = {
                 "limit": limit,
@@ -373,7 +378,12 @@ def _within_host_memory(
         used = [p.stages[k].options[o].host for k, o in enumerate(found.schedule.options)]
         if not any(used):  # pragma: no cover - only variants hold host bytes here
             break
-        model = host_variants_below(model, max(used))
+        fewer = host_variants_below(model, max(used))
+        if fewer is model:  # the whole-graph MILP's variants: the DP alone from here
+            if not whole:  # pragma: no cover - the DP's answers use the model's options
+                break
+            whole = 0
+        model = fewer
     if found is None:
         return None
     raise solvers.Infeasible(

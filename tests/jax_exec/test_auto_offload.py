@@ -12,6 +12,7 @@ these tests use a link fast enough for offload to pay (the copies still take tim
 from __future__ import annotations
 
 import pytest
+import random_image_models
 import zoo
 from plain_reference import check_plan, host_residuals, plain
 
@@ -114,3 +115,20 @@ def test_under_a_host_memory_cap_the_least_budget_is_planned_at_it():
 
     capped = Platform.host_offload(1e15, host_memory=2189)
     assert least_said_and_planned(random_sequence_case(71), capped, "45%") == 7808
+
+
+def test_a_host_memory_cap_ends_where_the_whole_graph_milp_adds_variants():
+    """Random image model 247 (tests/random_image_models.py) under a host-memory cap of
+    4,792 B at 75.5% of store-all: the whole-graph MILP's fallback returns a model that
+    holds its own host-memory variants, which leaving variants out of the solved model
+    cannot remove, and planning solved the same model again and again, without end
+    (stop 56's sweep). Now that model is solved by the block DP alone: three solves, the
+    host bytes within the cap, both paths exact."""
+    case = random_image_models.random_image_case(247)
+    link = Platform.host_offload(1e15, host_memory=4792)
+    p = jax_exec.plan(case.loss_fn, case.factory(), *case.args, budget="75.5%", platform=link)
+    assert p.schedule.meta["host_memory"]["solves"] == 3
+    result = check_plan(case, p, plain(case.factory, case.loss_fn, case.args), "image 247")
+    trace = simulate_blocks(p.problem, p.schedule)
+    assert result.resident_bytes == trace.resident
+    assert 0 < max(trace.host_resident) <= 4792
