@@ -58,10 +58,11 @@ def curves(name: str, quick: bool, points: int) -> tuple[dict, int, auto.Plan]:
     print(f"  {'method':<20} {'budget KiB':>11} {'peak KiB':>10} {'of store-all':>12} "
           f"{'overhead':>9}")  # fmt: skip
     result: dict = {"auto": []}
-    middle, shown = budgets[len(budgets) // 2], p
+    middle = budgets[len(budgets) // 2]
     for budget in budgets:
         q = p.replan(budget)
-        shown = q if budget == middle else shown
+        if budget == middle:
+            shown = q
         peak = q.schedule.meta["peak_memory"]
         result["auto"].append((peak, q.overhead))
         print(f"  {'auto':<20} {budget / KIB:>11,.1f} {peak / KIB:>10,.1f} "

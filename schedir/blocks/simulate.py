@@ -30,6 +30,7 @@ import dataclasses
 from schedir.blocks.problem import BlockChain
 from schedir.chain.ops import B, F_all, Loss, buffer_moves, check_complete_step
 from schedir.chain.schedule import as_ops
+from schedir.chain.simulate import chain_lanes
 from schedir.errors import InvalidSchedule
 from schedir.offload.effects import CopyStates
 from schedir.offload.engines import CopyEngines
@@ -195,13 +196,10 @@ def block_lanes(problem: BlockChain, schedule: object, trace: Trace) -> dict[str
     time here (:func:`simulate_blocks`; the offload simulator times them), so they are
     drawn at least a pixel wide; a host-memory variant's copies run inside its
     recording's and backward's times and are not drawn apart."""
-    compute, copies = [], []
-    for op, start, end in zip(trace.ops, trace.start, trace.end, strict=True):
-        kind = type(op).__name__
-        if isinstance(op, Offload | Prefetch):
-            copies.append(Span(start, end, str(op), "copy"))
-        elif not isinstance(op, Wait | Evict):
-            compute.append(Span(start, end, str(op), kind))
+    spans = chain_lanes(problem, schedule, trace)["compute"]  # one per op, kind its class
+    compute = [sp for sp in spans if sp.kind not in ("Offload", "Prefetch", "Wait", "Evict")]
+    copies = [dataclasses.replace(sp, kind="copy") for sp in spans
+              if sp.kind in ("Offload", "Prefetch")]  # fmt: skip
     return {"compute": compute, "copies": copies} if copies else {"compute": compute}
 
 
